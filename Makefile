@@ -1,0 +1,63 @@
+# gpuheal developer entry points. `make test` and `make demo` work on a fresh machine:
+# they install what they need (uv + .venv, Debian's Slurm/munge, the Go-built cluster binaries)
+# and cache the slow parts under ~/.cache/gpuheal/.
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+UV_VERSION := 0.13.9
+CACHE ?= $(HOME)/.cache/gpuheal
+UV := $(CACHE)/uv-$(UV_VERSION)/bin/uv
+VENV := .venv
+PY := $(VENV)/bin/python
+PYTEST_ARGS ?=
+
+.PHONY: help venv lint types unit bins system-deps integration kind test demo bench clean
+help:
+	@echo "make test   - lint + types + unit + integration (builds/caches the sandbox binaries)"
+	@echo "make demo   - sandbox up (GPU nodes + Slurm), show an XID remediation, tear down"
+	@echo "make bench  - benchmarks into bench/out/ (JSON + PNG)"
+
+$(UV):
+	python3 -m venv $(CACHE)/uv-$(UV_VERSION)
+	$(CACHE)/uv-$(UV_VERSION)/bin/pip install -q uv==$(UV_VERSION)
+
+$(VENV)/.synced: $(UV) pyproject.toml uv.lock
+	$(UV) sync --frozen --quiet
+	touch $@
+
+venv: $(VENV)/.synced
+
+lint: venv
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/lint-imports
+
+types: venv
+	$(VENV)/bin/mypy
+
+unit: venv
+	$(VENV)/bin/pytest -m "not integration and not kind" $(PYTEST_ARGS)
+
+# Go-built kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, etcd, kwok, helm.
+bins:
+	hack/build-cluster-bins.sh >/dev/null
+
+# Debian's Slurm + munge for the sandbox's real Slurm cluster (no-op when present).
+system-deps:
+	hack/install-system-deps.sh
+
+integration: venv bins system-deps
+	$(VENV)/bin/pytest -m "integration" $(PYTEST_ARGS)
+
+kind: venv
+	$(VENV)/bin/pytest -m "kind" $(PYTEST_ARGS)
+
+test: lint types unit integration kind
+
+demo: venv bins system-deps
+	$(VENV)/bin/gpuheal demo
+
+bench: venv bins system-deps
+	$(PY) -m bench
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .sandbox

@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Installs Debian's Slurm 22.05 + munge (the sandbox's real Slurm cluster) when missing.
+set -euo pipefail
+need=()
+for c in munged slurmctld slurmd sinfo slurmrestd; do command -v "$c" >/dev/null || need+=("$c"); done
+[ -e /usr/lib/x86_64-linux-gnu/slurm-wlm/auth_jwt.so ] || ls /usr/lib/*/slurm-wlm/auth_jwt.so >/dev/null 2>&1 || need+=(jwt)
+[ ${#need[@]} -eq 0 ] && exit 0
+echo "[install-system-deps] installing munge + Slurm from Debian (missing: ${need[*]})" >&2
+SUDO=; [ "$(id -u)" = 0 ] || SUDO=sudo
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+$SUDO apt-get install -y -qq --no-install-recommends munge slurmctld slurmd slurm-client \
+    slurmrestd slurm-wlm-jwt-plugin >/dev/null

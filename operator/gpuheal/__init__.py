@@ -1,0 +1,1 @@
+"""gpuheal: keeps GPU training clusters healthy."""

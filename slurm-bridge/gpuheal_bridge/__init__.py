@@ -1,0 +1,1 @@
+"""gpuheal Slurm bridge: drain, requeue and resume Slurm nodes over an authenticated HTTP API."""

@@ -1,0 +1,33 @@
+"""Shared pytest setup: fixture plugins per subsystem, and the `kind` marker's skip rule."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+pytest_plugins = ["tests.fixtures.k8s", "tests.fixtures.slurm"]
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    missing = [tool for tool in ("docker", "kind") if shutil.which(tool) is None]
+    docker_dead = not missing and not _docker_engine_answers()
+    if not missing and not docker_dead:
+        return
+    why = (
+        f"kind tests need Docker and kind; not on PATH: {', '.join(missing)}"
+        if missing
+        else "kind tests need a running Docker engine; `docker info` failed"
+    )
+    for item in items:
+        if "kind" in item.keywords:
+            item.add_marker(pytest.mark.skip(reason=why))
+
+
+def _docker_engine_answers() -> bool:
+    import subprocess
+
+    try:
+        return subprocess.run(["docker", "info"], capture_output=True, timeout=10).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
