@@ -1,0 +1,174 @@
+"""The local sandbox: a real Kubernetes control plane with fake GPU nodes (kwok) and a real
+Slurm cluster whose node names equal the Kubernetes node names.
+
+Used by ``make demo``, ``gpuheal sandbox up|down|status``, the integration tests and the
+benchmarks. Everything lives under one directory and is stopped by PID.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gpuheal.sandbox.kube import ControlPlane, cluster_bin_dir
+from gpuheal.sandbox.process import SandboxError
+
+__all__ = ["Sandbox", "SandboxConfig", "SandboxError", "default_root"]
+
+log = logging.getLogger("gpuheal.sandbox")
+
+
+def default_root() -> Path:
+    return Path(os.environ.get("GPUHEAL_SANDBOX_DIR", Path.cwd() / ".sandbox"))
+
+
+@dataclass(frozen=True)
+class SandboxConfig:
+    root: Path = field(default_factory=default_root)
+    gpu_nodes: int = 4
+    spare_nodes: int = 1
+    slurm: bool = True
+    slurm_restd: bool = False
+    gpus_per_node: int = 8
+
+    @property
+    def node_names(self) -> list[str]:
+        return [f"gpu-node-{i}" for i in range(self.gpu_nodes)]
+
+    @property
+    def spare_names(self) -> list[str]:
+        return [f"gpu-spare-{i}" for i in range(self.spare_nodes)]
+
+
+@dataclass
+class Sandbox:
+    config: SandboxConfig
+    control_plane: ControlPlane
+    slurm: Any = None  # gpuheal.sandbox.slurm.SlurmCluster when config.slurm
+    started_at: float = 0.0
+    timings: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def root(self) -> Path:
+        return self.config.root
+
+    @property
+    def kubeconfig(self) -> Path:
+        return self.control_plane.kubeconfig
+
+    def kubectl(self, *args: str, input: str | None = None, check: bool = True) -> Any:
+        return self.control_plane.kubectl(*args, input=input, check=check)
+
+    def core_v1(self) -> Any:
+        """A sync ``kubernetes.client.CoreV1Api`` authenticated as the sandbox admin."""
+        from kubernetes import client, config
+
+        api = config.new_client_from_config(config_file=str(self.kubeconfig))
+        return client.CoreV1Api(api)
+
+    def api_client(self, kubeconfig: Path | None = None) -> Any:
+        from kubernetes import config
+
+        return config.new_client_from_config(config_file=str(kubeconfig or self.kubeconfig))
+
+    @classmethod
+    def up(cls, config: SandboxConfig | None = None) -> Sandbox:
+        """Start everything, create the GPU nodes, return when all are ready."""
+        from gpuheal.sandbox.nodes import create_gpu_nodes, wait_nodes_ready
+
+        config = config or SandboxConfig()
+        t0 = time.monotonic()
+        existing = ControlPlane.load(config.root)
+        if existing is not None and any(existing.running().values()):
+            raise SandboxError(f"a sandbox under {config.root} is running: `gpuheal sandbox down`")
+        bins = cluster_bin_dir()
+        cp = ControlPlane(root=config.root / "k8s", bin_dir=bins)
+        sandbox = cls(config=config, control_plane=cp, started_at=time.time())
+        try:
+            cp.start()
+            sandbox.timings["control_plane_s"] = time.monotonic() - t0
+            core = sandbox.core_v1()
+            create_gpu_nodes(core, config.node_names, gpus=config.gpus_per_node)
+            if config.spare_names:
+                create_gpu_nodes(
+                    core, config.spare_names, gpus=config.gpus_per_node, pool="reserve"
+                )
+            wait_nodes_ready(core, config.node_names + config.spare_names)
+            sandbox.timings["nodes_ready_s"] = time.monotonic() - t0
+            log.info(
+                "[sandbox %5.1fs] %d GPU nodes + %d spares Ready (kwok)",
+                time.monotonic() - t0,
+                len(config.node_names),
+                len(config.spare_names),
+            )
+            if config.slurm:
+                from gpuheal.sandbox.slurm import SlurmCluster
+
+                sandbox.slurm = SlurmCluster(
+                    config.root / "slurm",
+                    config.node_names + config.spare_names,
+                    restd=config.slurm_restd,
+                )
+                sandbox.slurm.start()
+                log.info("[sandbox %5.1fs] Slurm up", time.monotonic() - t0)
+            sandbox.timings["total_s"] = time.monotonic() - t0
+            sandbox._save()
+        except BaseException:
+            sandbox.down()
+            raise
+        return sandbox
+
+    @classmethod
+    def load(cls, root: Path | None = None) -> Sandbox | None:
+        root = root or default_root()
+        state = root / "sandbox.json"
+        cp = ControlPlane.load(root / "k8s")
+        if cp is None:
+            return None
+        data: dict[str, Any] = json.loads(state.read_text()) if state.exists() else {}
+        config = SandboxConfig(root=root, **data.get("config", {}))
+        sandbox = cls(config=config, control_plane=cp, started_at=data.get("started_at", 0.0))
+        if config.slurm and (root / "slurm").exists():
+            from gpuheal.sandbox.slurm import SlurmCluster
+
+            sandbox.slurm = SlurmCluster(
+                root / "slurm", config.node_names + config.spare_names, restd=config.slurm_restd
+            )
+        return sandbox
+
+    def _save(self) -> None:
+        c = self.config
+        data = {
+            "config": {
+                "gpu_nodes": c.gpu_nodes,
+                "spare_nodes": c.spare_nodes,
+                "slurm": c.slurm,
+                "slurm_restd": c.slurm_restd,
+                "gpus_per_node": c.gpus_per_node,
+            },
+            "started_at": self.started_at,
+            "timings": self.timings,
+            "kubeconfig": str(self.kubeconfig),
+            "slurm_conf": str(self.slurm.conf_path) if self.slurm is not None else None,
+        }
+        (self.root / "sandbox.json").write_text(json.dumps(data, indent=2))
+
+    def env(self) -> dict[str, str]:
+        """Environment for tools talking to this sandbox (KUBECONFIG, SLURM_CONF, PATH)."""
+        env = {
+            "KUBECONFIG": str(self.kubeconfig),
+            "PATH": f"{self.control_plane.bin_dir}:{os.environ.get('PATH', '')}",
+        }
+        if self.slurm is not None:
+            env.update(self.slurm.env)
+        return env
+
+    def down(self) -> None:
+        if self.slurm is not None:
+            self.slurm.stop()
+        self.control_plane.stop()
