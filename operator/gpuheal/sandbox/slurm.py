@@ -1,0 +1,876 @@
+"""A real Slurm cluster on loopback: munged, slurmctld, one ``slurmd -N <name>`` per node.
+
+Debian's slurm-wlm 22.05 is built with MULTIPLE_SLURMD, so one host runs as many Slurm nodes
+as we like, each ``slurmd`` on its own port. Node names are the caller's (they equal the
+Kubernetes node names). Fake GPUs: ``gres/gpu`` backed by symlinks to ``/dev/null`` with
+``AutoDetect=off``. Everything (config, munge key and socket, state, spool, logs, PIDs) lives
+under one root directory; ports are picked free at start, so clusters run side by side.
+
+    with SlurmCluster(tmp / "slurm", ["gpu-node-0", "gpu-node-1"]) as slurm:
+        slurm.run("sbatch", "--wrap", "sleep 60")
+        print(slurm.run("sinfo").stdout)
+
+Facts this relies on were measured on Debian bookworm (see the sandbox notes in the repo docs):
+daemons fork and exit 0 even when they die at once (we run them in the foreground and poll
+``scontrol ping``/``sinfo``), a requeued job is held for munge's ``cred_expire`` seconds
+(minimum 5), and ``slurmstepd`` plus job processes can outlive ``slurmd`` (stop cancels jobs
+first, then kills leftovers of this cluster found through /proc).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import re
+import shutil
+import socket
+import subprocess
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import Self
+
+from gpuheal.sandbox import _proc
+
+log = logging.getLogger("gpuheal.sandbox.slurm")
+
+#: Slurm node names we accept: what Slurm hostlists handle and Kubernetes node names use.
+NODE_NAME_RE = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?$")
+#: Munge rejects smaller values (and silently falls back to 120 s).
+MIN_CRED_EXPIRE = 5
+#: Env marker put on every daemon we spawn (inherited by slurmscriptd and slurmstepd), so that
+#: ``stop()`` finds this cluster's processes even when a PID file is lost.
+SANDBOX_ENV_MARKER = "GPUHEAL_SLURM_SANDBOX"
+#: slurmrestd 22.05 offers these; the dbv0.0.3x plugins are fatal without slurmdbd.
+RESTD_OPENAPI_PLUGINS = "openapi/v0.0.38,openapi/v0.0.37,openapi/v0.0.36"
+
+_DEBIAN_PACKAGES = (
+    "munge",
+    "slurmctld",
+    "slurmd",
+    "slurm-client",
+    "slurmrestd",
+    "slurm-wlm-jwt-plugin",
+)
+_CLIENTS = ("scontrol", "sinfo", "squeue", "sbatch", "scancel", "munge", "unmunge")
+_SBIN_PATH = "/usr/local/sbin:/usr/sbin:/sbin"
+# Debian installs the daemons through alternatives: /proc/PID/exe is e.g. slurmd-wlm.
+_EXE = {
+    "munged": frozenset({"munged"}),
+    "slurmctld": frozenset({"slurmctld", "slurmctld-wlm"}),
+    "slurmd": frozenset({"slurmd", "slurmd-wlm"}),
+    "slurmstepd": frozenset({"slurmstepd", "slurmstepd-wlm"}),
+    "slurmrestd": frozenset({"slurmrestd", "slurmrestd-wlm"}),
+}
+# squeue states of jobs that still have (or may get) processes.
+_ACTIVE_JOB_STATES = "PD,R,CG,S,CF,RQ,RS,SO,ST,RD,RF,RH,SI,SE"
+
+
+class SlurmSandboxError(RuntimeError):
+    """The sandbox Slurm cluster failed to start or stop; the message carries log tails."""
+
+
+class SlurmCommandError(subprocess.CalledProcessError):
+    """A Slurm client command exited non-zero; ``str()`` includes its stderr."""
+
+    def __str__(self) -> str:
+        err = (self.stderr or self.output or "").strip()
+        return f"{' '.join(map(str, self.cmd))} exited {self.returncode}: {err}"
+
+
+class _PortInUse(SlurmSandboxError):
+    pass
+
+
+# --------------------------------------------------------------------------------------------
+# Pure pieces: layout, validation, config rendering
+
+
+@dataclass(frozen=True)
+class SlurmLayout:
+    """Where everything of one cluster lives, all under ``root``."""
+
+    root: Path
+
+    @property
+    def etc(self) -> Path:
+        return self.root / "etc"
+
+    @property
+    def conf(self) -> Path:
+        return self.etc / "slurm.conf"
+
+    @property
+    def gres_conf(self) -> Path:
+        return self.etc / "gres.conf"
+
+    @property
+    def state(self) -> Path:
+        return self.root / "state"
+
+    @property
+    def spool(self) -> Path:
+        return self.root / "spool"
+
+    @property
+    def log(self) -> Path:
+        return self.root / "log"
+
+    @property
+    def run(self) -> Path:
+        return self.root / "run"
+
+    @property
+    def dev(self) -> Path:
+        return self.root / "dev"
+
+    @property
+    def munge(self) -> Path:
+        return self.root / "munge"
+
+    @property
+    def munge_socket(self) -> Path:
+        return self.munge / "munge.sock"
+
+    @property
+    def munge_key(self) -> Path:
+        return self.munge / "munge.key"
+
+    @property
+    def restd_socket(self) -> Path:
+        return self.run / "slurmrestd.sock"
+
+    @property
+    def saved_spec(self) -> Path:
+        return self.root / "cluster.json"
+
+    def pidfile(self, daemon: str) -> Path:
+        """Our own record of a daemon's PID (``slurmd@<node>`` for node daemons)."""
+        return self.run / f"{daemon}.pid"
+
+    def daemon_log(self, daemon: str) -> Path:
+        return self.log / f"{daemon}.log"
+
+    def console_log(self, daemon: str) -> Path:
+        """stdout/stderr of a daemon: early failures (bad config) land here, not in its log."""
+        return self.log / f"{daemon}.console"
+
+    def gpu_files(self, count: int) -> list[Path]:
+        return [self.dev / f"gpu{i}" for i in range(count)]
+
+
+@dataclass(frozen=True)
+class SlurmConfig:
+    """Everything ``slurm.conf`` and ``gres.conf`` depend on."""
+
+    layout: SlurmLayout
+    host: str
+    ctld_port: int
+    node_ports: Mapping[str, int]
+    gpus_per_node: int = 8
+    cpus_per_node: int = 8
+    memory_mb: int = 64000
+    cred_expire: int = MIN_CRED_EXPIRE
+    cluster_name: str = "gpuheal"
+    partition: str = "main"
+
+
+def validate_node_names(nodes: Sequence[str]) -> list[str]:
+    """Return ``nodes`` as a list, or raise ValueError for empty, duplicate or bad names."""
+    names = list(nodes)
+    if not names:
+        raise ValueError("a Slurm cluster needs at least one node")
+    bad = [n for n in names if not NODE_NAME_RE.match(n)]
+    if bad:
+        raise ValueError(
+            f"invalid Slurm node names {bad}: use letters, digits, '-', '_' and '.', "
+            "starting and ending with a letter or digit"
+        )
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        raise ValueError(f"duplicate node names: {dupes}")
+    return names
+
+
+def short_hostname() -> str:
+    """What ``hostname -s`` prints; SlurmctldHost must equal it."""
+    return socket.gethostname().split(".", 1)[0]
+
+
+def render_slurm_conf(cfg: SlurmConfig) -> str:
+    lay = cfg.layout
+    lines = [
+        "# generated by gpuheal.sandbox.slurm; do not edit",
+        f"ClusterName={cfg.cluster_name}",
+        f"SlurmctldHost={cfg.host}(127.0.0.1)",
+        f"SlurmctldPort={cfg.ctld_port}",
+        "SlurmUser=root",
+        "SlurmdUser=root",
+        "AuthType=auth/munge",
+        "CredType=cred/munge",
+        "# cred_expire is also how long a requeued job is held (BeginTime); munge minimum is 5",
+        f"AuthInfo=socket={lay.munge_socket},cred_expire={cfg.cred_expire}",
+        f"StateSaveLocation={lay.state}",
+        f"SlurmdSpoolDir={lay.spool}/%n",
+        f"SlurmctldPidFile={lay.run}/slurm/slurmctld.pid",
+        f"SlurmdPidFile={lay.run}/slurm/slurmd-%n.pid",
+        f"SlurmctldLogFile={lay.daemon_log('slurmctld')}",
+        f"SlurmdLogFile={lay.log}/slurmd@%n.log",
+        "SlurmctldDebug=info",
+        "SlurmdDebug=info",
+        "MailProg=/bin/true",
+        "ProctrackType=proctrack/linuxproc",
+        "TaskPlugin=task/none",
+        "SwitchType=switch/none",
+        "MpiDefault=none",
+        "JobAcctGatherType=jobacct_gather/none",
+        "AccountingStorageType=accounting_storage/none",
+        "JobCompType=jobcomp/none",
+        "SelectType=select/cons_tres",
+        "SelectTypeParameters=CR_Core",
+        "GresTypes=gpu",
+        "# node sizes below are taken as configured, not probed from this machine",
+        "SlurmdParameters=config_overrides",
+        "JobRequeue=1",
+        "ReturnToService=2",
+        "SchedulerType=sched/backfill",
+        "SchedulerParameters=sched_interval=2,bf_interval=1",
+        "MinJobAge=600",
+        "KillWait=2",
+        "InactiveLimit=0",
+        "SlurmdTimeout=30",
+        "SlurmctldTimeout=30",
+        "MessageTimeout=5",
+    ]
+    gres = f" Gres=gpu:{cfg.gpus_per_node}" if cfg.gpus_per_node else ""
+    for name, port in cfg.node_ports.items():
+        lines.append(
+            f"NodeName={name} NodeHostname={cfg.host} NodeAddr=127.0.0.1 Port={port}"
+            f" CPUs={cfg.cpus_per_node} RealMemory={cfg.memory_mb}{gres} State=UNKNOWN"
+        )
+    lines.append(f"PartitionName={cfg.partition} Nodes=ALL Default=YES MaxTime=INFINITE State=UP")
+    return "\n".join(lines) + "\n"
+
+
+def render_gres_conf(cfg: SlurmConfig) -> str:
+    """One ``File=`` per GPU; the files are symlinks to /dev/null (see ``SlurmLayout.gpu_files``).
+
+    A Count-only line reports 0 GPUs and the node goes INVAL+DRAIN, so files are required.
+    """
+    lines = [
+        "# generated by gpuheal.sandbox.slurm; fake GPUs backed by /dev/null",
+        "AutoDetect=off",
+    ]
+    if cfg.gpus_per_node:
+        files = cfg.layout.gpu_files(cfg.gpus_per_node)
+        spec = str(files[0]) if len(files) == 1 else f"{cfg.layout.dev}/gpu[0-{len(files) - 1}]"
+        lines += [f"NodeName={name} Name=gpu File={spec}" for name in cfg.node_ports]
+    return "\n".join(lines) + "\n"
+
+
+def client_env(conf: Path, base: Mapping[str, str] | None = None) -> dict[str, str]:
+    """``base`` (default: os.environ) without inherited ``SLURM_*`` variables, plus SLURM_CONF."""
+    src = os.environ if base is None else base
+    env = {k: v for k, v in src.items() if not k.startswith("SLURM_")}
+    env["SLURM_CONF"] = str(conf)
+    return env
+
+
+def parse_node_states(sinfo_out: str) -> dict[str, str]:
+    """Parse ``sinfo -h -N -o '%N %T'`` into {node: state} (a node listed twice keeps the first)."""
+    states: dict[str, str] = {}
+    for line in sinfo_out.splitlines():
+        parts = line.split()
+        if len(parts) >= 2:
+            states.setdefault(parts[0], parts[1])
+    return states
+
+
+# --------------------------------------------------------------------------------------------
+# Installation
+
+
+def missing_binaries(*, restd: bool = False) -> list[str]:
+    path = f"{os.environ.get('PATH', '')}:{_SBIN_PATH}"
+    wanted = ["munged", "slurmctld", "slurmd", *_CLIENTS] + (["slurmrestd"] if restd else [])
+    return [b for b in wanted if shutil.which(b, path=path) is None]
+
+
+def ensure_installed(*, restd: bool = False) -> None:
+    """Install Debian's munge + Slurm when a binary is missing (hack/install-system-deps.sh when
+    this runs from a checkout, else apt-get directly). A no-op when everything is there."""
+    missing = missing_binaries(restd=restd)
+    if not missing:
+        return
+    log.info("slurm: installing Debian packages (missing: %s)", " ".join(missing))
+    script = Path(__file__).resolve().parents[3] / "hack" / "install-system-deps.sh"
+    sudo = [] if os.geteuid() == 0 else ["sudo"]
+    if script.is_file():
+        subprocess.run([str(script)], check=True)
+    else:
+        env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+        subprocess.run([*sudo, "apt-get", "update", "-qq"], check=True, env=env)
+        subprocess.run(
+            [
+                *sudo,
+                "apt-get",
+                "install",
+                "-y",
+                "-qq",
+                "--no-install-recommends",
+                *_DEBIAN_PACKAGES,
+            ],
+            check=True,
+            env=env,
+        )
+    still = missing_binaries(restd=restd)
+    if still:
+        raise SlurmSandboxError(f"Slurm/munge binaries still missing after install: {still}")
+
+
+def _sbin(name: str) -> str:
+    found = shutil.which(name, path=f"{os.environ.get('PATH', '')}:{_SBIN_PATH}")
+    if found is None:
+        raise SlurmSandboxError(f"{name} not found; run hack/install-system-deps.sh")
+    return found
+
+
+# --------------------------------------------------------------------------------------------
+# The cluster
+
+
+@dataclass(frozen=True)
+class DaemonStatus:
+    name: str
+    pid: int | None
+    alive: bool
+
+
+@dataclass(frozen=True)
+class SlurmStatus:
+    root: Path
+    conf_path: Path
+    ctld_port: int | None
+    node_ports: Mapping[str, int]
+    daemons: list[DaemonStatus]
+    ctld_up: bool
+    #: {node: sinfo state} when slurmctld answers, else empty
+    nodes: Mapping[str, str] = field(default_factory=dict)
+    restd_socket: Path | None = None
+
+    @property
+    def running(self) -> bool:
+        return any(d.alive for d in self.daemons)
+
+
+class SlurmCluster:
+    """A throwaway Slurm cluster under ``root`` with one slurmd per name in ``nodes``.
+
+    ``start()`` blocks until every node is idle (about 0.3 s on an idle machine) and raises
+    ``SlurmSandboxError`` with log tails when a daemon dies or does not come up. ``stop()`` is
+    idempotent and kills only processes of this cluster (by PID, exe and environment).
+    """
+
+    def __init__(
+        self,
+        root: Path,
+        nodes: Sequence[str],
+        *,
+        cred_expire: int = MIN_CRED_EXPIRE,
+        restd: bool = False,
+        gpus_per_node: int = 8,
+        cpus_per_node: int = 8,
+        memory_mb: int = 64000,
+        install: bool = True,
+        start_timeout: float = 60.0,
+    ) -> None:
+        if cred_expire < MIN_CRED_EXPIRE:
+            raise ValueError(
+                f"cred_expire must be >= {MIN_CRED_EXPIRE} (munge silently uses 120 s otherwise)"
+            )
+        if gpus_per_node < 0 or cpus_per_node < 1:
+            raise ValueError("gpus_per_node must be >= 0 and cpus_per_node >= 1")
+        self.layout = SlurmLayout(Path(root).absolute())
+        self.nodes: list[str] = validate_node_names(nodes)
+        self.cred_expire = cred_expire
+        self.restd = restd
+        self.gpus_per_node = gpus_per_node
+        self.cpus_per_node = cpus_per_node
+        self.memory_mb = memory_mb
+        self.install = install
+        self.start_timeout = start_timeout
+        self.ctld_port: int | None = None
+        self.node_ports: dict[str, int] = {}
+        #: seconds the last successful ``start()`` took
+        self.start_seconds: float | None = None
+        self._popens: dict[str, subprocess.Popen[bytes]] = {}
+        self._t0 = time.monotonic()
+
+    # ---- construction from a running cluster (e.g. `gpuheal sandbox down` in a new process)
+
+    @classmethod
+    def attach(cls, root: Path) -> SlurmCluster:
+        """The cluster started earlier under ``root`` (reads ``root/cluster.json``)."""
+        layout = SlurmLayout(Path(root).absolute())
+        try:
+            spec = json.loads(layout.saved_spec.read_text())
+        except (OSError, ValueError) as exc:
+            raise SlurmSandboxError(f"no Slurm sandbox under {root}: {exc}") from exc
+        cluster = cls(
+            layout.root,
+            list(spec["node_ports"]),
+            cred_expire=spec["cred_expire"],
+            restd=spec["restd"],
+            gpus_per_node=spec["gpus_per_node"],
+            cpus_per_node=spec["cpus_per_node"],
+            memory_mb=spec["memory_mb"],
+            install=False,
+        )
+        cluster.ctld_port = spec["ctld_port"]
+        cluster.node_ports = dict(spec["node_ports"])
+        return cluster
+
+    # ---- what callers use
+
+    @property
+    def root(self) -> Path:
+        return self.layout.root
+
+    @property
+    def conf_path(self) -> Path:
+        return self.layout.conf
+
+    @property
+    def log_dir(self) -> Path:
+        return self.layout.log
+
+    @property
+    def env(self) -> dict[str, str]:
+        """Environment for Slurm clients of this cluster: os.environ minus inherited
+        ``SLURM_*``, plus ``SLURM_CONF``. Pass it as ``subprocess.run(..., env=cluster.env)``."""
+        return client_env(self.conf_path)
+
+    @property
+    def restd_socket(self) -> Path | None:
+        """Unix socket of slurmrestd (rest_auth/local) when started with ``restd=True``.
+
+        ``httpx.Client(transport=httpx.HTTPTransport(uds=str(sock)), base_url="http://localhost")``
+        then ``GET /slurm/v0.0.38/nodes``. slurmrestd 22.05 cannot drain or requeue.
+        """
+        return self.layout.restd_socket if self.restd else None
+
+    @property
+    def restd_url(self) -> str | None:
+        """``unix:<socket>`` (slurmrestd's own listen syntax) when restd is on, else None."""
+        return f"unix:{self.layout.restd_socket}" if self.restd else None
+
+    def run(
+        self, *args: str, check: bool = True, timeout: float = 30.0
+    ) -> subprocess.CompletedProcess[str]:
+        """Run a Slurm client (``run("scontrol", "ping")``) against this cluster, text output."""
+        proc = subprocess.run(
+            list(args), env=self.env, capture_output=True, text=True, timeout=timeout, check=False
+        )
+        if check and proc.returncode != 0:
+            raise SlurmCommandError(proc.returncode, proc.args, proc.stdout, proc.stderr)
+        return proc
+
+    def node_states(self) -> dict[str, str]:
+        """{node: state} as ``sinfo -N`` reports it (``idle``, ``mixed``, ``drained``, ...)."""
+        return parse_node_states(self.run("sinfo", "-h", "-N", "-o", "%N %T").stdout)
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    # ---- start
+
+    def start(self) -> Self:
+        running = self._live_daemons()
+        if running:
+            raise SlurmSandboxError(
+                f"a Slurm sandbox under {self.root} is already running "
+                f"({', '.join(f'{n} pid {p}' for n, p in running.items())}); stop it first"
+            )
+        if self.install:
+            ensure_installed(restd=self.restd)
+        self._t0 = time.monotonic()
+        self._progress(f"starting Slurm under {self.root} with nodes {', '.join(self.nodes)}")
+        for attempt in range(1, 4):
+            self._pick_ports()
+            try:
+                self._start_once()
+            except _PortInUse as exc:
+                self._progress(f"port taken meanwhile ({exc}); retrying with new ports")
+                self.stop(quiet=True)
+                if attempt == 3:
+                    raise
+                continue
+            except BaseException:
+                self.stop(quiet=True)
+                raise
+            break
+        self.start_seconds = time.monotonic() - self._t0
+        self._progress(
+            f"ready in {self.start_seconds:.2f}s: SLURM_CONF={self.conf_path}"
+            f" (slurmctld port {self.ctld_port}, logs in {self.log_dir})"
+        )
+        return self
+
+    def _pick_ports(self) -> None:
+        ports = _proc.free_tcp_ports(1 + len(self.nodes))
+        self.ctld_port = ports[0]
+        self.node_ports = dict(zip(self.nodes, ports[1:], strict=True))
+
+    def config(self) -> SlurmConfig:
+        if self.ctld_port is None:
+            raise SlurmSandboxError("ports are chosen by start(); the cluster was never started")
+        return SlurmConfig(
+            layout=self.layout,
+            host=short_hostname(),
+            ctld_port=self.ctld_port,
+            node_ports=self.node_ports,
+            gpus_per_node=self.gpus_per_node,
+            cpus_per_node=self.cpus_per_node,
+            memory_mb=self.memory_mb,
+            cred_expire=self.cred_expire,
+        )
+
+    def _prepare_files(self) -> None:
+        lay = self.layout
+        for d in (lay.state, lay.spool, lay.run, lay.dev):
+            shutil.rmtree(d, ignore_errors=True)
+        for d in (lay.etc, lay.state, lay.log, lay.run / "slurm", lay.dev, lay.munge):
+            d.mkdir(parents=True, exist_ok=True)
+        for node in self.nodes:
+            (lay.spool / node).mkdir(parents=True, exist_ok=True)
+        lay.root.chmod(0o755)
+        lay.munge.chmod(0o711)  # clients of any uid must reach the socket, not read the key
+        if not lay.munge_key.exists() or lay.munge_key.stat().st_size < 32:
+            lay.munge_key.write_bytes(os.urandom(1024))
+        lay.munge_key.chmod(0o400)
+        for p in (lay.munge_socket, Path(f"{lay.munge_socket}.lock"), lay.restd_socket):
+            p.unlink(missing_ok=True)
+        for f in lay.gpu_files(self.gpus_per_node):
+            f.symlink_to("/dev/null")
+        cfg = self.config()
+        lay.conf.write_text(render_slurm_conf(cfg))
+        lay.gres_conf.write_text(render_gres_conf(cfg))
+        lay.saved_spec.write_text(
+            json.dumps(
+                {
+                    "ctld_port": self.ctld_port,
+                    "node_ports": self.node_ports,
+                    "cred_expire": self.cred_expire,
+                    "restd": self.restd,
+                    "gpus_per_node": self.gpus_per_node,
+                    "cpus_per_node": self.cpus_per_node,
+                    "memory_mb": self.memory_mb,
+                },
+                indent=2,
+            )
+        )
+
+    def _start_once(self) -> None:
+        lay = self.layout
+        self._prepare_files()
+        # munged in the foreground: its PID is ours to record, its death visible at once.
+        self._spawn(
+            "munged",
+            [
+                _sbin("munged"),
+                "--foreground",
+                "--force",
+                f"--socket={lay.munge_socket}",
+                f"--key-file={lay.munge_key}",
+                f"--log-file={lay.daemon_log('munged')}",
+                f"--pid-file={lay.run / 'slurm' / 'munged.pid'}",
+                f"--seed-file={lay.munge / 'munged.seed'}",
+            ],
+        )
+        self._wait("munged", self._munge_works, "munged to answer", logs=["munged"])
+        self._progress(f"munged up (pid {self._popens['munged'].pid})")
+
+        self._spawn("slurmctld", [_sbin("slurmctld"), "-D", "-f", str(lay.conf)])
+        self._wait("slurmctld", self._ctld_up, "slurmctld to answer ping", logs=["slurmctld"])
+        self._progress(
+            f"slurmctld up on port {self.ctld_port} (pid {self._popens['slurmctld'].pid})"
+        )
+
+        for node in self.nodes:
+            self._spawn(f"slurmd@{node}", [_sbin("slurmd"), "-D", "-f", str(lay.conf), "-N", node])
+        self._wait(
+            None,
+            self._all_idle,
+            f"all {len(self.nodes)} nodes idle",
+            logs=["slurmctld", *(f"slurmd@{n}" for n in self.nodes)],
+        )
+        gres = self.run("sinfo", "-h", "-N", "-o", "%N %G").stdout.split()
+        self._progress(
+            f"{len(self.nodes)} slurmd up, all idle"
+            + (f" with {gres[1]}" if len(gres) > 1 else "")
+            + f": {' '.join(f'{n}:{p}' for n, p in self.node_ports.items())}"
+        )
+
+        if self.restd:
+            self._spawn(
+                "slurmrestd",
+                [
+                    _sbin("slurmrestd"),
+                    "-a",
+                    "rest_auth/local",
+                    "-s",
+                    RESTD_OPENAPI_PLUGINS,
+                    f"unix:{lay.restd_socket}",
+                ],
+                extra_env={"SLURMRESTD_SECURITY": "disable_user_check"},
+            )
+            self._wait(
+                "slurmrestd", self._restd_up, "slurmrestd to answer ping", logs=["slurmrestd"]
+            )
+            self._progress(
+                f"slurmrestd up (pid {self._popens['slurmrestd'].pid}) on unix:{lay.restd_socket}"
+            )
+
+    def _spawn(
+        self, name: str, argv: list[str], extra_env: Mapping[str, str] | None = None
+    ) -> None:
+        env = client_env(self.conf_path)
+        env[SANDBOX_ENV_MARKER] = str(self.root)
+        env.update(extra_env or {})
+        with self.layout.console_log(name).open("ab") as out:
+            out.write(f"==== {time.strftime('%F %T')} {' '.join(argv)}\n".encode())
+            out.flush()
+            popen = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=env,
+                cwd=self.root,
+                start_new_session=True,  # the terminal's Ctrl-C reaches us, not the daemons
+            )
+        self._popens[name] = popen
+        self.layout.pidfile(name).write_text(f"{popen.pid}\n")
+
+    def _wait(
+        self,
+        daemon: str | None,
+        check: Callable[[], bool],
+        what: str,
+        logs: Sequence[str],
+    ) -> None:
+        def probe() -> bool:
+            dead = [n for n, p in self._popens.items() if p.poll() is not None]
+            if dead:
+                self._fail(f"{', '.join(dead)} exited while waiting for {what}", dead)
+            return check()
+
+        try:
+            _proc.wait_for(probe, what=what, timeout=self.start_timeout)
+        except _proc.WaitTimeout as exc:
+            self._fail(str(exc), list(logs) if daemon is None else [daemon])
+
+    def _fail(self, message: str, daemons: Sequence[str]) -> None:
+        tails = []
+        for d in daemons:
+            for path in (self.layout.daemon_log(d), self.layout.console_log(d)):
+                if path.exists():
+                    tails.append(_proc.log_tail(path, 15))
+        text = "\n".join(tails)
+        cls = _PortInUse if "Address already in use" in text else SlurmSandboxError
+        raise cls(f"Slurm sandbox under {self.root}: {message}\n{text}")
+
+    def _munge_works(self) -> bool:
+        sock = str(self.layout.munge_socket)
+        if not self.layout.munge_socket.exists():
+            return False
+        cred = subprocess.run(
+            ["munge", "-n", "-S", sock], capture_output=True, text=True, check=False
+        )
+        if cred.returncode != 0:
+            return False
+        check = subprocess.run(
+            ["unmunge", "-S", sock], input=cred.stdout, capture_output=True, text=True, check=False
+        )
+        return check.returncode == 0
+
+    def _ctld_up(self) -> bool:
+        return "is UP" in self.run("scontrol", "ping", check=False, timeout=10).stdout
+
+    def _all_idle(self) -> bool:
+        states = parse_node_states(
+            self.run("sinfo", "-h", "-N", "-o", "%N %T", check=False, timeout=10).stdout
+        )
+        return set(states) == set(self.nodes) and all(s == "idle" for s in states.values())
+
+    def _restd_up(self) -> bool:
+        if not self.layout.restd_socket.exists():
+            return False
+        import httpx
+
+        try:
+            with httpx.Client(
+                transport=httpx.HTTPTransport(uds=str(self.layout.restd_socket)),
+                base_url="http://localhost",
+                timeout=5,
+            ) as client:
+                return client.get("/slurm/v0.0.38/ping").status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def _progress(self, msg: str) -> None:
+        log.info("[slurm %5.2fs] %s", time.monotonic() - self._t0, msg)
+
+    # ---- status
+
+    def _recorded_pids(self) -> dict[str, int]:
+        pids: dict[str, int] = {}
+        run = self.layout.run
+        if run.is_dir():
+            for f in sorted(run.glob("*.pid")):
+                pid = _proc.read_pidfile(f)
+                if pid is not None:
+                    pids[f.stem] = pid
+        return pids
+
+    def _live_daemons(self) -> dict[str, int]:
+        return {
+            name: pid
+            for name, pid in self._recorded_pids().items()
+            if _proc.pid_alive(pid) and _proc.exe_name(pid) in _EXE[name.split("@")[0]]
+        }
+
+    def status(self) -> SlurmStatus:
+        live = self._live_daemons()
+        daemons = [
+            DaemonStatus(name, pid, name in live) for name, pid in self._recorded_pids().items()
+        ]
+        ctld_up = False
+        nodes: dict[str, str] = {}
+        if "slurmctld" in live and self.conf_path.exists():
+            with contextlib.suppress(subprocess.SubprocessError, OSError):
+                ctld_up = self._ctld_up()
+                if ctld_up:
+                    nodes = self.node_states()
+        return SlurmStatus(
+            root=self.root,
+            conf_path=self.conf_path,
+            ctld_port=self.ctld_port,
+            node_ports=dict(self.node_ports),
+            daemons=daemons,
+            ctld_up=ctld_up,
+            nodes=nodes,
+            restd_socket=self.restd_socket if "slurmrestd" in live else None,
+        )
+
+    # ---- stop
+
+    def stop(self, *, quiet: bool = False) -> None:
+        """Cancel jobs, stop every daemon of this cluster by PID and kill leftover job steps.
+
+        Idempotent; never touches processes of other clusters (checked by exe and environment).
+        """
+        pids = self._recorded_pids()
+        own = self._own_processes()
+        if not pids and not own:
+            self._reap_popens()
+            return
+        t0 = time.monotonic()
+        if not quiet:
+            self._progress(f"stopping Slurm under {self.root}")
+        ctld = pids.get("slurmctld")
+        if ctld is not None and _proc.pid_alive(ctld):
+            self._cancel_jobs()
+        order = ["slurmrestd", *sorted(n for n in pids if n.startswith("slurmd@"))]
+        for name in order:
+            self._stop_daemon(name, pids)
+        self._kill_leftover_steps()
+        for name in ("slurmctld", "munged"):
+            self._stop_daemon(name, pids)
+        # Anything still carrying our marker (a lost PID file, slurmscriptd): stop it too.
+        for pid in self._own_processes():
+            exe = _proc.exe_name(pid) or ""
+            log.warning("slurm: leftover process %d (%s) of %s: stopping it", pid, exe, self.root)
+            _proc.stop_pid(pid, {exe}, timeout=5)
+        left = _proc.kill_pids(self._job_processes())
+        if left:
+            log.error("slurm: job processes %s of %s survived SIGKILL", left, self.root)
+        for p in (self.layout.munge_socket, Path(f"{self.layout.munge_socket}.lock")):
+            p.unlink(missing_ok=True)
+        self.layout.restd_socket.unlink(missing_ok=True)
+        self._reap_popens()
+        if not quiet:
+            self._progress(f"stopped in {time.monotonic() - t0:.2f}s")
+
+    def _stop_daemon(self, name: str, pids: Mapping[str, int]) -> None:
+        pid = pids.get(name)
+        if pid is None:
+            return
+        if _proc.stop_pid(pid, _EXE[name.split("@", maxsplit=1)[0]], timeout=10):
+            log.debug("slurm: stopped %s (pid %d)", name, pid)
+        self.layout.pidfile(name).unlink(missing_ok=True)
+
+    def _cancel_jobs(self) -> None:
+        try:
+            out = self.run("squeue", "-h", "-o", "%i", check=False, timeout=10).stdout
+            jobs = out.split()
+            if not jobs:
+                return
+            self.run("scancel", *jobs, check=False, timeout=10)
+
+            def none_active() -> bool:
+                out = self.run(
+                    "squeue", "-h", "-t", _ACTIVE_JOB_STATES, "-o", "%i", check=False, timeout=10
+                )
+                return out.returncode == 0 and not out.stdout.strip()
+
+            _proc.wait_for(none_active, what="cancelled jobs to finish", timeout=15)
+            self._progress(f"cancelled {len(jobs)} job(s)")
+        except (_proc.WaitTimeout, subprocess.SubprocessError, OSError) as exc:
+            log.warning(
+                "slurm: cancelling jobs of %s: %s (killing leftovers instead)", self.root, exc
+            )
+
+    def _own_processes(self) -> list[int]:
+        """Live processes spawned by this cluster's daemons (marker in their environment)."""
+        return _proc.find_pids(env_match={SANDBOX_ENV_MARKER: str(self.root)})
+
+    def _job_processes(self) -> list[int]:
+        """Live job processes of this cluster (submitted with our SLURM_CONF), even orphaned."""
+        return _proc.find_pids(
+            env_match={"SLURM_CONF": str(self.conf_path)}, env_has=("SLURM_JOB_ID",)
+        )
+
+    def _kill_leftover_steps(self) -> None:
+        steps = _proc.find_pids(
+            exe_names=_EXE["slurmstepd"], env_match={SANDBOX_ENV_MARKER: str(self.root)}
+        )
+        victims: list[int] = []
+        for step in steps:
+            victims += [step, *_proc.descendants(step)]
+        victims += [p for p in self._job_processes() if p not in victims]
+        if victims:
+            self._progress(f"killing leftover slurmstepd/job processes {victims}")
+            left = _proc.kill_pids(victims)
+            if left:
+                log.error("slurm: processes %s survived SIGKILL", left)
+
+    def _reap_popens(self) -> None:
+        for popen in self._popens.values():
+            if popen.poll() is None:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    popen.wait(timeout=0.1)
+        self._popens = {name: p for name, p in self._popens.items() if p.returncode is None}
