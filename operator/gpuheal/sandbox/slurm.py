@@ -66,6 +66,8 @@ _EXE = {
     "slurmstepd": frozenset({"slurmstepd", "slurmstepd-wlm"}),
     "slurmrestd": frozenset({"slurmrestd", "slurmrestd-wlm"}),
 }
+# sun_path is 108 bytes including the terminating NUL.
+_MAX_UNIX_SOCKET_PATH = 107
 # squeue states of jobs that still have (or may get) processes.
 _ACTIVE_JOB_STATES = "PD,R,CG,S,CF,RQ,RS,SO,ST,RD,RF,RH,SI,SE"
 
@@ -395,6 +397,12 @@ class SlurmCluster:
         if gpus_per_node < 0 or cpus_per_node < 1:
             raise ValueError("gpus_per_node must be >= 0 and cpus_per_node >= 1")
         self.layout = SlurmLayout(Path(root).absolute())
+        sockets = (self.layout.munge_socket, self.layout.restd_socket)
+        if max(len(os.fsencode(p)) for p in sockets) > _MAX_UNIX_SOCKET_PATH:
+            raise ValueError(
+                f"root {root} is too deep: its unix socket paths would exceed "
+                f"{_MAX_UNIX_SOCKET_PATH} bytes; use a shorter root"
+            )
         self.nodes: list[str] = validate_node_names(nodes)
         self.cred_expire = cred_expire
         self.restd = restd
@@ -450,9 +458,15 @@ class SlurmCluster:
 
     @property
     def env(self) -> dict[str, str]:
-        """Environment for Slurm clients of this cluster: os.environ minus inherited
-        ``SLURM_*``, plus ``SLURM_CONF``. Pass it as ``subprocess.run(..., env=cluster.env)``."""
-        return client_env(self.conf_path)
+        """Variables that point Slurm clients at this cluster (``SLURM_CONF``), to merge into an
+        environment: ``subprocess.run(cmd, env={**os.environ, **cluster.env})``. For a complete
+        environment without inherited ``SLURM_*`` variables use ``subprocess_env()``."""
+        return {"SLURM_CONF": str(self.conf_path)}
+
+    def subprocess_env(self, base: Mapping[str, str] | None = None) -> dict[str, str]:
+        """A complete environment for Slurm clients: ``base`` (default os.environ) minus
+        inherited ``SLURM_*`` variables, plus ``SLURM_CONF``."""
+        return client_env(self.conf_path, base)
 
     @property
     def restd_socket(self) -> Path | None:
@@ -473,7 +487,12 @@ class SlurmCluster:
     ) -> subprocess.CompletedProcess[str]:
         """Run a Slurm client (``run("scontrol", "ping")``) against this cluster, text output."""
         proc = subprocess.run(
-            list(args), env=self.env, capture_output=True, text=True, timeout=timeout, check=False
+            list(args),
+            env=self.subprocess_env(),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
         )
         if check and proc.returncode != 0:
             raise SlurmCommandError(proc.returncode, proc.args, proc.stdout, proc.stderr)
@@ -754,6 +773,10 @@ class SlurmCluster:
         }
 
     def status(self) -> SlurmStatus:
+        if self.ctld_port is None:
+            with contextlib.suppress(OSError, ValueError, KeyError):
+                spec = json.loads(self.layout.saved_spec.read_text())
+                self.ctld_port, self.node_ports = spec["ctld_port"], dict(spec["node_ports"])
         live = self._live_daemons()
         daemons = [
             DaemonStatus(name, pid, name in live) for name, pid in self._recorded_pids().items()
