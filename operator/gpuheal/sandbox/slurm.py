@@ -523,6 +523,8 @@ class SlurmCluster:
                 f"a Slurm sandbox under {self.root} is already running "
                 f"({', '.join(f'{n} pid {p}' for n, p in running.items())}); stop it first"
             )
+        self._reap_popens()  # stopped from elsewhere (e.g. SlurmCluster.attach(root).stop())
+        self._popens.clear()
         if self.install:
             ensure_installed(restd=self.restd)
         self._t0 = time.monotonic()

@@ -1,0 +1,248 @@
+"""The sandbox's Slurm is real: nodes with GPUs, drain, requeue with resume elsewhere, resume,
+several clusters side by side, nothing left behind after stop."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TypeVar
+
+import pytest
+
+from gpuheal.sandbox import _proc
+from gpuheal.sandbox import slurm as slurm_mod
+from gpuheal.sandbox.slurm import SlurmCluster, SlurmCommandError, SlurmSandboxError
+from tests.fixtures.slurm import SLURM_TEST_NODES
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
+
+START_RE = re.compile(r"START host=(\S+) restart_count=(\d+) resume_step=(\d+) gpus=(\S+)")
+
+
+T = TypeVar("T")
+
+
+def wait_for(check: Callable[[], T | None], what: str, timeout: float = 30.0) -> T:
+    return _proc.wait_for(check, what=what, timeout=timeout, interval=0.05)
+
+
+def job_fields(cluster: SlurmCluster, job: str) -> tuple[str, str, str]:
+    """(state, reason, nodes) of a job from squeue; ('', '', '') once it left the queue."""
+    out = cluster.run("squeue", "-h", "-j", job, "-o", "%T|%r|%N", check=False).stdout.strip()
+    state, reason, nodes = [*out.split("|"), "", "", ""][:3]
+    return state, reason, nodes
+
+
+def node_reason(cluster: SlurmCluster, node: str) -> str:
+    return cluster.run("sinfo", "-h", "-N", "-n", node, "-o", "%E").stdout.strip()
+
+
+def read_step(path: Path) -> int:
+    try:
+        return int(path.read_text().strip() or 0)
+    except (OSError, ValueError):
+        return 0
+
+
+def starts(out: Path) -> list[tuple[str, int, int, str]]:
+    text = out.read_text() if out.exists() else ""
+    return [(h, int(r), int(s), g) for h, r, s, g in START_RE.findall(text)]
+
+
+def cluster_processes(cluster: SlurmCluster) -> list[int]:
+    """Every live process that belongs to ``cluster``, found through /proc."""
+    conf, root = str(cluster.conf_path), str(cluster.root)
+    pids = set(_proc.find_pids(env_match={slurm_mod.SANDBOX_ENV_MARKER: root}))
+    pids |= set(_proc.find_pids(env_match={"SLURM_CONF": conf}, env_has=("SLURM_JOB_ID",)))
+    for pid in _proc.all_pids():
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+        except OSError:
+            continue
+        if root in cmdline and _proc.pid_alive(pid) and pid != os.getpid():
+            pids.add(pid)
+    return sorted(pids)
+
+
+def test_nodes_come_up_idle_with_gpus(slurm_cluster: SlurmCluster) -> None:
+    assert slurm_cluster.node_states() == dict.fromkeys(SLURM_TEST_NODES, "idle")
+    gres = slurm_cluster.run("sinfo", "-h", "-N", "-o", "%N %G").stdout.split("\n")
+    assert sorted(line.strip() for line in gres if line.strip()) == [
+        f"{n} gpu:8" for n in SLURM_TEST_NODES
+    ]
+    config = slurm_cluster.run("scontrol", "show", "config").stdout
+    assert re.search(r"JobRequeue\s+=\s+1", config)
+    assert re.search(r"ReturnToService\s+=\s+2", config)
+    assert re.search(r"MULTIPLE_SLURMD\s+=\s+Yes", config)
+    status = slurm_cluster.status()
+    assert status.ctld_up
+    assert status.running
+    assert {d.name for d in status.daemons if d.alive} == {
+        "munged",
+        "slurmctld",
+        *(f"slurmd@{n}" for n in SLURM_TEST_NODES),
+    }
+    assert slurm_cluster.start_seconds is not None
+    assert slurm_cluster.start_seconds < 30
+
+
+def test_gpu_job_gets_its_devices(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
+    out = tmp_path / "gpu.out"
+    job = slurm_cluster.run(
+        "sbatch", "--parsable", "--gres=gpu:8", "-w", "gpu-node-1", "-o", str(out),
+        "--wrap", "echo gpus=$CUDA_VISIBLE_DEVICES host=$SLURMD_NODENAME",
+    ).stdout.strip()  # fmt: skip
+    wait_for(lambda: "gpus=" in (out.read_text() if out.exists() else ""), f"job {job} output")
+    assert "gpus=0,1,2,3,4,5,6,7 host=gpu-node-1" in out.read_text()
+    with pytest.raises(SlurmCommandError, match="Requested node configuration is not available"):
+        slurm_cluster.run("sbatch", "--gres=gpu:9", "--wrap", "true")
+
+
+def test_drained_node_job_requeued_resumes_on_another_node(
+    slurm_cluster: SlurmCluster, checkpoint_job: Path, tmp_path: Path
+) -> None:
+    c = slurm_cluster
+    ckpt, out = tmp_path / "jobs" / "ckpt.state", tmp_path / "jobs" / "ckpt.out"
+    job = c.run(
+        "sbatch", "--parsable", "-o", str(out), str(checkpoint_job), str(ckpt), "0.2"
+    ).stdout.strip()
+
+    _state, _, first = wait_for(
+        lambda: (f := job_fields(c, job))[0] == "RUNNING" and f, f"job {job} RUNNING"
+    )
+    assert first in SLURM_TEST_NODES
+    wait_for(lambda: read_step(ckpt) >= 3, "3 checkpointed steps")
+
+    c.run("scontrol", "update", f"NodeName={first}", "State=DRAIN", "Reason=gpuheal-test xid 79")
+    assert c.node_states()[first] == "draining"  # MIXED+DRAIN: the job keeps running
+    assert job_fields(c, job)[0] == "RUNNING"
+    assert "gpuheal-test xid 79" in node_reason(c, first)
+
+    t0 = time.monotonic()
+    c.run("scontrol", "requeue", job)
+
+    # A requeued job is held for munge's cred_expire (BeginTime); StartTime=now lifts the hold,
+    # but only once the job shows PENDING/BeginTime (earlier, while COMPLETING, it is ignored).
+    def running_elsewhere() -> str | None:
+        state, reason, nodes = job_fields(c, job)
+        if state == "PENDING" and reason == "BeginTime":
+            c.run("scontrol", "update", f"JobId={job}", "StartTime=now", check=False)
+        return nodes if state == "RUNNING" and nodes != first else None
+
+    second = wait_for(running_elsewhere, f"job {job} RUNNING again", timeout=60)
+    requeue_to_running = time.monotonic() - t0
+    print(f"\nrequeue -> RUNNING on {second}: {requeue_to_running:.2f}s")
+    assert second != first
+    assert second in SLURM_TEST_NODES
+
+    runs = wait_for(lambda: len(s := starts(out)) >= 2 and s, "second START line in output")
+    (host1, restarts1, resume1, gpus1), (host2, restarts2, resume2, _) = runs[:2]
+    assert (host1, restarts1, resume1, gpus1) == (first, 0, 0, "0")
+    assert host2 == second
+    assert restarts2 == 1
+    assert resume2 >= 3, f"resumed from step {resume2}, not from its checkpoint"
+    wait_for(lambda: read_step(ckpt) > resume2, "progress after resume")
+    assert "Restarts=1" in c.run("scontrol", "show", "job", job).stdout
+
+    assert wait_for(lambda: c.node_states()[first] == "drained", f"{first} drained")
+    assert "gpuheal-test xid 79" in node_reason(c, first)
+    c.run("scontrol", "update", f"NodeName={first}", "State=RESUME")
+    wait_for(lambda: c.node_states()[first] == "idle", f"{first} idle after RESUME")
+    assert node_reason(c, first) in ("none", "")
+    # RESUME is not idempotent in Slurm: a second one on a node that is not drained fails.
+    with pytest.raises(SlurmCommandError, match="Invalid node state"):
+        c.run("scontrol", "update", f"NodeName={first}", "State=RESUME")
+
+
+def test_two_clusters_side_by_side(make_slurm_cluster: Callable[..., SlurmCluster]) -> None:
+    a = make_slurm_cluster(["gpu-node-0", "gpu-node-1"], name="a")
+    b = make_slurm_cluster(["gpu-node-0", "spare.node_1"], name="b", gpus_per_node=1)
+    ports_a = {a.ctld_port, *a.node_ports.values()}
+    ports_b = {b.ctld_port, *b.node_ports.values()}
+    assert len(ports_a) == 3
+    assert len(ports_b) == 3
+    assert not ports_a & ports_b
+    assert a.node_states() == {"gpu-node-0": "idle", "gpu-node-1": "idle"}
+    assert b.node_states() == {"gpu-node-0": "idle", "spare.node_1": "idle"}
+    job = a.run("sbatch", "--parsable", "--wrap", "sleep 30").stdout.strip()
+    wait_for(lambda: job_fields(a, job)[0] == "RUNNING", "job on cluster a")
+    assert b.run("squeue", "-h").stdout.strip() == ""
+    b.run("scontrol", "update", "NodeName=gpu-node-0", "State=DRAIN", "Reason=only-b")
+    assert a.node_states()["gpu-node-0"] in ("mixed", "allocated", "idle")
+    a.stop()
+    assert b.node_states()["spare.node_1"] == "idle"
+
+
+def test_stop_leaves_no_process_behind(
+    make_slurm_cluster: Callable[..., SlurmCluster], checkpoint_job: Path, tmp_path: Path
+) -> None:
+    c = make_slurm_cluster(restd=True)
+    assert c.restd_socket is not None
+    import httpx
+
+    with httpx.Client(
+        transport=httpx.HTTPTransport(uds=str(c.restd_socket)), base_url="http://localhost"
+    ) as http:
+        nodes = http.get("/slurm/v0.0.38/nodes").json()["nodes"]
+    assert sorted(n["name"] for n in nodes) == sorted(SLURM_TEST_NODES)
+
+    ckpt = tmp_path / "ckpt.state"
+    jobs = [
+        c.run(
+            "sbatch", "--parsable", "-o", "/dev/null", str(checkpoint_job), f"{ckpt}{i}", "0.2"
+        ).stdout.strip()
+        for i in range(2)
+    ]
+    wait_for(lambda: all(job_fields(c, j)[0] == "RUNNING" for j in jobs), "both jobs RUNNING")
+    wait_for(lambda: read_step(Path(f"{ckpt}0")) >= 1, "job steps")
+    # Worst case: a slurmd dies hard, its slurmstepd and job processes are left orphaned.
+    victim_node = job_fields(c, jobs[0])[2]
+    slurmd_pid = c.status().daemons
+    pid = next(d.pid for d in slurmd_pid if d.name == f"slurmd@{victim_node}")
+    assert pid is not None
+    os.kill(pid, signal.SIGKILL)
+    before = cluster_processes(c)
+    assert len(before) >= 6 + 2 * 2  # daemons + restd + slurmstepd and job shell per job
+
+    c.stop()
+    assert cluster_processes(c) == []
+    assert not any(_proc.pid_alive(p) for p in before)
+    assert not c.status().running
+    c.stop()  # idempotent
+    assert (c.log_dir / "slurmctld.log").stat().st_size > 0
+
+
+def test_double_start_refused_and_attach_stops(slurm_cluster: SlurmCluster) -> None:
+    again = SlurmCluster(slurm_cluster.root, SLURM_TEST_NODES, install=False)
+    with pytest.raises(SlurmSandboxError, match="already running"):
+        again.start()
+    assert slurm_cluster.node_states() == dict.fromkeys(SLURM_TEST_NODES, "idle")
+
+    attached = SlurmCluster.attach(slurm_cluster.root)  # as `gpuheal sandbox down` would
+    assert attached.node_ports == slurm_cluster.node_ports
+    assert attached.status().nodes == dict.fromkeys(SLURM_TEST_NODES, "idle")
+    attached.stop()
+    assert cluster_processes(slurm_cluster) == []
+    slurm_cluster.start()  # a stopped cluster starts again under the same root
+    assert slurm_cluster.node_states() == dict.fromkeys(SLURM_TEST_NODES, "idle")
+
+
+def test_daemon_failure_is_reported_with_its_log(
+    make_slurm_cluster: Callable[..., SlurmCluster],
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:
+    render = slurm_mod.render_slurm_conf
+    monkeypatch.setattr(
+        slurm_mod, "render_slurm_conf", lambda cfg: render(cfg) + "NoSuchOption=1\n"
+    )
+    with pytest.raises(SlurmSandboxError, match=r"slurmctld exited[\s\S]*NoSuchOption") as err:
+        make_slurm_cluster(name="broken")
+    assert "last" in str(err.value)  # the log tail is in the message
+    root = tmp_path / "broken"
+    leftovers = _proc.find_pids(env_match={slurm_mod.SANDBOX_ENV_MARKER: str(root)})
+    assert leftovers == []
