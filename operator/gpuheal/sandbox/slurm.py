@@ -856,18 +856,35 @@ class SlurmCluster:
                 return
             self.run("scancel", *jobs, check=False, timeout=10)
 
-            def none_active() -> bool:
+            def settled() -> bool:
+                # Jobs on a node whose slurmd is dead stay COMPLETING until SlurmdTimeout: don't
+                # wait for those (their processes are killed below), only for the others.
                 out = self.run(
-                    "squeue", "-h", "-t", _ACTIVE_JOB_STATES, "-o", "%i", check=False, timeout=10
+                    "squeue", "-h", "-t", _ACTIVE_JOB_STATES, "-o", "%N", check=False, timeout=10
                 )
-                return out.returncode == 0 and not out.stdout.strip()
+                if out.returncode != 0:
+                    return False
+                live = {
+                    name.split("@", 1)[1]
+                    for name in self._live_daemons()
+                    if name.startswith("slurmd@")
+                }
+                for nodelist in out.stdout.split():
+                    if set(self._expand_hostlist(nodelist)) & live:
+                        return False
+                return not any(line == "" for line in out.stdout.splitlines())
 
-            _proc.wait_for(none_active, what="cancelled jobs to finish", timeout=15)
+            _proc.wait_for(settled, what="cancelled jobs to finish", timeout=15)
             self._progress(f"cancelled {len(jobs)} job(s)")
         except (_proc.WaitTimeout, subprocess.SubprocessError, OSError) as exc:
             log.warning(
                 "slurm: cancelling jobs of %s: %s (killing leftovers instead)", self.root, exc
             )
+
+    def _expand_hostlist(self, hostlist: str) -> list[str]:
+        if "[" not in hostlist and "," not in hostlist:
+            return [hostlist]
+        return self.run("scontrol", "show", "hostnames", hostlist, timeout=10).stdout.split()
 
     def _own_processes(self) -> list[int]:
         """Live processes spawned by this cluster's daemons (marker in their environment)."""
