@@ -1,0 +1,230 @@
+"""Pure pieces of the Slurm sandbox (config rendering, validation) and the process helpers."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from gpuheal.sandbox import _proc
+from gpuheal.sandbox.slurm import (
+    SlurmCluster,
+    SlurmCommandError,
+    SlurmConfig,
+    SlurmLayout,
+    client_env,
+    parse_node_states,
+    render_gres_conf,
+    render_slurm_conf,
+    validate_node_names,
+)
+
+
+def make_config(gpus: int = 8, **kwargs: object) -> SlurmConfig:
+    return SlurmConfig(
+        layout=SlurmLayout(Path("/sb/slurm")),
+        host="vm",
+        ctld_port=21000,
+        node_ports={"gpu-node-0": 21001, "gpu-spare-0": 21007},
+        gpus_per_node=gpus,
+        **kwargs,  # type: ignore[arg-type]
+    )
+
+
+def conf_lines(text: str) -> list[str]:
+    return [line for line in text.splitlines() if line and not line.startswith("#")]
+
+
+def test_slurm_conf_has_what_the_sandbox_relies_on() -> None:
+    lines = conf_lines(render_slurm_conf(make_config(cred_expire=7)))
+    for expected in (
+        "SlurmctldHost=vm(127.0.0.1)",
+        "SlurmctldPort=21000",
+        "AuthInfo=socket=/sb/slurm/munge/munge.sock,cred_expire=7",
+        "JobRequeue=1",
+        "ReturnToService=2",
+        "SchedulerParameters=sched_interval=2,bf_interval=1",
+        "GresTypes=gpu",
+        "StateSaveLocation=/sb/slurm/state",
+        "SlurmdSpoolDir=/sb/slurm/spool/%n",
+        "SlurmdLogFile=/sb/slurm/log/slurmd@%n.log",
+        "PartitionName=main Nodes=ALL Default=YES MaxTime=INFINITE State=UP",
+    ):
+        assert expected in lines
+    nodes = [line for line in lines if line.startswith("NodeName=")]
+    assert nodes == [
+        "NodeName=gpu-node-0 NodeHostname=vm NodeAddr=127.0.0.1 Port=21001"
+        " CPUs=8 RealMemory=64000 Gres=gpu:8 State=UNKNOWN",
+        "NodeName=gpu-spare-0 NodeHostname=vm NodeAddr=127.0.0.1 Port=21007"
+        " CPUs=8 RealMemory=64000 Gres=gpu:8 State=UNKNOWN",
+    ]
+    # Every path the daemons write to is under the root.
+    paths = [v for line in lines for v in line.split("=", 1)[1:] if v.startswith("/")]
+    assert all(p.startswith("/sb/slurm/") or p == "/bin/true" for p in paths)
+
+
+@pytest.mark.parametrize(
+    ("gpus", "file_spec", "gres"),
+    [
+        (8, "File=/sb/slurm/dev/gpu[0-7]", " Gres=gpu:8 "),
+        (1, "File=/sb/slurm/dev/gpu0", " Gres=gpu:1 "),
+        (0, None, None),
+    ],
+)
+def test_gres_conf_one_file_per_gpu(gpus: int, file_spec: str | None, gres: str | None) -> None:
+    cfg = make_config(gpus=gpus)
+    gres_lines = conf_lines(render_gres_conf(cfg))
+    assert gres_lines[0] == "AutoDetect=off"
+    node_lines = [line for line in conf_lines(render_slurm_conf(cfg)) if "NodeName=" in line]
+    if file_spec is None:
+        assert gres_lines == ["AutoDetect=off"]
+        assert all("Gres=" not in line for line in node_lines)
+    else:
+        assert gres_lines[1:] == [
+            f"NodeName=gpu-node-0 Name=gpu {file_spec}",
+            f"NodeName=gpu-spare-0 Name=gpu {file_spec}",
+        ]
+        assert all(gres in line for line in node_lines)
+    assert cfg.layout.gpu_files(gpus) == [Path(f"/sb/slurm/dev/gpu{i}") for i in range(gpus)]
+
+
+@pytest.mark.parametrize(
+    "names", [["gpu-node-0"], ["a", "b.c", "d_e", "node7", "ip-10-0-0-1.ec2.internal"]]
+)
+def test_valid_node_names(names: list[str]) -> None:
+    assert validate_node_names(names) == names
+
+
+@pytest.mark.parametrize(
+    ("names", "error"),
+    [
+        ([], "at least one"),
+        (["gpu node"], "invalid"),
+        (["node[1-3]"], "invalid"),
+        (["a,b"], "invalid"),
+        (["-lead"], "invalid"),
+        (["trail-"], "invalid"),
+        (["n1", "n2", "n1"], "duplicate"),
+    ],
+)
+def test_invalid_node_names(names: list[str], error: str) -> None:
+    with pytest.raises(ValueError, match=error):
+        validate_node_names(names)
+
+
+def test_cluster_arguments_are_checked(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="cred_expire"):
+        SlurmCluster(tmp_path, ["n1"], cred_expire=4)
+    with pytest.raises(ValueError, match="too deep"):
+        SlurmCluster(tmp_path / ("x" * 100), ["n1"])
+    cluster = SlurmCluster(tmp_path / "s", ["n1"])
+    assert cluster.env == {"SLURM_CONF": str(tmp_path / "s" / "etc" / "slurm.conf")}
+    assert cluster.restd_socket is None
+    assert cluster.restd_url is None
+    assert not cluster.status().running
+    cluster.stop()  # never started: a no-op
+
+
+def test_client_env_drops_inherited_slurm_variables() -> None:
+    env = client_env(
+        Path("/x/slurm.conf"), {"PATH": "/bin", "SLURM_JOB_ID": "3", "SLURM_CONF": "/other"}
+    )
+    assert env == {"PATH": "/bin", "SLURM_CONF": "/x/slurm.conf"}
+
+
+def test_parse_node_states() -> None:
+    out = "gpu-node-0 idle\ngpu-node-1 drained\n\ngpu-node-1 drained\ngpu-node-2 idle*\n"
+    assert parse_node_states(out) == {
+        "gpu-node-0": "idle",
+        "gpu-node-1": "drained",
+        "gpu-node-2": "idle*",
+    }
+
+
+def test_command_error_shows_stderr() -> None:
+    err = SlurmCommandError(1, ["scontrol", "requeue", "9"], "", "Invalid job id specified\n")
+    assert str(err) == "scontrol requeue 9 exited 1: Invalid job id specified"
+
+
+# ---- _proc
+
+
+def test_free_tcp_ports_are_distinct_bindable_and_not_repeated() -> None:
+    first = _proc.free_tcp_ports(5)
+    second = _proc.free_tcp_ports(5)
+    assert len(set(first) | set(second)) == 10
+    for port in first:
+        assert _proc.port_free(port)
+        assert port < _proc._ephemeral_low()
+
+
+def test_port_free_sees_a_listener() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        assert not _proc.port_free(s.getsockname()[1])
+
+
+def test_pid_alive_treats_a_zombie_as_dead() -> None:
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    _proc.wait_for(lambda: _proc.proc_state(child.pid) == "Z", what="zombie", timeout=10)
+    assert not _proc.pid_alive(child.pid)  # still in /proc, kill -0 would succeed
+    os.kill(child.pid, 0)
+    child.wait()
+    assert _proc.proc_state(child.pid) is None
+    assert _proc.pid_alive(os.getpid())
+
+
+def test_stop_pid_checks_the_executable() -> None:
+    child = subprocess.Popen(["sleep", "30"])
+    try:
+        assert not _proc.stop_pid(child.pid, {"slurmd", "slurmd-wlm"})
+        assert _proc.pid_alive(child.pid)
+        assert _proc.exe_name(child.pid) == "sleep"
+        assert _proc.stop_pid(child.pid, {"sleep"}, timeout=5)
+        assert not _proc.pid_alive(child.pid)
+        assert not _proc.stop_pid(child.pid, {"sleep"})  # already gone: idempotent
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_descendants_and_find_pids_by_environment() -> None:
+    marker = f"test-{os.getpid()}-{time.monotonic_ns()}"
+    parent = subprocess.Popen(
+        ["bash", "-c", "sleep 30 & sleep 30 & wait"], env={**os.environ, "TEST_MARK": marker}
+    )
+    try:
+        kids = _proc.wait_for(
+            lambda: len(d := _proc.descendants(parent.pid)) == 2 and d,
+            what="two children",
+            timeout=10,
+        )
+        found = _proc.find_pids(env_match={"TEST_MARK": marker})
+        assert sorted(found) == sorted([parent.pid, *kids])
+        assert _proc.find_pids(env_match={"TEST_MARK": marker}, exe_names={"sleep"}) == sorted(kids)
+        assert _proc.proc_environ(parent.pid)["TEST_MARK"] == marker  # type: ignore[index]
+        assert _proc.kill_pids([parent.pid, *kids]) == []
+    finally:
+        parent.kill()
+        parent.wait()
+
+
+def test_wait_for_returns_the_value_or_says_what_it_waited_for() -> None:
+    values = iter([None, 0, "ready"])
+    assert _proc.wait_for(lambda: next(values), what="x", timeout=5, interval=0) == "ready"
+    with pytest.raises(_proc.WaitTimeout, match=r"waiting for the moon \(last: False\)"):
+        _proc.wait_for(lambda: False, what="the moon", timeout=0.05, interval=0.01)
+
+
+def test_log_tail(tmp_path: Path) -> None:
+    log = tmp_path / "d.log"
+    log.write_text("".join(f"line {i}\n" for i in range(100)))
+    tail = _proc.log_tail(log, 3)
+    assert tail.endswith("line 97\nline 98\nline 99")
+    assert "no log" in _proc.log_tail(tmp_path / "missing.log")
