@@ -1,0 +1,259 @@
+"""Request and response models of the bridge's HTTP API (``/v1``).
+
+These models are the contract between the bridge and the operator's client
+(:mod:`gpuheal_bridge.client`). They import nothing but pydantic and the standard
+library, so the operator can depend on them without FastAPI or the backends
+(an import-linter contract enforces it).
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from gpuheal_bridge.api.names import INCIDENT_PATTERN, SIGNAL_PATTERN
+
+#: Every drain the bridge sets carries this prefix; a reason without it belongs to someone else.
+REASON_PREFIX = "gpuheal:"
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Owner(StrEnum):
+    """Who set the current drain/down reason of a node."""
+
+    GPUHEAL = "gpuheal"  # reason starts with ``gpuheal:``
+    OTHER = "other"  # an admin, Slurm itself, or another controller (e.g. ``slurm-operator:``)
+    NONE = "none"  # the node is not drained/down
+
+
+class NodeState(_Model):
+    """A Slurm node as the bridge sees it."""
+
+    node: str = Field(description="Node name as the caller gave it (Kubernetes name).")
+    slurm_node: str = Field(description="The Slurm node name it maps to.")
+    state: str = Field(description="Base state, upper case: IDLE, MIXED, ALLOCATED, DOWN, ...")
+    flags: list[str] = Field(default_factory=list, description="State flags: DRAIN, FAIL, ...")
+    drain: bool = Field(description="True when the DRAIN flag is set (draining or drained).")
+    unavailable: bool = Field(description="DRAIN, DOWN or FAIL: Slurm schedules nothing here.")
+    reason: str | None = Field(default=None, description="Reason text without `[user@time]`.")
+    reason_user: str | None = None
+    reason_time: str | None = Field(default=None, description="When the reason was set (ISO).")
+    owner: Owner = Field(description="Owner of the drain/down reason.")
+    incident: str | None = Field(default=None, description="Incident id when owner=gpuheal.")
+    xid: int | None = Field(default=None, description="XID from our reason when present.")
+
+
+class JobState(_Model):
+    """A Slurm job as the bridge sees it (subset of ``squeue --json``)."""
+
+    job_id: int
+    name: str | None = None
+    user: str | None = None
+    state: str = Field(description="RUNNING, PENDING, COMPLETING, CANCELLED, ...")
+    reason: str | None = Field(default=None, description="Pending reason (BeginTime, ...).")
+    nodes: list[str] = Field(default_factory=list, description="Allocated nodes, expanded.")
+    batch_host: str | None = None
+    batch: bool = Field(description="A batch job (sbatch); only those can be requeued.")
+    requeue: bool = Field(description="The job's requeue flag (False after --no-requeue).")
+    restart_count: int = 0
+    excluded_nodes: list[str] = Field(default_factory=list)
+
+
+class SignalTarget(StrEnum):
+    """Which processes of a job receive the checkpoint signal.
+
+    ``full`` (default) is ``scancel --full``: the batch shell, its children and every srun
+    step, so the signal reaches the training process wherever it runs. ``batch`` is
+    ``scancel --batch``: only the batch shell (a script that traps the signal itself).
+    ``steps`` is plain ``scancel --signal``: srun steps only, never the batch shell (what
+    ``sbatch --signal=USR1@T`` does; safe for scripts that do not trap the signal).
+    """
+
+    FULL = "full"
+    BATCH = "batch"
+    STEPS = "steps"
+
+
+class CheckpointSignal(_Model):
+    """Ask the job to checkpoint before it is requeued."""
+
+    signal: Annotated[str, Field(pattern=SIGNAL_PATTERN)] = Field(
+        default="USR1", description="Signal name (USR1, SIGUSR2, TERM, ...) or number."
+    )
+    target: SignalTarget = SignalTarget.FULL
+    grace_seconds: float = Field(
+        default=30.0,
+        ge=0,
+        le=600,
+        description="Wait at most this long for the checkpoint; ends early if the job stops "
+        "running (e.g. it requeued itself).",
+    )
+
+
+class RequeueMode(StrEnum):
+    REQUEUE = "requeue"  # scontrol requeue: PENDING again, starts once eligible
+    REQUEUE_HOLD = "requeuehold"  # scontrol requeuehold: PENDING and held until released
+
+
+class RequeueOptions(_Model):
+    """How to requeue a job (alone or as part of a drain)."""
+
+    mode: RequeueMode = RequeueMode.REQUEUE
+    checkpoint: CheckpointSignal | None = Field(
+        default=None, description="Send this signal and wait before requeueing."
+    )
+    exclude_node: bool = Field(
+        default=True,
+        description="Add the node the job ran on to its excluded nodes (ExcNodeList) so its "
+        "next allocation avoids it.",
+    )
+    expedite: bool = Field(
+        default=False,
+        description="Once the requeued job is PENDING on BeginTime, set StartTime=now so it "
+        "starts at the next scheduling pass instead of after munge cred_expire (mode=requeue).",
+    )
+    wait_running_seconds: float = Field(
+        default=0.0,
+        ge=0,
+        le=600,
+        description="Wait up to this long for the job to run again and report the time.",
+    )
+
+
+class JobOutcome(StrEnum):
+    REQUEUED = "requeued"
+    REQUEUED_HELD = "requeued_held"
+    REQUEUED_BY_JOB = "requeued_by_job"  # the job requeued itself during the grace period
+    NOT_RUNNING = "not_running"  # pending or finished: never revived (requeue would revive it)
+    NOT_REQUEUEABLE = "not_requeueable"  # not a batch job, or --no-requeue
+    ENDED_DURING_GRACE = "ended_during_grace"  # finished after the checkpoint signal
+    NOT_ON_NODE = "not_on_node"  # the job no longer runs on the node named in the request
+    GONE = "gone"  # Slurm no longer knows the job
+    FAILED = "failed"  # Slurm refused or timed out; see detail
+
+
+class JobResult(_Model):
+    """What happened to one job."""
+
+    job_id: int
+    outcome: JobOutcome
+    detail: str | None = None
+    state_before: str | None = None
+    state_after: str | None = None
+    signalled: bool = False
+    excluded_nodes: list[str] | None = Field(
+        default=None, description="The job's excluded nodes after the update (None: untouched)."
+    )
+    expedited: bool = False
+    requeue_seconds: float | None = Field(
+        default=None, description="From the requeue call until Slurm shows the job PENDING."
+    )
+    requeue_to_running_seconds: float | None = Field(
+        default=None, description="From the requeue call until RUNNING (when waited for)."
+    )
+    restart_count: int | None = None
+    nodes_after: list[str] | None = None
+
+
+class DrainRequest(_Model):
+    """Drain a node for an incident; optionally requeue the jobs running on it."""
+
+    incident: Annotated[str, Field(pattern=INCIDENT_PATTERN)] = Field(
+        description="Incident id (the NodeRemediation name), e.g. nrem-abc."
+    )
+    xid: int | None = Field(default=None, ge=0, le=100000, description="XID that caused it.")
+    requeue: RequeueOptions | None = Field(
+        default=None, description="Also requeue the node's running jobs (None: leave them)."
+    )
+
+
+class DrainOutcome(StrEnum):
+    DRAINED = "drained"  # we set DRAIN now
+    ALREADY_DRAINED = "already_drained"  # gpuheal had drained it already (maybe another incident)
+    DRAINED_BY_OTHER = "drained_by_other"  # someone else's drain/down: left untouched
+
+
+class DrainResponse(_Model):
+    node: str
+    slurm_node: str
+    outcome: DrainOutcome
+    owner: Owner
+    previous: NodeState
+    current: NodeState
+    jobs: list[JobResult] = Field(default_factory=list)
+    jobs_skipped_reason: str | None = Field(
+        default=None, description="Why requeue was asked for but not done."
+    )
+
+
+class ResumeRequest(_Model):
+    force: bool = Field(default=False, description="Resume even if the drain is not ours.")
+    incident: Annotated[str | None, Field(pattern=INCIDENT_PATTERN)] = Field(
+        default=None,
+        description="Only resume if our drain reason names this incident (409 otherwise).",
+    )
+
+
+class ResumeOutcome(StrEnum):
+    RESUMED = "resumed"
+    NOT_DRAINED = "not_drained"  # nothing to do (idempotent)
+
+
+class ResumeResponse(_Model):
+    node: str
+    slurm_node: str
+    outcome: ResumeOutcome
+    forced: bool = False
+    previous: NodeState
+    current: NodeState
+
+
+class JobsResponse(_Model):
+    node: str
+    slurm_node: str
+    jobs: list[JobState]
+
+
+class JobRequeueRequest(RequeueOptions):
+    """Requeue one job. ``from_node``: only if it still runs there; that node is excluded."""
+
+    from_node: str | None = Field(
+        default=None, description="Node (Kubernetes name) the job must still run on."
+    )
+
+
+class ErrorCode(StrEnum):
+    UNAUTHORIZED = "unauthorized"
+    INVALID = "invalid"
+    NOT_FOUND = "not_found"
+    CONFLICT = "conflict"  # e.g. resume of someone else's drain
+    IDEMPOTENCY_MISMATCH = "idempotency_mismatch"
+    IN_PROGRESS = "in_progress"
+    UNAVAILABLE = "unavailable"  # slurmctld down / timeout: retry
+    UNSUPPORTED = "unsupported"  # the backend cannot do this against the connected Slurm
+    SLURM_ERROR = "slurm_error"
+
+
+class ErrorResponse(_Model):
+    error: ErrorCode
+    message: str
+    owner: Owner | None = None
+    current: NodeState | None = None
+    retry_after_seconds: float | None = None
+
+
+class Health(_Model):
+    status: Literal["ok"] = "ok"
+
+
+class Readiness(_Model):
+    ready: bool
+    backend: str
+    slurmctld: str = Field(description="UP, DOWN or an error text.")
+    slurm_version: str | None = None
+    capabilities: list[str] = Field(default_factory=list)

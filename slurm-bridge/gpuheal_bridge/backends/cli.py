@@ -1,0 +1,203 @@
+"""The primary backend: Slurm's own commands (scontrol, squeue, scancel, sinfo).
+
+Every call is an argument list run without a shell, bounded by a timeout (the process is
+killed when it expires), with ``SLURM_CONF`` and PATH from the configuration. Structured
+output where 22.05 has it (``squeue --json``, filtered here because 22.05's ``--json``
+ignores ``-w/-j/-t``), ``scontrol show node -o`` parsed as text (no ``--json`` in 22.05),
+and ``squeue -j ID -t all -o '%i|%T|%r|%N'`` for cheap state polling (no free-text columns).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from gpuheal_bridge.api.models import JobState, SignalTarget
+from gpuheal_bridge.backends.base import (
+    ALL_CAPABILITIES,
+    BackendError,
+    Capability,
+    JobProbe,
+    NotFound,
+    Ping,
+    Rejected,
+    SlurmNode,
+    Unavailable,
+)
+from gpuheal_bridge.backends.parse import (
+    PROBE_FORMAT,
+    jobs_on,
+    parse_jobs_json,
+    parse_node_lines,
+    parse_probe_line,
+)
+
+# Measured on 22.05: slurmctld down gives "Unable to contact slurm controller (connect
+# failure)" after ~4 s, and `scontrol requeue` says "Unexpected message received".
+_UNAVAILABLE = re.compile(
+    r"Unable to contact slurm controller|Socket timed out|Zero Bytes were transmitted"
+    r"|Connection refused|Unexpected message received|backup controller in standby"
+    r"|Communication connection failure|Slurm controller not responding",
+    re.I,
+)
+_NOT_FOUND = re.compile(
+    r"Invalid node name|Node \S+ not found|Invalid job id specified|Unable to find JobId", re.I
+)
+
+
+@dataclass(frozen=True)
+class CommandResult:
+    argv: tuple[str, ...]
+    returncode: int
+    stdout: str
+    stderr: str
+
+    @property
+    def message(self) -> str:
+        return (self.stderr.strip() or self.stdout.strip() or f"exit {self.returncode}")[:500]
+
+
+def classify_failure(result: CommandResult) -> BackendError:
+    """Map a failed Slurm command to NotFound / Unavailable / Rejected by its message."""
+    text = f"{result.stderr}\n{result.stdout}"
+    if _UNAVAILABLE.search(text):
+        return Unavailable(result.message)
+    if _NOT_FOUND.search(text):
+        return NotFound(result.message)
+    return Rejected(result.message)
+
+
+class CliBackend:
+    """Slurm through its command-line tools (the only backend that can do everything on 22.05)."""
+
+    name = "cli"
+
+    def __init__(
+        self,
+        *,
+        slurm_conf: str | None = None,
+        bin_dir: str | None = None,
+        timeout: float = 15.0,
+        env: Mapping[str, str] | None = None,
+    ) -> None:
+        self.timeout = timeout
+        self._bin_dir = bin_dir
+        base = dict(os.environ if env is None else env)
+        if slurm_conf:
+            base["SLURM_CONF"] = slurm_conf
+        self._env = base
+        self._version: str | None = None
+
+    def capabilities(self) -> frozenset[Capability]:
+        return ALL_CAPABILITIES
+
+    def _exe(self, tool: str) -> str:
+        return os.path.join(self._bin_dir, tool) if self._bin_dir else tool
+
+    async def run(self, tool: str, *args: str, limit: float | None = None) -> CommandResult:
+        """Run ``tool args...`` (no shell); raise Unavailable on timeout or a missing tool."""
+        argv = (self._exe(tool), *args)
+        limit = self.timeout if limit is None else limit
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *argv,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+                env=self._env,
+            )
+        except OSError as exc:
+            raise Unavailable(f"cannot run {argv[0]}: {exc}") from exc
+        try:
+            out, err = await asyncio.wait_for(proc.communicate(), limit)
+        except TimeoutError:
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+            with contextlib.suppress(Exception):
+                await proc.wait()
+            raise Unavailable(f"{tool} {' '.join(args[:2])} timed out after {limit:g}s") from None
+        return CommandResult(
+            argv, proc.returncode or 0, out.decode(errors="replace"), err.decode(errors="replace")
+        )
+
+    async def _ok(self, tool: str, *args: str) -> CommandResult:
+        result = await self.run(tool, *args)
+        # scontrol/scancel can print an error yet exit 0 (e.g. some job updates): look at both.
+        if result.returncode != 0 or re.search(r"\berror\b", result.stderr, re.I):
+            raise classify_failure(result)
+        return result
+
+    async def ping(self) -> Ping:
+        result = await self.run("scontrol", "ping")
+        text = result.stdout.strip() or result.stderr.strip()
+        up = bool(re.search(r"\bis UP\b", text))
+        if self._version is None:
+            with contextlib.suppress(BackendError):
+                ver = await self.run("scontrol", "--version")
+                m = re.search(r"(\d+\.\d+\.\d+)", ver.stdout)
+                self._version = m.group(1) if m else None
+        return Ping(
+            up=up, detail=text.splitlines()[0] if text else "no answer", version=self._version
+        )
+
+    async def get_node(self, node: str) -> SlurmNode:
+        result = await self._ok("scontrol", "show", "node", "-o", node)
+        nodes = [n for n in parse_node_lines(result.stdout) if n.name == node]
+        if not nodes:
+            raise NotFound(f"Node {node} not found")
+        return nodes[0]
+
+    async def _all_jobs(self) -> list[JobState]:
+        result = await self._ok("squeue", "--json")
+        try:
+            doc = json.loads(result.stdout)
+        except json.JSONDecodeError as exc:
+            raise Unavailable(f"squeue --json gave no JSON: {exc}") from exc
+        return parse_jobs_json(doc)
+
+    async def jobs_on_node(self, node: str) -> list[JobState]:
+        return jobs_on(await self._all_jobs(), node)
+
+    async def get_job(self, job_id: int) -> JobState:
+        for job in await self._all_jobs():
+            if job.job_id == job_id:
+                return job
+        raise NotFound(f"Invalid job id specified: {job_id}")
+
+    async def probe_job(self, job_id: int) -> JobProbe:
+        result = await self._ok("squeue", "-h", "-t", "all", "-j", str(job_id), "-o", PROBE_FORMAT)
+        lines = [ln for ln in result.stdout.splitlines() if ln.strip()]
+        if not lines:
+            raise NotFound(f"Invalid job id specified: {job_id}")
+        return parse_probe_line(lines[0])
+
+    async def drain(self, node: str, reason: str) -> None:
+        await self._ok("scontrol", "update", f"NodeName={node}", "State=DRAIN", f"Reason={reason}")
+
+    async def resume(self, node: str) -> None:
+        await self._ok("scontrol", "update", f"NodeName={node}", "State=RESUME")
+
+    async def requeue(self, job_id: int, hold: bool) -> None:
+        await self._ok("scontrol", "requeuehold" if hold else "requeue", str(job_id))
+
+    async def signal(self, job_id: int, signal: str, target: SignalTarget) -> None:
+        args: Sequence[str] = {
+            SignalTarget.FULL: ("--full",),
+            SignalTarget.BATCH: ("--batch",),
+            SignalTarget.STEPS: (),
+        }[target]
+        await self._ok("scancel", f"--signal={signal}", *args, str(job_id))
+
+    async def set_excluded_nodes(self, job_id: int, nodes: list[str]) -> None:
+        await self._ok("scontrol", "update", f"JobId={job_id}", f"ExcNodeList={','.join(nodes)}")
+
+    async def start_now(self, job_id: int) -> None:
+        await self._ok("scontrol", "update", f"JobId={job_id}", "StartTime=now")
+
+    async def aclose(self) -> None:
+        return None

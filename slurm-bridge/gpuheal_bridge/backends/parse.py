@@ -1,0 +1,159 @@
+"""Parsers of Slurm 22.05 output (``scontrol show node -o``, ``sinfo/squeue --json``,
+``squeue -o``). Pure functions, tested against output captured from the real Slurm."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+from gpuheal_bridge.api.models import JobState
+from gpuheal_bridge.backends.base import JobProbe, SlurmNode, Unavailable
+from gpuheal_bridge.hostlist import expand
+from gpuheal_bridge.ownership import split_reason_suffix
+
+_NODE_NAME = re.compile(r"^NodeName=(\S+)")
+_STATE = re.compile(r"(?:^| )State=(\S+)")
+#: Columns of the probe format; none of them holds user-controlled free text.
+PROBE_FORMAT = "%i|%T|%r|%N"
+
+
+def split_state(text: str) -> tuple[str, tuple[str, ...]]:
+    """``"MIXED+DRAIN"`` -> ``("MIXED", ("DRAIN",))``; ``"idle*"`` -> IDLE + NOT_RESPONDING."""
+    parts = [p for p in text.upper().split("+") if p]
+    if not parts:
+        return "UNKNOWN", ()
+    base, flags = parts[0], parts[1:]
+    for suffix, flag in (("*", "NOT_RESPONDING"), ("~", "POWERED_DOWN"), ("#", "POWERING_UP")):
+        if base.endswith(suffix):
+            base = base[: -len(suffix)]
+            flags.append(flag)
+    return base, tuple(flags)
+
+
+def parse_node_line(line: str) -> SlurmNode:
+    """One line of ``scontrol show node -o NAME``.
+
+    Values may contain spaces (``OS=Linux 6.1 #1 SMP``) and ``Reason=`` comes last with free
+    text ending in ``[user@time]``, so only the fields we need are picked: ``NodeName``
+    (first), ``State`` (before the reason) and everything after the first `` Reason=``.
+    """
+    line = line.strip()
+    m = _NODE_NAME.match(line)
+    if m is None:
+        raise ValueError(f"not a `scontrol show node -o` line: {line[:80]!r}")
+    head, sep, reason_text = line.partition(" Reason=")
+    s = _STATE.search(head)
+    if s is None:
+        raise ValueError(f"no State= in node line for {m.group(1)}")
+    state, flags = split_state(s.group(1))
+    reason = user = when = None
+    if sep:
+        reason, user, when = split_reason_suffix(reason_text)
+        reason = reason or None
+    return SlurmNode(m.group(1), state, flags, reason, user, when)
+
+
+def parse_node_lines(text: str) -> list[SlurmNode]:
+    return [parse_node_line(ln) for ln in text.splitlines() if ln.startswith("NodeName=")]
+
+
+def _check_errors(doc: Mapping[str, Any], what: str) -> None:
+    errors = doc.get("errors") or []
+    if errors:
+        # 22.05's --json exits 0 with an error list and no data when slurmctld is down.
+        first = errors[0] if isinstance(errors[0], Mapping) else {"error": str(errors[0])}
+        text = first.get("description") or first.get("error") or "unknown error"
+        raise Unavailable(f"{what}: {text} ({first.get('error', '')})".strip())
+
+
+def _iso(epoch: Any) -> str | None:
+    if isinstance(epoch, int) and epoch > 0:
+        return datetime.fromtimestamp(epoch, UTC).isoformat()
+    return None
+
+
+def node_from_json(item: Mapping[str, Any]) -> SlurmNode:
+    """One entry of ``sinfo --json`` / slurmrestd v0.0.38 ``nodes``."""
+    raw_state = item.get("state")
+    if isinstance(raw_state, list):  # v0.0.39+: state is a list of flags, base first
+        state, flags = (str(raw_state[0]).upper(), tuple(str(f).upper() for f in raw_state[1:]))
+    else:
+        state, flags = split_state(str(raw_state or "unknown"))
+    flags = flags + tuple(str(f).upper() for f in item.get("state_flags") or () if f not in flags)
+    reason = item.get("reason") or None
+    return SlurmNode(
+        name=str(item["name"]),
+        state=state,
+        flags=flags,
+        reason=reason,
+        reason_user=item.get("reason_set_by_user") or None,
+        reason_time=_iso(item.get("reason_changed_at")),
+    )
+
+
+def parse_nodes_json(doc: Mapping[str, Any]) -> list[SlurmNode]:
+    _check_errors(doc, "sinfo --json")
+    return [node_from_json(n) for n in doc.get("nodes") or []]
+
+
+def _number(value: Any) -> int:
+    if isinstance(value, Mapping):  # v0.0.39+: {"set": true, "number": 3}
+        return int(value.get("number") or 0)
+    return int(value or 0)
+
+
+def _text_state(value: Any) -> str:
+    if isinstance(value, list):  # v0.0.40+: job_state is a list
+        return str(value[0]).upper() if value else "UNKNOWN"
+    return str(value or "UNKNOWN").upper()
+
+
+def job_from_json(item: Mapping[str, Any]) -> JobState:
+    """One entry of ``squeue --json`` / slurmrestd ``jobs``."""
+    excluded = item.get("excluded_nodes")
+    reason = item.get("state_reason")
+    return JobState(
+        job_id=int(item["job_id"]),
+        name=item.get("name") or None,
+        user=item.get("user_name") or None,
+        state=_text_state(item.get("job_state")),
+        reason=None if reason in (None, "", "None") else str(reason),
+        nodes=expand(item.get("nodes") or ""),
+        batch_host=item.get("batch_host") or None,
+        batch=bool(item.get("batch_flag")),
+        requeue=bool(item.get("requeue")),
+        restart_count=_number(item.get("restart_cnt")),
+        excluded_nodes=expand(excluded) if isinstance(excluded, str) else list(excluded or []),
+    )
+
+
+def parse_jobs_json(doc: Mapping[str, Any]) -> list[JobState]:
+    _check_errors(doc, "squeue --json")
+    return [job_from_json(j) for j in doc.get("jobs") or []]
+
+
+#: States in which a job still holds (or is releasing) its nodes.
+ACTIVE_STATES = frozenset(
+    {"RUNNING", "SUSPENDED", "COMPLETING", "CONFIGURING", "STOPPED", "SIGNALING", "STAGE_OUT"}
+)
+
+
+def jobs_on(jobs: list[JobState], node: str) -> list[JobState]:
+    """Filter ``squeue --json`` ourselves: 22.05 ignores ``-w``/``-t`` with ``--json``."""
+    return [j for j in jobs if node in j.nodes and j.state in ACTIVE_STATES]
+
+
+def parse_probe_line(line: str) -> JobProbe:
+    """``1|PENDING|BeginTime|`` (``squeue -h -t all -j ID -o PROBE_FORMAT``)."""
+    parts = line.strip().split("|")
+    if len(parts) != 4:
+        raise ValueError(f"unexpected squeue line {line!r}")
+    job_id, state, reason, nodes = parts
+    return JobProbe(
+        job_id=int(job_id),
+        state=state.upper(),
+        reason=None if reason in ("", "None") else reason,
+        nodes=expand(nodes),
+    )

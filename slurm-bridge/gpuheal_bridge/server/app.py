@@ -1,0 +1,407 @@
+"""The bridge's HTTP app.
+
+Why FastAPI (over aiohttp): the request/response models in :mod:`gpuheal_bridge.api` are
+pydantic v2 models shared with the operator's client; FastAPI validates requests against
+exactly those models, serialises responses through them and publishes the OpenAPI document
+(``/openapi.json``) that the schemathesis fuzz test and client authors use, with no second
+schema to keep in sync. It runs on uvicorn, supports TLS there, and its TestClient makes
+the HTTP layer unit-testable with a fake backend.
+
+Order of checks for every ``/v1`` request: bearer token (401, nothing else runs), name
+validation and mapping (422/404), idempotency replay, per-node/per-job lock, Slurm.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Annotated, Any
+
+from fastapi import FastAPI, Header, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from pydantic import BaseModel
+from starlette.routing import Match
+
+from gpuheal_bridge.api.models import (
+    DrainRequest,
+    DrainResponse,
+    ErrorCode,
+    ErrorResponse,
+    Health,
+    JobRequeueRequest,
+    JobResult,
+    JobsResponse,
+    JobState,
+    NodeState,
+    Owner,
+    Readiness,
+    ResumeRequest,
+    ResumeResponse,
+)
+from gpuheal_bridge.api.names import InvalidName, validate_job_id
+from gpuheal_bridge.backends.base import Backend, BackendError, NotFound, Rejected, Unavailable
+from gpuheal_bridge.backends.base import Unsupported as BackendUnsupported
+from gpuheal_bridge.nodemap import NodeMapper, NotMapped
+from gpuheal_bridge.operations import Operations, OwnershipConflict
+from gpuheal_bridge.server.audit import AuditLog
+from gpuheal_bridge.server.auth import TokenAuth
+from gpuheal_bridge.server.idempotency import (
+    IdempotencyStore,
+    KeyMismatch,
+    fingerprint,
+    valid_key,
+)
+from gpuheal_bridge.server.metrics import Metrics, result_label
+
+REPLAYED_HEADER = "Idempotency-Replayed"
+IdemKey = Annotated[
+    str | None,
+    Header(
+        alias="Idempotency-Key",
+        description="Retries with the same key get the first answer (kept for a TTL).",
+    ),
+]
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    code: {"model": ErrorResponse, "description": text}
+    for code, text in {
+        401: "Missing or invalid bearer token; nothing was done.",
+        404: "Unknown node or job (or no mapping for the node name).",
+        409: "Refused: someone else's drain, or Slurm refused the operation.",
+        422: "Invalid node name, job id, body, or idempotency key reuse.",
+        503: "slurmctld unreachable or a Slurm call timed out; see Retry-After.",
+    }.items()
+}
+
+
+@dataclass
+class BridgeSettings:
+    backend: Backend
+    tokens: dict[str, str]
+    state_dir: Path | None = None
+    audit_log: Path | None = None
+    node_mapper: NodeMapper = field(default_factory=NodeMapper)
+    idempotency_ttl: float = 86400.0
+    retry_after: float = 5.0
+    operations: Operations | None = None
+
+
+def _error(
+    status: int,
+    code: ErrorCode,
+    message: str,
+    *,
+    headers: dict[str, str] | None = None,
+    **extra: Any,
+) -> tuple[int, dict[str, Any], dict[str, str]]:
+    body = ErrorResponse(error=code, message=message, **extra).model_dump(mode="json")
+    return status, body, headers or {}
+
+
+def map_exception(  # noqa: PLR0911 - one return per error class
+    exc: Exception, retry_after: float
+) -> tuple[int, dict[str, Any], dict[str, str]]:
+    """Exception -> (status, ErrorResponse body, headers). Unknown exceptions re-raise."""
+    if isinstance(exc, InvalidName):
+        return _error(422, ErrorCode.INVALID, str(exc))
+    if isinstance(exc, NotFound | NotMapped):
+        return _error(404, ErrorCode.NOT_FOUND, str(exc).strip("'\""))
+    if isinstance(exc, OwnershipConflict):
+        return _error(
+            409, ErrorCode.CONFLICT, str(exc), owner=exc.current.owner, current=exc.current
+        )
+    if isinstance(exc, KeyMismatch):
+        return _error(422, ErrorCode.IDEMPOTENCY_MISMATCH, str(exc))
+    if isinstance(exc, Unavailable):
+        wait = max(retry_after, exc.retry_after)
+        return _error(
+            503,
+            ErrorCode.UNAVAILABLE,
+            f"slurmctld unavailable: {exc}",
+            headers={"Retry-After": str(int(wait))},
+            retry_after_seconds=wait,
+        )
+    if isinstance(exc, BackendUnsupported):
+        return _error(501, ErrorCode.UNSUPPORTED, str(exc))
+    if isinstance(exc, Rejected | BackendError):
+        return _error(409, ErrorCode.SLURM_ERROR, f"slurm refused: {exc}")
+    raise exc
+
+
+def create_app(settings: BridgeSettings) -> FastAPI:  # noqa: PLR0915 - routes are closures
+    auth = TokenAuth(settings.tokens)
+    backend = settings.backend
+    ops = settings.operations or Operations(backend)
+    mapper = settings.node_mapper
+    metrics = Metrics()
+    audit = AuditLog(settings.audit_log)
+    db = None
+    if settings.state_dir is not None:
+        settings.state_dir.mkdir(parents=True, exist_ok=True)
+        db = settings.state_dir / "idempotency.sqlite3"
+    store = IdempotencyStore(db, ttl=settings.idempotency_ttl)
+    store.purge()
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        yield
+        await backend.aclose()
+        store.close()
+
+    app = FastAPI(
+        title="gpuheal Slurm bridge",
+        version="1",
+        description="Drain/resume Slurm nodes and requeue their jobs for gpuheal. "
+        "All /v1 endpoints need `Authorization: Bearer <token>`.",
+        lifespan=lifespan,
+    )
+    app.state.metrics = metrics
+    app.state.store = store
+    app.state.operations = ops
+
+    def operation_of(request: Request) -> str:
+        for route in app.router.routes:
+            match, _ = route.matches(request.scope)
+            if match is Match.FULL:
+                return str(getattr(route, "name", "other"))
+        return "other"
+
+    @app.middleware("http")
+    async def guard(
+        request: Request, call_next: Callable[[Request], Awaitable[Response]]
+    ) -> Response:
+        t0 = time.perf_counter()
+        op = operation_of(request)
+        if request.url.path.startswith("/v1"):
+            who = auth.who(request.headers.get("authorization"))
+            if who is None:
+                status, body, _ = _error(
+                    401, ErrorCode.UNAUTHORIZED, "missing or invalid bearer token"
+                )
+                response: Response = JSONResponse(
+                    body, status, headers={"WWW-Authenticate": 'Bearer realm="gpuheal-bridge"'}
+                )
+                metrics.requests.labels(op, "unauthorized").inc()
+                return response
+            request.state.who = who
+        response = await call_next(request)
+        metrics.requests.labels(
+            op, result_label(response.status_code, REPLAYED_HEADER.lower() in response.headers)
+        ).inc()
+        metrics.duration.labels(op).observe(time.perf_counter() - t0)
+        return response
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid_request(_: Request, exc: RequestValidationError) -> JSONResponse:
+        parts = [
+            f"{'.'.join(str(x) for x in e.get('loc', ()))}: {e.get('msg', '')}"
+            for e in exc.errors()
+        ]
+        status, body, _hdrs = _error(422, ErrorCode.INVALID, "; ".join(parts) or "invalid")
+        return JSONResponse(body, status)
+
+    async def mapped(_: Request, exc: Exception) -> JSONResponse:
+        status, body, headers = map_exception(exc, settings.retry_after)
+        return JSONResponse(body, status, headers=headers)
+
+    for exc_type in (BackendError, InvalidName, NotMapped, OwnershipConflict, KeyMismatch):
+        app.add_exception_handler(exc_type, mapped)
+
+    async def mutate(
+        request: Request,
+        *,
+        op: str,
+        target: str,
+        body: BaseModel,
+        key: str | None,
+        action: Callable[[], Awaitable[BaseModel]],
+    ) -> JSONResponse:
+        who: str = request.state.who
+        t0 = time.perf_counter()
+        payload = body.model_dump(mode="json")
+        fp = fingerprint(request.method, request.url.path, payload)
+        replayed = False
+
+        async def execute() -> tuple[int, Any, dict[str, str]]:
+            try:
+                result = await action()
+            except Exception as exc:
+                return map_exception(exc, settings.retry_after)
+            return 200, result.model_dump(mode="json"), {}
+
+        if key is None:
+            status, out, headers = await execute()
+        else:
+            if not valid_key(key):
+                status, out, headers = _error(422, ErrorCode.INVALID, "bad Idempotency-Key")
+                return JSONResponse(out, status)
+            async with store.lock(who, key):
+                try:
+                    stored = store.get(who, key, fp)
+                except KeyMismatch as exc:
+                    status, out, headers = map_exception(exc, settings.retry_after)
+                    return JSONResponse(out, status)
+                if stored is not None:
+                    replayed = True
+                    status, out, headers = stored.status, stored.body, {REPLAYED_HEADER: "true"}
+                else:
+                    status, out, headers = await execute()
+                    store.put(who, key, fp, status, out)
+        if op == "requeue_job" and not replayed and status == 200:
+            _count_jobs([out])
+        elif op == "drain_node" and not replayed and status == 200:
+            _count_jobs(out.get("jobs") or [])
+        audit.write(
+            who=who,
+            op=op,
+            target=target,
+            request=payload,
+            status=status,
+            result=_summary(out),
+            idempotency_key=key,
+            replayed=replayed,
+            duration_seconds=round(time.perf_counter() - t0, 4),
+        )
+        return JSONResponse(out, status, headers=headers)
+
+    def _count_jobs(results: list[dict[str, Any]]) -> None:
+        for r in results:
+            metrics.jobs.labels(str(r.get("outcome"))).inc()
+            if r.get("requeue_to_running_seconds") is not None:
+                metrics.requeue_to_running.observe(float(r["requeue_to_running_seconds"]))
+
+    # ---- probes and metrics ------------------------------------------------------------------
+    @app.get("/healthz", response_model=Health, tags=["probes"])
+    async def healthz() -> Health:
+        """The bridge process answers (no Slurm call)."""
+        return Health()
+
+    @app.get(
+        "/readyz",
+        response_model=Readiness,
+        tags=["probes"],
+        responses={503: {"model": Readiness, "description": "slurmctld not reachable"}},
+    )
+    async def readyz() -> JSONResponse:
+        """slurmctld reachable (``scontrol ping`` or the REST ping)."""
+        try:
+            ping = await backend.ping()
+            up, detail, version = ping.up, ping.detail, ping.version
+        except BackendError as exc:
+            up, detail, version = False, str(exc), None
+        metrics.slurmctld_up.set(1 if up else 0)
+        body = Readiness(
+            ready=up,
+            backend=backend.name,
+            slurmctld=detail,
+            slurm_version=version,
+            capabilities=sorted(c.value for c in backend.capabilities()),
+        )
+        headers = {} if up else {"Retry-After": str(int(settings.retry_after))}
+        return JSONResponse(body.model_dump(mode="json"), 200 if up else 503, headers=headers)
+
+    @app.get("/metrics", tags=["probes"], response_class=Response)
+    async def metrics_endpoint() -> Response:
+        """Prometheus text format."""
+        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    # ---- /v1 -------------------------------------------------------------------------------
+    @app.get("/v1/nodes/{node}", response_model=NodeState, responses=_ERRORS, tags=["nodes"])
+    async def get_node(node: str) -> NodeState:
+        """State, drain reason and its owner (gpuheal or other)."""
+        return await ops.get_node(node, mapper.to_slurm(node))
+
+    @app.get(
+        "/v1/nodes/{node}/jobs", response_model=JobsResponse, responses=_ERRORS, tags=["nodes"]
+    )
+    async def node_jobs(node: str) -> JobsResponse:
+        """Jobs allocated on the node that have not finished."""
+        return await ops.jobs(node, mapper.to_slurm(node))
+
+    @app.post(
+        "/v1/nodes/{node}/drain", response_model=DrainResponse, responses=_ERRORS, tags=["nodes"]
+    )
+    async def drain_node(
+        node: str, body: DrainRequest, request: Request, idempotency_key: IdemKey = None
+    ) -> JSONResponse:
+        """DRAIN with reason ``gpuheal: <incident> xid=<n>``; optionally requeue its jobs.
+
+        Idempotent: a node gpuheal drained already is reported ``already_drained`` (its jobs
+        are still requeued when asked); a node drained or down by someone else is reported
+        ``drained_by_other`` and left untouched (no reason change, no requeue).
+        """
+        slurm = mapper.to_slurm(node)
+        return await mutate(
+            request,
+            op="drain_node",
+            target=node,
+            body=body,
+            key=idempotency_key,
+            action=lambda: ops.drain(node, slurm, body),
+        )
+
+    @app.post(
+        "/v1/nodes/{node}/resume", response_model=ResumeResponse, responses=_ERRORS, tags=["nodes"]
+    )
+    async def resume_node(
+        node: str,
+        request: Request,
+        body: ResumeRequest | None = None,
+        idempotency_key: IdemKey = None,
+    ) -> JSONResponse:
+        """RESUME only a drain gpuheal set (409 otherwise) unless ``force``; not drained: no-op."""
+        slurm = mapper.to_slurm(node)
+        req = body or ResumeRequest()
+        return await mutate(
+            request,
+            op="resume_node",
+            target=node,
+            body=req,
+            key=idempotency_key,
+            action=lambda: ops.resume(node, slurm, req),
+        )
+
+    @app.get("/v1/jobs/{job_id}", response_model=JobState, responses=_ERRORS, tags=["jobs"])
+    async def get_job(job_id: str) -> JobState:
+        """One job (finished ones too, while Slurm remembers them)."""
+        return await backend.get_job(validate_job_id(job_id))
+
+    @app.post(
+        "/v1/jobs/{job_id}/requeue", response_model=JobResult, responses=_ERRORS, tags=["jobs"]
+    )
+    async def requeue_job(
+        job_id: str, body: JobRequeueRequest, request: Request, idempotency_key: IdemKey = None
+    ) -> JSONResponse:
+        """Requeue one running batch job (see RequeueOptions); never revives a finished job."""
+        jid = validate_job_id(job_id)
+        from_node = mapper.to_slurm(body.from_node) if body.from_node else None
+        opts = body
+        return await mutate(
+            request,
+            op="requeue_job",
+            target=str(jid),
+            body=body,
+            key=idempotency_key,
+            action=lambda: ops.requeue_job(jid, opts, from_node),
+        )
+
+    return app
+
+
+def _summary(out: Any) -> Any:
+    if not isinstance(out, dict):
+        return out
+    keys = ("outcome", "error", "message", "owner", "job_id", "detail", "restart_count")
+    summary = {k: out[k] for k in keys if k in out}
+    if "jobs" in out:
+        summary["jobs"] = [
+            {k: j.get(k) for k in ("job_id", "outcome", "restart_count")} for j in out["jobs"]
+        ]
+    return summary
+
+
+__all__ = ["BridgeSettings", "Owner", "create_app", "map_exception"]

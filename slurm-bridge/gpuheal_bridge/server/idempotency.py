@@ -1,0 +1,94 @@
+"""Idempotency keys: a retried POST with the same ``Idempotency-Key`` gets the stored answer.
+
+Results are kept for a TTL in a small SQLite file under the state directory, so a bridge
+restart does not requeue twice. A key is scoped by the caller (token name); reusing it for
+a different request (method, path or body) is an error, not a replay. Only answers below
+500 are stored: a 503 (slurmctld down) must be retried for real. Concurrent requests with
+the same key are serialised, the second gets the first one's stored answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import sqlite3
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+KEY_MAX = 200
+
+
+class KeyMismatch(Exception):
+    """The key was used before for a different request."""
+
+
+@dataclass(frozen=True)
+class Stored:
+    status: int
+    body: Any
+    created: float
+
+
+def fingerprint(method: str, path: str, body: Any) -> str:
+    canonical = json.dumps(body, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(f"{method} {path}\n{canonical}".encode()).hexdigest()
+
+
+def valid_key(key: str) -> bool:
+    return 0 < len(key) <= KEY_MAX and key.isascii() and key.isprintable()
+
+
+class IdempotencyStore:
+    def __init__(
+        self, path: str | Path | None, ttl: float = 86400.0, clock: Callable[[], float] = time.time
+    ) -> None:
+        self.ttl = ttl
+        self._clock = clock
+        self._db = sqlite3.connect(
+            str(path) if path else ":memory:", isolation_level=None, check_same_thread=False
+        )
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute(
+            "CREATE TABLE IF NOT EXISTS results (scope TEXT, key TEXT, fingerprint TEXT, "
+            "status INTEGER, body TEXT, created REAL, PRIMARY KEY (scope, key))"
+        )
+        self._locks: defaultdict[tuple[str, str], asyncio.Lock] = defaultdict(asyncio.Lock)
+
+    def lock(self, scope: str, key: str) -> asyncio.Lock:
+        return self._locks[(scope, key)]
+
+    def get(self, scope: str, key: str, fp: str) -> Stored | None:
+        row = self._db.execute(
+            "SELECT fingerprint, status, body, created FROM results WHERE scope=? AND key=?",
+            (scope, key),
+        ).fetchone()
+        if row is None:
+            return None
+        if row[3] + self.ttl < self._clock():
+            self._db.execute("DELETE FROM results WHERE scope=? AND key=?", (scope, key))
+            return None
+        if row[0] != fp:
+            raise KeyMismatch(f"Idempotency-Key {key!r} was used for a different request")
+        return Stored(status=row[1], body=json.loads(row[2]), created=row[3])
+
+    def put(self, scope: str, key: str, fp: str, status: int, body: Any) -> None:
+        if status >= 500:
+            return
+        self._db.execute(
+            "INSERT OR REPLACE INTO results VALUES (?, ?, ?, ?, ?, ?)",
+            (scope, key, fp, status, json.dumps(body), self._clock()),
+        )
+
+    def purge(self) -> int:
+        cur = self._db.execute("DELETE FROM results WHERE created < ?", (self._clock() - self.ttl,))
+        for k in [k for k, lock in self._locks.items() if not lock.locked()]:
+            del self._locks[k]
+        return cur.rowcount
+
+    def close(self) -> None:
+        self._db.close()

@@ -1,0 +1,55 @@
+"""Prometheus metrics of the bridge (own registry per app, so tests can build many apps)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.requests = Counter(
+            "gpuheal_bridge_requests_total",
+            "HTTP requests by operation and result.",
+            ["operation", "result"],
+            registry=self.registry,
+        )
+        self.duration = Histogram(
+            "gpuheal_bridge_request_duration_seconds",
+            "HTTP request latency by operation.",
+            ["operation"],
+            buckets=BUCKETS,
+            registry=self.registry,
+        )
+        self.jobs = Counter(
+            "gpuheal_bridge_jobs_total",
+            "Jobs handled by requeue calls, by outcome.",
+            ["outcome"],
+            registry=self.registry,
+        )
+        self.requeue_to_running = Histogram(
+            "gpuheal_bridge_requeue_to_running_seconds",
+            "Requeue call until the job runs again (when the caller waited for it).",
+            buckets=BUCKETS,
+            registry=self.registry,
+        )
+        self.slurmctld_up = Gauge(
+            "gpuheal_bridge_slurmctld_up",
+            "1 when the last readiness check reached slurmctld.",
+            registry=self.registry,
+        )
+
+
+def result_label(status: int, replayed: bool) -> str:
+    if replayed:
+        return "replayed"
+    return {
+        401: "unauthorized",
+        404: "not_found",
+        409: "conflict",
+        422: "invalid",
+        501: "unsupported",
+        503: "unavailable",
+    }.get(status, "success" if status < 400 else ("client_error" if status < 500 else "error"))
