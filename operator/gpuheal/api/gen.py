@@ -39,6 +39,10 @@ def _structural(node: Any) -> Any:
         if len(rest) == 1:
             del out["anyOf"]
             out = {**rest[0], **out}
+    pattern_props = out.pop("patternProperties", None)
+    if isinstance(pattern_props, dict) and len(pattern_props) == 1:
+        # Constrained dict keys: CRDs have no patternProperties; keep the value schema.
+        out["additionalProperties"] = next(iter(pattern_props.values()))
     if isinstance(out.get("additionalProperties"), bool):
         # CRDs forbid `additionalProperties: false` (pruning already drops unknown fields)
         # and `true` is spelled x-kubernetes-preserve-unknown-fields.

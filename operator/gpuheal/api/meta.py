@@ -21,6 +21,7 @@ from pydantic import (
     Field,
     JsonValue,
     WithJsonSchema,
+    model_validator,
 )
 from pydantic import (
     BaseModel as PydanticModel,
@@ -45,7 +46,9 @@ MAX_DURATION = 32
 
 # Go duration syntax restricted to the units that make sense here (and that CEL's duration()
 # understands). Days are deliberately absent: `24h` is unambiguous, `1d` is not valid Go.
-DURATION_PATTERN = r"^([0-9]+(\.[0-9]+)?(ms|s|m|h))+$"
+# `[.]` rather than `\.`: the pattern is also embedded in CEL string literals, where `\.` is
+# not a valid escape.
+DURATION_PATTERN = r"^([0-9]+([.][0-9]+)?(ms|s|m|h))+$"
 _DURATION_RE = re.compile(DURATION_PATTERN)
 _DURATION_PART_RE = re.compile(r"([0-9]+(?:\.[0-9]+)?)(ms|s|m|h)")
 _UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
@@ -186,6 +189,9 @@ class Model(BaseModel):
         return PydanticModel.model_dump(self, by_alias=True, exclude_none=True, mode="json")
 
 
+SELECTOR_VALUES_MESSAGE = "In and NotIn need values; Exists and DoesNotExist take none"
+
+
 class SelectorOperator(enum.StrEnum):
     """Label selector operators, as in metav1.LabelSelectorRequirement."""
 
@@ -204,6 +210,12 @@ class LabelSelectorRequirement(Model):
         default_factory=list, max_length=64
     )
 
+    @model_validator(mode="after")
+    def _mirror_cel(self) -> LabelSelectorRequirement:
+        if (self.operator in {SelectorOperator.IN, SelectorOperator.NOT_IN}) != bool(self.values):
+            raise ValueError(SELECTOR_VALUES_MESSAGE)
+        return self
+
 
 class LabelSelector(Model):
     """Standard Kubernetes label selector; an empty selector selects every node."""
@@ -214,7 +226,7 @@ class LabelSelector(Model):
                 {
                     "rule": "!has(self.matchExpressions) || self.matchExpressions.all(e, "
                     "(e.operator in ['In', 'NotIn']) == (has(e.values) && size(e.values) > 0))",
-                    "message": "In and NotIn need values; Exists and DoesNotExist take none",
+                    "message": SELECTOR_VALUES_MESSAGE,
                 }
             ]
         }

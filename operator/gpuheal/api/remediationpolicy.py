@@ -409,6 +409,14 @@ class RemediationPolicySpec(Model):
     safety: Safety
     return_to_service: ReturnToService = Field(default_factory=ReturnToService)
 
+    @model_validator(mode="after")
+    def _unique_rule_names(self) -> RemediationPolicySpec:
+        # The API server enforces this through the list-map key; mirrored for local files.
+        names = [rule.name for rule in self.rules]
+        if len(names) != len(set(names)):
+            raise ValueError("rule names must be unique")
+        return self
+
 
 class RemediationPolicyStatus(Model):
     observed_generation: int | None = Field(default=None, ge=0)
