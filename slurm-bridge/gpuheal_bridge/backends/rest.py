@@ -1,0 +1,249 @@
+"""slurmrestd backend: reads on every version, writes only where the API has them.
+
+What the connected slurmrestd can do decides :meth:`RestBackend.capabilities`:
+
+=====================  ==============================  ==========================================
+operation              openapi v0.0.36-38 (22.05)      v0.0.39+ (23.02+), v0.0.40-43 (23.11-25.x)
+=====================  ==============================  ==========================================
+read nodes/jobs/ping   yes                             yes
+drain / resume         no (``POST node`` -> 405)       ``POST /slurm/vX/node/{name}``
+                                                       ``{"state": ["DRAIN"], "reason": ...}``
+signal                 steps only (no --full/--batch)  ``DELETE /slurm/vX/job/{id}?signal=&flags=``
+requeue / requeuehold  no                              no (no REST endpoint in any version)
+ExcNodeList/StartTime  not offered here                not offered here
+=====================  ==============================  ==========================================
+
+Operations the API lacks raise :class:`~gpuheal_bridge.backends.base.Unsupported` (HTTP 501
+from the bridge), or go to an optional ``fallback`` backend (the CLI backend next to
+slurmctld): ``--backend rest --rest-write-fallback cli`` reads over REST and writes with
+scontrol. Nothing pretends: ``/readyz`` lists the capabilities actually available.
+
+Transport: ``http(s)://host:port`` with JWT headers (``X-SLURM-USER-NAME``,
+``X-SLURM-USER-TOKEN``) or ``unix:/path/slurmrestd.sock`` (``rest_auth/local``).
+22.05 answers an unknown node or job with HTTP 500 and an ``errors`` list: mapped to NotFound.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import httpx
+
+from gpuheal_bridge.api.models import JobState, SignalTarget
+from gpuheal_bridge.backends.base import (
+    Backend,
+    Capability,
+    JobProbe,
+    NotFound,
+    Ping,
+    Rejected,
+    SlurmNode,
+    Unavailable,
+    Unsupported,
+)
+from gpuheal_bridge.backends.parse import jobs_on, node_from_json, parse_jobs_json
+
+_VERSION = re.compile(r"^/slurm/(v0\.0\.(\d+))/")
+_NOT_FOUND = re.compile(r"Invalid (node name|job id)|Unable to find|not found", re.I)
+_DOWN = re.compile(r"Unable to contact slurm controller|Unspecified error|connect failure", re.I)
+READ_CAPS = frozenset({Capability.READ_NODES, Capability.READ_JOBS})
+
+
+def minor(version: str) -> int:
+    """``"v0.0.40"`` -> 40."""
+    return int(version.rsplit(".", 1)[1])
+
+
+def node_update_body(minor_version: int, state: str, reason: str | None) -> dict[str, Any]:
+    """Request body of ``POST /slurm/v0.0.N/node/{name}`` (N >= 39): state is a flag list."""
+    if minor_version < 39:
+        raise Unsupported(f"slurmrestd v0.0.{minor_version} cannot update nodes")
+    body: dict[str, Any] = {"state": [state]}
+    if reason is not None:
+        body["reason"] = reason
+    return body
+
+
+def signal_params(minor_version: int, signal: str, target: SignalTarget) -> dict[str, str]:
+    """Query of ``DELETE /slurm/v0.0.N/job/{id}`` that sends ``signal`` to ``target``."""
+    sig = signal if signal.isdigit() or signal.startswith("SIG") else f"SIG{signal}"
+    if target is SignalTarget.STEPS:
+        return {"signal": sig}
+    if minor_version < 40:
+        raise Unsupported(f"slurmrestd v0.0.{minor_version} cannot signal the batch step")
+    flag = "FULL_JOB" if target is SignalTarget.FULL else "BATCH_JOB"
+    return {"signal": sig, "flags": flag}
+
+
+class RestBackend:
+    name = "rest"
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        user: str | None = None,
+        token: str | None = None,
+        api_version: str | None = None,
+        timeout: float = 15.0,
+        fallback: Backend | None = None,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        headers = {}
+        if token:
+            headers = {"X-SLURM-USER-NAME": user or "root", "X-SLURM-USER-TOKEN": token}
+        if url.startswith("unix:"):
+            transport = transport or httpx.AsyncHTTPTransport(uds=url.removeprefix("unix:"))
+            url = "http://slurmrestd"
+        self._http = httpx.AsyncClient(
+            base_url=url.rstrip("/"), headers=headers, timeout=timeout, transport=transport
+        )
+        self.version = api_version
+        self.fallback = fallback
+
+    async def _api(self) -> str:
+        if self.version is None:
+            doc = await self._get_json("/openapi/v3", allow_error=False)
+            found = sorted(
+                {m.group(1) for p in doc.get("paths", {}) if (m := _VERSION.match(p))}, key=minor
+            )
+            if not found:
+                raise Unavailable("slurmrestd offers no /slurm/v0.0.N API")
+            self.version = found[-1]
+        return self.version
+
+    def capabilities(self) -> frozenset[Capability]:
+        caps = set(READ_CAPS)
+        if self.version is not None and minor(self.version) >= 39:
+            caps |= {Capability.DRAIN, Capability.RESUME}
+        if self.version is not None and minor(self.version) >= 40:
+            caps.add(Capability.SIGNAL)
+        if self.fallback is not None:
+            caps |= self.fallback.capabilities()
+        return frozenset(caps)
+
+    async def _request(self, method: str, path: str, **kw: Any) -> httpx.Response:
+        try:
+            return await self._http.request(method, path, **kw)
+        except httpx.TransportError as exc:
+            raise Unavailable(f"slurmrestd: {type(exc).__name__}: {exc}") from exc
+
+    async def _get_json(self, path: str, allow_error: bool = True) -> dict[str, Any]:
+        resp = await self._request("GET", path)
+        return _checked(resp, allow_error)
+
+    async def ping(self) -> Ping:
+        api = await self._api()
+        doc = await self._get_json(f"/slurm/{api}/ping")
+        pings = doc.get("pings") or []
+        up = any(
+            str(p.get("ping") or p.get("pinged") or "").upper() == "UP" or p.get("responding")
+            for p in pings
+        )
+        release = ((doc.get("meta") or {}).get("Slurm") or {}).get("release")
+        detail = f"slurmrestd {api}: " + ", ".join(
+            f"{p.get('hostname')}={p.get('ping') or p.get('pinged')}" for p in pings
+        )
+        return Ping(up=up, detail=detail, version=release)
+
+    async def get_node(self, node: str) -> SlurmNode:
+        api = await self._api()
+        doc = await self._get_json(f"/slurm/{api}/node/{node}")
+        nodes = [node_from_json(n) for n in doc.get("nodes") or [] if n.get("name") == node]
+        if not nodes:
+            raise NotFound(f"Node {node} not found")
+        return nodes[0]
+
+    async def _jobs(self, path: str) -> list[JobState]:
+        api = await self._api()
+        return parse_jobs_json(await self._get_json(f"/slurm/{api}{path}"))
+
+    async def jobs_on_node(self, node: str) -> list[JobState]:
+        return jobs_on(await self._jobs("/jobs"), node)
+
+    async def get_job(self, job_id: int) -> JobState:
+        jobs = [j for j in await self._jobs(f"/job/{job_id}") if j.job_id == job_id]
+        if not jobs:
+            raise NotFound(f"Invalid job id specified: {job_id}")
+        return jobs[0]
+
+    async def probe_job(self, job_id: int) -> JobProbe:
+        job = await self.get_job(job_id)
+        return JobProbe(job.job_id, job.state, job.reason, job.nodes)
+
+    async def _update_node(self, node: str, state: str, reason: str | None) -> None:
+        api = await self._api()
+        if minor(api) < 39 and self.fallback is not None:
+            if state == "DRAIN":
+                await self.fallback.drain(node, reason or "")
+            else:
+                await self.fallback.resume(node)
+            return
+        body = node_update_body(minor(api), state, reason)
+        _checked(await self._request("POST", f"/slurm/{api}/node/{node}", json=body), True)
+
+    async def drain(self, node: str, reason: str) -> None:
+        await self._update_node(node, "DRAIN", reason)
+
+    async def resume(self, node: str) -> None:
+        await self._update_node(node, "RESUME", None)
+
+    async def requeue(self, job_id: int, hold: bool) -> None:
+        if self.fallback is None:
+            raise Unsupported("slurmrestd has no requeue operation; use --rest-write-fallback cli")
+        await self.fallback.requeue(job_id, hold)
+
+    async def signal(self, job_id: int, signal: str, target: SignalTarget) -> None:
+        api = await self._api()
+        try:
+            params = signal_params(minor(api), signal, target)
+        except Unsupported:
+            if self.fallback is None:
+                raise
+            await self.fallback.signal(job_id, signal, target)
+            return
+        _checked(await self._request("DELETE", f"/slurm/{api}/job/{job_id}", params=params), True)
+
+    async def set_excluded_nodes(self, job_id: int, nodes: list[str]) -> None:
+        if self.fallback is None:
+            raise Unsupported("job updates (ExcNodeList) are done with scontrol: enable fallback")
+        await self.fallback.set_excluded_nodes(job_id, nodes)
+
+    async def start_now(self, job_id: int) -> None:
+        if self.fallback is None:
+            raise Unsupported("job updates (StartTime) are done with scontrol: enable fallback")
+        await self.fallback.start_now(job_id)
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+        if self.fallback is not None:
+            await self.fallback.aclose()
+
+
+def _checked(resp: httpx.Response, allow_error: bool) -> dict[str, Any]:
+    """JSON body, with slurmrestd's ``errors`` mapped to NotFound/Unavailable/Rejected."""
+    if resp.status_code in (401, 403):
+        raise Rejected(f"slurmrestd refused authentication ({resp.status_code})")
+    if resp.status_code == 405:
+        raise Unsupported(f"slurmrestd: {resp.request.method} {resp.request.url.path} -> 405")
+    try:
+        doc: dict[str, Any] = resp.json()
+    except ValueError as exc:
+        if resp.status_code >= 500:
+            raise Unavailable(f"slurmrestd {resp.status_code}") from exc
+        raise Rejected(f"slurmrestd {resp.status_code}: not JSON") from exc
+    errors = [e for e in doc.get("errors") or [] if isinstance(e, dict)]
+    if errors:
+        text = "; ".join(str(e.get("description") or e.get("error") or e) for e in errors)
+        codes = " ".join(str(e.get("error") or "") for e in errors)
+        if _NOT_FOUND.search(text + " " + codes):
+            raise NotFound(text)
+        if _DOWN.search(text + " " + codes):
+            raise Unavailable(f"slurmrestd: {text}")
+        raise Rejected(f"slurmrestd: {text}")
+    if resp.status_code >= 400 and not allow_error:
+        raise Unavailable(f"slurmrestd {resp.status_code}")
+    if resp.status_code >= 500:
+        raise Unavailable(f"slurmrestd {resp.status_code}")
+    return doc
