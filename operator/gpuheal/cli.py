@@ -81,7 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
     up.set_defaults(func=_sandbox_up)
     for name, func in (("down", _sandbox_down), ("status", _sandbox_status)):
         sandbox_sub.add_parser(name).set_defaults(func=func)
-    for p in (up, *sandbox_sub.choices.values()):
+    for p in sandbox_sub.choices.values():
         p.add_argument("--dir", type=Path, default=default_root(), help="sandbox directory")
 
     demo = sub.add_parser("demo", help="the whole story on the sandbox (used by `make demo`)")

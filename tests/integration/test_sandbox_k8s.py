@@ -181,7 +181,7 @@ def test_rbac_denies_until_granted(sandbox: Sandbox, namespace: str) -> None:
     with pytest.raises(ApiException) as denied:
         alice.list_namespaced_pod(namespace)
     assert denied.value.status == 403
-    assert 'User "alice" cannot list resource "pods"' in denied.value.body
+    assert 'User "alice" cannot list resource "pods"' in json.loads(denied.value.body)["message"]
 
     sandbox.kubectl(
         "create", "role", "pod-reader", "--verb=list", "--resource=pods", "-n", namespace
@@ -202,7 +202,7 @@ def test_service_account_token_is_minted_and_rbac_applies(sandbox: Sandbox, name
     with pytest.raises(ApiException) as denied:
         sa.list_node()
     assert denied.value.status == 403
-    assert f"system:serviceaccount:{namespace}:op" in denied.value.body
+    assert f"system:serviceaccount:{namespace}:op" in json.loads(denied.value.body)["message"]
 
     sandbox.kubectl(
         "create", "clusterrole", f"{namespace}-nodes", "--verb=list", "--resource=nodes"

@@ -264,10 +264,11 @@ class ControlPlane:
             "kwok",
             [
                 self.bin("kwok"),
+                f"--config={Path(__file__).parent / 'data' / 'kwok-stages.yaml'}",
                 f"--kubeconfig={self.root / 'kwok.kubeconfig'}",
                 "--manage-all-nodes=false",
                 f"--manage-nodes-with-annotation-selector={KWOK_NODE_ANNOTATION}={KWOK_NODE_VALUE}",
-                "--cidr=10.0.0.1/16",
+                "--cidr=10.0.0.0/16",
                 "--node-ip=127.0.0.1",
                 "--node-lease-duration-seconds=40",
                 f"--server-address=127.0.0.1:{self.ports['kwok']}",
