@@ -53,6 +53,10 @@ def starts(out: Path) -> list[tuple[str, int, int, str]]:
     return [(h, int(r), int(s), g) for h, r, s, g in START_RE.findall(text)]
 
 
+def at_least(n: int, items: list[T]) -> list[T] | None:
+    return items if len(items) >= n else None
+
+
 def cluster_processes(cluster: SlurmCluster) -> list[int]:
     """Every live process that belongs to ``cluster``, found through /proc."""
     conf, root = str(cluster.conf_path), str(cluster.root)
@@ -111,9 +115,11 @@ def test_drained_node_job_requeued_resumes_on_another_node(
         "sbatch", "--parsable", "-o", str(out), str(checkpoint_job), str(ckpt), "0.2"
     ).stdout.strip()
 
-    _state, _, first = wait_for(
-        lambda: (f := job_fields(c, job))[0] == "RUNNING" and f, f"job {job} RUNNING"
-    )
+    def running_on() -> str | None:
+        state, _, nodes = job_fields(c, job)
+        return nodes if state == "RUNNING" else None
+
+    first = wait_for(running_on, f"job {job} RUNNING")
     assert first in SLURM_TEST_NODES
     wait_for(lambda: read_step(ckpt) >= 3, "3 checkpointed steps")
 
@@ -139,7 +145,7 @@ def test_drained_node_job_requeued_resumes_on_another_node(
     assert second != first
     assert second in SLURM_TEST_NODES
 
-    runs = wait_for(lambda: len(s := starts(out)) >= 2 and s, "second START line in output")
+    runs = wait_for(lambda: at_least(2, starts(out)), "second START line in output")
     (host1, restarts1, resume1, gpus1), (host2, restarts2, resume2, _) = runs[:2]
     assert (host1, restarts1, resume1, gpus1) == (first, 0, 0, "0")
     assert host2 == second
@@ -232,17 +238,15 @@ def test_double_start_refused_and_attach_stops(slurm_cluster: SlurmCluster) -> N
 
 
 def test_daemon_failure_is_reported_with_its_log(
-    make_slurm_cluster: Callable[..., SlurmCluster],
-    monkeypatch: pytest.MonkeyPatch,
-    tmp_path: Path,
+    make_slurm_cluster: Callable[..., SlurmCluster], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     render = slurm_mod.render_slurm_conf
     monkeypatch.setattr(
         slurm_mod, "render_slurm_conf", lambda cfg: render(cfg) + "NoSuchOption=1\n"
     )
+    cluster = make_slurm_cluster(name="broken", start=False)
     with pytest.raises(SlurmSandboxError, match=r"slurmctld exited[\s\S]*NoSuchOption") as err:
-        make_slurm_cluster(name="broken")
+        cluster.start()
     assert "last" in str(err.value)  # the log tail is in the message
-    root = tmp_path / "broken"
-    leftovers = _proc.find_pids(env_match={slurm_mod.SANDBOX_ENV_MARKER: str(root)})
-    assert leftovers == []
+    assert cluster_processes(cluster) == []
+    assert not cluster.status().running

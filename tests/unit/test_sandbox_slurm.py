@@ -81,7 +81,7 @@ def test_gres_conf_one_file_per_gpu(gpus: int, file_spec: str | None, gres: str 
     gres_lines = conf_lines(render_gres_conf(cfg))
     assert gres_lines[0] == "AutoDetect=off"
     node_lines = [line for line in conf_lines(render_slurm_conf(cfg)) if "NodeName=" in line]
-    if file_spec is None:
+    if file_spec is None or gres is None:
         assert gres_lines == ["AutoDetect=off"]
         assert all("Gres=" not in line for line in node_lines)
     else:
@@ -122,6 +122,10 @@ def test_cluster_arguments_are_checked(tmp_path: Path) -> None:
         SlurmCluster(tmp_path, ["n1"], cred_expire=4)
     with pytest.raises(ValueError, match="too deep"):
         SlurmCluster(tmp_path / ("x" * 100), ["n1"])
+    # slurmstepd's socket <root>/spool/<node>/<node>_<job>.<step> is the longest path
+    SlurmCluster(Path("/tmp/s"), ["n" * 35])
+    with pytest.raises(ValueError, match=r"too deep.*_4294967295\.4294967295 has 108"):
+        SlurmCluster(Path("/tmp/s"), ["n" * 36])
     cluster = SlurmCluster(tmp_path / "s", ["n1"])
     assert cluster.env == {"SLURM_CONF": str(tmp_path / "s" / "etc" / "slurm.conf")}
     assert cluster.restd_socket is None
@@ -200,15 +204,16 @@ def test_descendants_and_find_pids_by_environment() -> None:
         ["bash", "-c", "sleep 30 & sleep 30 & wait"], env={**os.environ, "TEST_MARK": marker}
     )
     try:
-        kids = _proc.wait_for(
-            lambda: len(d := _proc.descendants(parent.pid)) == 2 and d,
-            what="two children",
-            timeout=10,
-        )
+
+        def two_children() -> list[int] | None:
+            kids = _proc.descendants(parent.pid)
+            return kids if len(kids) == 2 else None
+
+        kids = _proc.wait_for(two_children, what="two children", timeout=10)
         found = _proc.find_pids(env_match={"TEST_MARK": marker})
         assert sorted(found) == sorted([parent.pid, *kids])
         assert _proc.find_pids(env_match={"TEST_MARK": marker}, exe_names={"sleep"}) == sorted(kids)
-        assert _proc.proc_environ(parent.pid)["TEST_MARK"] == marker  # type: ignore[index]
+        assert (_proc.proc_environ(parent.pid) or {}).get("TEST_MARK") == marker
         assert _proc.kill_pids([parent.pid, *kids]) == []
     finally:
         parent.kill()

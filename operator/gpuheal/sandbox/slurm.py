@@ -161,6 +161,10 @@ class SlurmLayout:
         """stdout/stderr of a daemon: early failures (bad config) land here, not in its log."""
         return self.log / f"{daemon}.console"
 
+    def step_socket_worst_case(self, node: str) -> Path:
+        """slurmstepd's socket for the largest job and step ids (10 digits each)."""
+        return self.spool / node / f"{node}_{2**32 - 1}.{2**32 - 1}"
+
     def gpu_files(self, count: int) -> list[Path]:
         return [self.dev / f"gpu{i}" for i in range(count)]
 
@@ -196,6 +200,23 @@ def validate_node_names(nodes: Sequence[str]) -> list[str]:
     if dupes:
         raise ValueError(f"duplicate node names: {dupes}")
     return names
+
+
+def check_socket_paths(layout: SlurmLayout, nodes: Sequence[str]) -> None:
+    """Raise ValueError if a unix socket of this cluster would not fit in sun_path.
+
+    The longest are slurmstepd's: ``<spool>/<node>/<node>_<jobid>.<stepid>``; when too long
+    the batch step dies at launch ("Unix socket name exceeded maximum length") and the job
+    is requeued and held. Keep the root short (pytest's tmp_path can be too deep).
+    """
+    paths = [layout.munge_socket, layout.restd_socket, *map(layout.step_socket_worst_case, nodes)]
+    longest = max(paths, key=lambda p: len(os.fsencode(p)))
+    if len(os.fsencode(longest)) > _MAX_UNIX_SOCKET_PATH:
+        raise ValueError(
+            f"Slurm root {layout.root} is too deep for unix sockets (at most "
+            f"{_MAX_UNIX_SOCKET_PATH} bytes): {longest} has {len(os.fsencode(longest))};"
+            " use a shorter root (or shorter node names)"
+        )
 
 
 def short_hostname() -> str:
@@ -397,13 +418,8 @@ class SlurmCluster:
         if gpus_per_node < 0 or cpus_per_node < 1:
             raise ValueError("gpus_per_node must be >= 0 and cpus_per_node >= 1")
         self.layout = SlurmLayout(Path(root).absolute())
-        sockets = (self.layout.munge_socket, self.layout.restd_socket)
-        if max(len(os.fsencode(p)) for p in sockets) > _MAX_UNIX_SOCKET_PATH:
-            raise ValueError(
-                f"root {root} is too deep: its unix socket paths would exceed "
-                f"{_MAX_UNIX_SOCKET_PATH} bytes; use a shorter root"
-            )
         self.nodes: list[str] = validate_node_names(nodes)
+        check_socket_paths(self.layout, self.nodes)
         self.cred_expire = cred_expire
         self.restd = restd
         self.gpus_per_node = gpus_per_node
