@@ -1,0 +1,692 @@
+"""The Helm chart, rendered and linted with the pinned helm, then installed on the sandbox's real
+kube-apiserver: every object accepted, CRDs established, upgrade and uninstall (CRDs kept), and
+the ServiceAccount's RBAC checked with a real TokenRequest token.
+
+The render tests need only the built `helm`; the install tests need the sandbox.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from gpuheal.sandbox import Sandbox
+from gpuheal.sandbox.kube import cluster_bin_dir
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "deploy" / "helm" / "gpuheal"
+KUBE_VERSION = "v1.36.3"  # the sandbox's; our helm is built without its default version stamp
+CI_VALUES = sorted((CHART / "ci").glob("*-values.yaml"))
+GPUHEAL_CRDS = (
+    "noderemediations.gpuheal.io",
+    "remediationpolicies.gpuheal.io",
+    "reservepools.gpuheal.io",
+)
+PEERING_CRD = "clusterkopfpeerings.kopf.dev"
+
+
+# --- helpers ----------------------------------------------------------------------------------
+
+
+class Helm:
+    """The pinned helm binary with its own config/cache dirs (nothing from ~ leaks in)."""
+
+    def __init__(self, binary: Path, home: Path, kubeconfig: Path | None = None) -> None:
+        self.binary = binary
+        self.kubeconfig = kubeconfig
+        self.env = {
+            **os.environ,
+            "HELM_CONFIG_HOME": str(home / "config"),
+            "HELM_CACHE_HOME": str(home / "cache"),
+            "HELM_DATA_HOME": str(home / "data"),
+        }
+
+    def __call__(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        cmd = [str(self.binary), *args]
+        if self.kubeconfig is not None:
+            cmd.append(f"--kubeconfig={self.kubeconfig}")
+        result = subprocess.run(
+            cmd, capture_output=True, text=True, env=self.env, timeout=300, check=False
+        )
+        if check and result.returncode != 0:
+            raise AssertionError(
+                f"helm {' '.join(args)} failed ({result.returncode}):\n{result.stderr}"
+            )
+        return result
+
+    def template(self, *args: str, namespace: str = "gpuheal") -> list[dict[str, Any]]:
+        out = self(
+            "template", "r", str(CHART), "-n", namespace, f"--kube-version={KUBE_VERSION}", *args
+        )
+        return [d for d in yaml.safe_load_all(out.stdout) if d]
+
+
+def _objects(docs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [d for d in docs if d["kind"] == kind]
+
+
+def _one(docs: list[dict[str, Any]], kind: str, name_suffix: str = "") -> dict[str, Any]:
+    found = [d for d in _objects(docs, kind) if d["metadata"]["name"].endswith(name_suffix)]
+    assert len(found) == 1, f"expected one {kind} *{name_suffix}, got {len(found)}"
+    return found[0]
+
+
+def _container(deployment: dict[str, Any]) -> dict[str, Any]:
+    containers = deployment["spec"]["template"]["spec"]["containers"]
+    assert len(containers) == 1
+    return dict(containers[0])
+
+
+def _wait(check: Callable[[], Any], what: str, timeout: float = 90) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}; last: {value!r}")
+        time.sleep(0.5)
+
+
+@pytest.fixture(scope="module")
+def helm_bin() -> Path:
+    binary = cluster_bin_dir() / "helm"
+    if not binary.exists():
+        pytest.fail(f"{binary} missing: run `make bins`")
+    return binary
+
+
+@pytest.fixture(scope="module")
+def helm(helm_bin: Path, tmp_path_factory: pytest.TempPathFactory) -> Helm:
+    return Helm(helm_bin, tmp_path_factory.mktemp("helm-home"))
+
+
+# --- render: lint, template, schema --------------------------------------------------------------
+
+
+@pytest.mark.parametrize("values", CI_VALUES, ids=[p.name for p in CI_VALUES])
+def test_lint_passes_for_every_ci_values_file(helm: Helm, values: Path) -> None:
+    out = helm("lint", str(CHART), "--strict", "-f", str(values), f"--kube-version={KUBE_VERSION}")
+    assert "0 chart(s) failed" in out.stdout
+
+
+@pytest.mark.parametrize("values", CI_VALUES, ids=[p.name for p in CI_VALUES])
+def test_every_pod_is_hardened(helm: Helm, values: Path) -> None:
+    docs = helm.template("-f", str(values))
+    deployments = _objects(docs, "Deployment")
+    assert deployments
+    for dep in deployments:
+        assert dep["spec"]["replicas"] == 1
+        assert dep["spec"]["strategy"] == {"type": "Recreate"}
+        pod = dep["spec"]["template"]["spec"]
+        assert pod["securityContext"]["runAsNonRoot"] is True
+        assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+        container = _container(dep)
+        sc = container["securityContext"]
+        assert sc["readOnlyRootFilesystem"] is True
+        assert sc["allowPrivilegeEscalation"] is False
+        assert sc["capabilities"] == {"drop": ["ALL"]}
+        assert container["resources"]["requests"]
+        assert container["resources"]["limits"]
+        assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
+        assert {"name": "tmp", "mountPath": "/tmp"} in container["volumeMounts"]
+
+
+def test_defaults_render_the_operator_as_the_flag_contract_says(helm: Helm) -> None:
+    docs = helm.template(namespace="gpu-system")
+    dep = _one(docs, "Deployment")
+    pod = dep["spec"]["template"]["spec"]
+    args = _container(dep)["args"]
+    assert args[0] == "run"
+    assert "--namespace=gpu-system" in args
+    assert "--metrics-port=9090" in args
+    assert "--health-port=8080" in args
+    assert "--sources=conditions,events" in args
+    assert "--log-format=json" in args
+    assert "--peering=gpuheal" in args
+    assert not any(a.startswith("--bridge-") for a in args), "no bridge configured by default"
+    ports = {p["name"]: p["containerPort"] for p in _container(dep)["ports"]}
+    assert ports == {"metrics": 9090, "health": 8080}
+    # Stays up while nodes are cordoned, and keeps off the GPU nodes it may drain.
+    assert {
+        "key": "node.kubernetes.io/unschedulable",
+        "operator": "Exists",
+        "effect": "NoSchedule",
+    } in pod["tolerations"]
+    terms = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert terms["nodeSelectorTerms"][0]["matchExpressions"] == [
+        {"key": "nvidia.com/gpu.present", "operator": "NotIn", "values": ["true"]}
+    ]
+    assert pod["serviceAccountName"] == "r-gpuheal"
+    kinds = sorted({d["kind"] for d in docs})
+    assert kinds == [
+        "ClusterKopfPeering",
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "CustomResourceDefinition",
+        "Deployment",
+        "Role",
+        "RoleBinding",
+        "Service",
+        "ServiceAccount",
+    ]
+    for absent in ("ServiceMonitor", "PrometheusRule", "ConfigMap", "Secret"):
+        assert not _objects(docs, absent), f"{absent} must be off by default"
+
+
+def test_in_cluster_bridge_wires_the_operator_to_its_service(helm: Helm) -> None:
+    docs = helm.template("-f", str(CHART / "ci" / "bridge-values.yaml"))
+    operator = _one(docs, "Deployment", "r-gpuheal")
+    bridge = _one(docs, "Deployment", "slurm-bridge")
+    service = _one(docs, "Service", "slurm-bridge")
+    secret = _one(docs, "Secret", "bridge-token")
+    args = _container(operator)["args"]
+    assert "--bridge-url=http://r-gpuheal-slurm-bridge.gpuheal.svc:8443" in args
+    assert "--bridge-token-file=/var/run/secrets/gpuheal/bridge/token" in args
+    token_volumes = [
+        v for v in operator["spec"]["template"]["spec"]["volumes"] if v["name"] == "bridge-token"
+    ]
+    assert token_volumes[0]["secret"]["secretName"] == secret["metadata"]["name"]
+    # The bridge never talks to the Kubernetes API.
+    assert bridge["spec"]["template"]["spec"]["automountServiceAccountToken"] is False
+    assert service["spec"]["selector"] == bridge["spec"]["selector"]["matchLabels"]
+    assert "--backend=rest" in _container(bridge)["args"]
+
+
+def test_external_bridge_uses_existing_secret_and_ca(helm: Helm) -> None:
+    docs = helm.template("-f", str(CHART / "ci" / "external-bridge-values.yaml"))
+    assert not _objects(docs, "Secret"), "existing Secret is referenced, not created"
+    operator = _one(docs, "Deployment")
+    args = _container(operator)["args"]
+    assert "--bridge-url=https://slurm-bridge.example.internal:8443" in args
+    assert "--bridge-ca-file=/var/run/secrets/gpuheal/bridge-ca/ca.crt" in args
+    assert "--standalone" in args
+    assert not _objects(docs, "ClusterKopfPeering")
+    volumes = {v["name"]: v for v in operator["spec"]["template"]["spec"]["volumes"]}
+    assert volumes["bridge-token"]["secret"]["secretName"] == "gpuheal-bridge-token"
+    assert volumes["bridge-ca"]["configMap"]["name"] == "gpuheal-bridge-ca"
+
+
+def test_invalid_values_are_rejected_by_the_schema_with_a_clear_message(helm: Helm) -> None:
+    bad = CHART / "ci" / "invalid" / "typo-values.yaml"
+    for cmd in (("lint", str(CHART)), ("template", "r", str(CHART))):
+        result = helm(*cmd, "-f", str(bad), f"--kube-version={KUBE_VERSION}", check=False)
+        assert result.returncode != 0
+        out = result.stdout + result.stderr
+        assert "values don't meet the specifications of the schema" in out
+        assert "additional properties 'logFormt' not allowed" in out
+        assert "/slurmBridge/backend" in out
+        assert "'cli', 'rest'" in out
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("--set", "operator.replicas=2"), "value must be 1"),
+        (("--set", "bridge.url=https://b:8443"), "set bridge.token.existingSecret"),
+        (("--set", "slurmBridge.enabled=true"), "set bridge.token.existingSecret"),
+        (
+            (
+                "--set",
+                "operator.sources.conditions=false",
+                "--set",
+                "operator.sources.events=false",
+            ),
+            "enable at least one of conditions, events, dcgm",
+        ),
+        (("--set", "monitoring.prometheusRule.incidentStuckAfter=2 hours"), "does not match"),
+        (("--set", "operator.image.digest=latest"), "does not match"),
+    ],
+)
+def test_broken_combinations_fail_at_render_time(
+    helm: Helm, args: tuple[str, ...], message: str
+) -> None:
+    result = helm("template", "r", str(CHART), f"--kube-version={KUBE_VERSION}", *args, check=False)
+    assert result.returncode != 0
+    assert message in result.stderr
+
+
+def test_chart_crds_are_the_repository_crds_with_a_keep_policy(helm: Helm) -> None:
+    docs = helm.template()
+    rendered = {d["metadata"]["name"]: d for d in _objects(docs, "CustomResourceDefinition")}
+    assert set(rendered) == set(GPUHEAL_CRDS) | {PEERING_CRD}
+    for path in sorted((ROOT / "crds").glob("*.yaml")):
+        source = yaml.safe_load(path.read_text())
+        crd = rendered[source["metadata"]["name"]]
+        assert crd["spec"] == source["spec"], (
+            f"{path.name}: chart copy drifted from crds/; run `cp crds/*.yaml {CHART}/crd-sources/`"
+        )
+        assert crd["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+        assert crd["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "Helm"
+    assert len(list((ROOT / "crds").glob("*.yaml"))) == len(GPUHEAL_CRDS)
+
+    no_keep = helm.template("--set", "crds.keep=false")
+    for crd in _objects(no_keep, "CustomResourceDefinition"):
+        assert "helm.sh/resource-policy" not in crd["metadata"].get("annotations", {})
+    assert not _objects(helm.template("--set", "crds.enabled=false"), "CustomResourceDefinition")
+    assert [
+        d["metadata"]["name"]
+        for d in _objects(
+            helm.template("--set", "operator.peering.installCRD=false"), "CustomResourceDefinition"
+        )
+    ] == sorted(GPUHEAL_CRDS)
+
+
+def _rules(docs: list[dict[str, Any]]) -> list[tuple[str, str, dict[str, Any]]]:
+    return [
+        (d["kind"], d["metadata"]["name"], rule)
+        for d in docs
+        if d["kind"] in ("ClusterRole", "Role")
+        for rule in d["rules"]
+    ]
+
+
+@pytest.mark.parametrize("values", CI_VALUES, ids=[p.name for p in CI_VALUES])
+def test_rbac_is_least_privilege(helm: Helm, values: Path) -> None:
+    docs = helm.template("-f", str(values))
+    rules = _rules(docs)
+    assert {name for _, name, _ in rules} == {"r-gpuheal-kopf", "r-gpuheal-operator"}
+    for kind, name, rule in rules:
+        where = f"{kind}/{name} {rule}"
+        for field in ("apiGroups", "resources", "verbs"):
+            assert "*" not in rule[field], f"wildcard in {where}"
+        assert not {"secrets", "configmaps", "serviceaccounts/token"} & set(rule["resources"]), (
+            where
+        )
+        assert not {"escalate", "bind", "impersonate", "deletecollection"} & set(rule["verbs"])
+        if {"nodes", "pods"} & set(rule["resources"]):
+            assert not {"delete", "create", "update"} & set(rule["verbs"]), where
+    cluster_writes = {
+        (res, verb)
+        for kind, _, rule in rules
+        if kind == "ClusterRole"
+        for res in rule["resources"]
+        for verb in rule["verbs"]
+        if verb in ("create", "update", "patch", "delete")
+    }
+    assert {r for r, _ in cluster_writes} <= {
+        "nodes",
+        "pods/eviction",
+        "clusterkopfpeerings",
+        "remediationpolicies",
+        "reservepools",
+        "noderemediations",
+        "remediationpolicies/status",
+        "reservepools/status",
+        "noderemediations/status",
+    }
+    bindings = _objects(docs, "ClusterRoleBinding") + _objects(docs, "RoleBinding")
+    for binding in bindings:
+        assert binding["subjects"] == [
+            {"kind": "ServiceAccount", "name": "r-gpuheal", "namespace": "gpuheal"}
+        ]
+
+
+# Metrics the operator exports (issue 5): the rules and dashboard below depend on them.
+ASSUMED_METRICS = {
+    "gpuheal_reserve_pool_ready_nodes",
+    "gpuheal_circuit_breaker_open",
+    "gpuheal_incident_age_seconds",
+    "gpuheal_source_up",
+    "gpuheal_incidents_total",
+    "gpuheal_step_duration_seconds_bucket",
+    "gpuheal_source_scrape_errors_total",
+}
+
+
+def test_monitoring_objects_are_well_formed(helm: Helm) -> None:
+    docs = helm.template("-f", str(CHART / "ci" / "monitoring-values.yaml"))
+    monitor = _one(docs, "ServiceMonitor")
+    service = _one(docs, "Service", "-metrics")
+    assert monitor["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    assert monitor["spec"]["endpoints"][0]["port"] == "metrics"
+    assert all(
+        service["metadata"]["labels"][k] == v
+        for k, v in monitor["spec"]["selector"]["matchLabels"].items()
+    )
+
+    rule = _one(docs, "PrometheusRule")
+    alerts = {r["alert"]: r for g in rule["spec"]["groups"] for r in g["rules"]}
+    assert set(alerts) == {
+        "GpuhealOperatorDown",
+        "GpuhealReservePoolLow",
+        "GpuhealCircuitBreakerOpen",
+        "GpuhealIncidentStuck",
+        "GpuhealSourceBlind",
+    }
+    used: set[str] = set()
+    for name, alert in alerts.items():
+        assert alert["labels"]["severity"] in ("warning", "critical")
+        assert alert["labels"]["team"] == "gpu-infra"
+        assert alert["annotations"]["summary"]
+        assert alert["annotations"]["description"]
+        assert alert["annotations"]["runbook_url"].endswith("#" + name.lower())
+        assert alert["expr"].count("(") == alert["expr"].count(")")
+        used |= set(re.findall(r"\bgpuheal_[a-z_]+", alert["expr"]))
+    assert "> 5400" in alerts["GpuhealIncidentStuck"]["expr"]  # 90m from the values file
+    assert used <= ASSUMED_METRICS
+
+    dashboard = json.loads(_one(docs, "ConfigMap", "-dashboard")["data"]["gpuheal.json"])
+    assert dashboard["uid"] == "gpuheal-overview"
+    exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
+    used_in_dashboard = {m for e in exprs for m in re.findall(r"\bgpuheal_[a-z_]+", e)}
+    assert used_in_dashboard <= ASSUMED_METRICS
+    assert len({p["id"] for p in dashboard["panels"]}) == len(dashboard["panels"])
+
+    args = _container(_one(docs, "Deployment"))["args"]
+    assert "--sources=conditions,events,dcgm" in args
+    assert "--dcgm-selector=app=nvidia-dcgm-exporter" in args
+
+
+# --- install on the sandbox ------------------------------------------------------------------
+
+
+@pytest.fixture
+def sandbox_helm(helm_bin: Path, sandbox: Sandbox, tmp_path: Path) -> Helm:
+    return Helm(helm_bin, tmp_path / "helm-home", kubeconfig=sandbox.kubeconfig)
+
+
+@pytest.fixture
+def system_node(sandbox: Sandbox) -> Iterator[str]:
+    """A Ready non-GPU node (kwok), where the operator's default affinity lets it run."""
+    from gpuheal.sandbox.nodes import create_gpu_nodes, delete_nodes, wait_nodes_ready
+
+    core = sandbox.core_v1()
+    name = f"t-system-{uuid.uuid4().hex[:6]}"
+    create_gpu_nodes(
+        core, [name], gpus=0, labels={"nvidia.com/gpu.present": "false", "gpuheal.io/test": name}
+    )
+    wait_nodes_ready(core, [name])
+    try:
+        yield name
+    finally:
+        delete_nodes(core, [name])
+
+
+def _adopt_cluster_objects(sandbox: Sandbox, release: str, namespace: str) -> None:
+    """CRDs are cluster-wide and other tests may have applied them with kubectl (or kept them
+    from an earlier release): hand them to this release the way Helm documents adoption."""
+    for crd in (*GPUHEAL_CRDS, PEERING_CRD):
+        if sandbox.kubectl("get", "crd", crd, check=False).returncode != 0:
+            continue
+        sandbox.kubectl("label", "crd", crd, "--overwrite", "app.kubernetes.io/managed-by=Helm")
+        sandbox.kubectl(
+            "annotate",
+            "crd",
+            crd,
+            "--overwrite",
+            f"meta.helm.sh/release-name={release}",
+            f"meta.helm.sh/release-namespace={namespace}",
+        )
+
+
+def _example_policy_spec() -> dict[str, Any] | None:
+    for path in sorted((ROOT / "examples").glob("*.yaml")):
+        for doc in yaml.safe_load_all(path.read_text()):
+            if doc and doc.get("kind") == "RemediationPolicy":
+                return dict(doc["spec"])
+    return None
+
+
+def _install_values(tmp_path: Path, **extra: Any) -> Path:
+    values: dict[str, Any] = {
+        "defaultReservePool": {
+            "enabled": True,
+            "name": f"spares-{uuid.uuid4().hex[:6]}",
+            "spec": {"nodeSelector": {"matchLabels": {"gpuheal.io/pool": "spare"}}},
+        },
+        **extra,
+    }
+    spec = _example_policy_spec()
+    if spec is not None:
+        values["defaultPolicy"] = {
+            "enabled": True,
+            "name": f"default-{uuid.uuid4().hex[:6]}",
+            "spec": spec,
+        }
+    path = tmp_path / "install-values.yaml"
+    path.write_text(yaml.safe_dump(values))
+    return path
+
+
+def test_install_upgrade_uninstall_on_a_real_apiserver(
+    sandbox: Sandbox, sandbox_helm: Helm, namespace: str, system_node: str, tmp_path: Path
+) -> None:
+    release = f"gh-{uuid.uuid4().hex[:6]}"
+    fullname = f"{release}-gpuheal"
+    peering = f"{release}-peering"
+    _adopt_cluster_objects(sandbox, release, namespace)
+    values = _install_values(
+        tmp_path,
+        operator={"peering": {"name": peering}},
+        bridge={"url": "https://slurm-bridge.example.internal:8443", "token": {"value": "t0"}},
+    )
+    out = sandbox_helm(
+        "install",
+        release,
+        str(CHART),
+        "-n",
+        namespace,
+        "-f",
+        str(values),
+        "--wait",
+        "--timeout=3m",
+    )
+    assert "STATUS: deployed" in out.stdout
+    assert "kubectl get noderemediations -w" in out.stdout  # NOTES.txt
+    try:
+        for crd in (*GPUHEAL_CRDS, PEERING_CRD):
+            sandbox.kubectl("wait", "--for=condition=Established", f"crd/{crd}", "--timeout=60s")
+        manifest = sandbox_helm("get", "manifest", release, "-n", namespace).stdout
+        for doc in (d for d in yaml.safe_load_all(manifest) if d):
+            meta = doc["metadata"]
+            ns_args = ["-n", meta["namespace"]] if "namespace" in meta else []
+            got = sandbox.kubectl("get", doc["kind"], meta["name"], *ns_args, check=False)
+            assert got.returncode == 0, f"{doc['kind']}/{meta['name']} missing: {got.stderr}"
+        # The hooks: peering object and the default objects exist once the CRDs do.
+        sandbox.kubectl("get", "clusterkopfpeering", peering)
+        values_doc = yaml.safe_load(values.read_text())
+        sandbox.kubectl("get", "reservepool", values_doc["defaultReservePool"]["name"])
+        if "defaultPolicy" in values_doc:
+            sandbox.kubectl("get", "remediationpolicy", values_doc["defaultPolicy"]["name"])
+        # kwok runs the pod: scheduled on the system node, never on a GPU node.
+        pods = json.loads(
+            sandbox.kubectl(
+                "get",
+                "pods",
+                "-n",
+                namespace,
+                "-l",
+                "app.kubernetes.io/component=operator",
+                "-o",
+                "json",
+            ).stdout
+        )["items"]
+        assert [p["spec"]["nodeName"] for p in pods] == [system_node]
+
+        out = sandbox_helm(
+            "upgrade",
+            release,
+            str(CHART),
+            "-n",
+            namespace,
+            "-f",
+            str(values),
+            "--set",
+            "operator.sources.dcgm=true",
+            "--set",
+            "monitoring.grafanaDashboard.enabled=true",
+            "--wait",
+            "--timeout=3m",
+        )
+        assert "STATUS: deployed" in out.stdout
+        assert "REVISION: 2" in out.stdout
+        sandbox.kubectl("get", "configmap", f"{fullname}-dashboard", "-n", namespace)
+        dep = json.loads(
+            sandbox.kubectl("get", "deploy", fullname, "-n", namespace, "-o", "json").stdout
+        )
+        assert "--sources=conditions,events,dcgm" in _container(dep)["args"]
+        sandbox.kubectl("get", "clusterkopfpeering", peering)
+    finally:
+        out = sandbox_helm("uninstall", release, "-n", namespace, "--wait", check=False)
+    assert out.returncode == 0, out.stderr
+    assert "These resources were kept due to the resource policy" in out.stdout
+    for crd in (*GPUHEAL_CRDS, PEERING_CRD):
+        sandbox.kubectl("get", "crd", crd)  # kept
+    for kind, name in (
+        ("clusterrole", f"{fullname}-operator"),
+        ("clusterrole", f"{fullname}-kopf"),
+    ):
+        assert sandbox.kubectl("get", kind, name, check=False).returncode != 0
+    assert sandbox.kubectl("get", "deploy", fullname, "-n", namespace, check=False).returncode != 0
+    sandbox.kubectl("delete", "clusterkopfpeering", peering, "--ignore-not-found")
+    for kind in ("reservepool", "remediationpolicy"):
+        sandbox.kubectl(
+            "delete", kind, "-l", f"app.kubernetes.io/instance={release}", "--ignore-not-found"
+        )
+
+
+# --- RBAC with the ServiceAccount's own token -----------------------------------------------------
+
+
+@pytest.fixture
+def installed(sandbox: Sandbox, sandbox_helm: Helm, namespace: str) -> Iterator[tuple[str, str]]:
+    """The chart installed (no --wait: RBAC does not need the pod) -> (release, namespace)."""
+    release = f"rb-{uuid.uuid4().hex[:6]}"
+    _adopt_cluster_objects(sandbox, release, namespace)
+    sandbox_helm(
+        "install",
+        release,
+        str(CHART),
+        "-n",
+        namespace,
+        "--set",
+        f"operator.peering.name={release}",
+        "--set",
+        "operator.sources.dcgm=true",
+    )
+    try:
+        yield release, namespace
+    finally:
+        sandbox_helm("uninstall", release, "-n", namespace, check=False)
+        sandbox.kubectl("delete", "clusterkopfpeering", release, "--ignore-not-found")
+
+
+# (verb, resource, namespace or None for cluster-wide/all namespaces)
+OPERATOR_NEEDS = [
+    ("get", "nodes", None),
+    ("list", "nodes", None),
+    ("watch", "nodes", None),
+    ("patch", "nodes", None),
+    ("list", "pods", None),
+    ("watch", "pods", None),
+    ("get", "pods", "team-a"),
+    ("create", "pods/eviction", "team-a"),
+    ("list", "poddisruptionbudgets.policy", None),
+    ("get", "poddisruptionbudgets.policy", "team-a"),
+    ("list", "events", None),
+    ("watch", "events.events.k8s.io", None),
+    ("create", "events", "$ns"),
+    ("patch", "events", "$ns"),
+    ("create", "events.events.k8s.io", "$ns"),
+    ("create", "noderemediations.gpuheal.io", None),
+    ("patch", "noderemediations.gpuheal.io", None),
+    ("delete", "noderemediations.gpuheal.io", None),
+    ("patch", "noderemediations.gpuheal.io/status", None),
+    ("watch", "remediationpolicies.gpuheal.io", None),
+    ("patch", "remediationpolicies.gpuheal.io/status", None),
+    ("update", "reservepools.gpuheal.io", None),
+    ("patch", "reservepools.gpuheal.io/status", None),
+    ("list", "customresourcedefinitions.apiextensions.k8s.io", None),
+    ("watch", "customresourcedefinitions.apiextensions.k8s.io", None),
+    ("list", "namespaces", None),
+    ("watch", "namespaces", None),
+    ("list", "clusterkopfpeerings.kopf.dev", None),
+    ("watch", "clusterkopfpeerings.kopf.dev", None),
+    ("patch", "clusterkopfpeerings.kopf.dev/$release", None),
+    ("get", "clusterkopfpeerings.kopf.dev/$release", None),
+]
+OPERATOR_MUST_NOT = [
+    ("get", "secrets", "kube-system"),
+    ("list", "secrets", None),
+    ("get", "secrets", "$ns"),
+    ("list", "configmaps", "kube-system"),
+    ("delete", "nodes", None),
+    ("update", "nodes", None),
+    ("create", "nodes", None),
+    ("delete", "pods", "team-a"),
+    ("create", "pods", "team-a"),
+    ("create", "events", "team-a"),
+    ("delete", "customresourcedefinitions.apiextensions.k8s.io", None),
+    ("patch", "clusterkopfpeerings.kopf.dev/someone-else", None),
+    ("create", "clusterrolebindings.rbac.authorization.k8s.io", None),
+    ("create", "serviceaccounts/token", "$ns"),
+    ("impersonate", "users", None),
+    ("create", "deployments.apps", "$ns"),
+]
+
+
+def _can_i(
+    sandbox: Sandbox, kubeconfig: Path, verb: str, resource: str, namespace: str | None
+) -> bool:
+    """`kubectl auth can-i` as the ServiceAccount. `res/status` and `res/eviction` name
+    subresources; any other `res/x` names one object."""
+    args = [verb]
+    base, _, rest = resource.partition("/")
+    if rest in ("status", "eviction"):
+        args += [base, f"--subresource={rest}"]
+    else:
+        args.append(resource)
+    args += ["-n", namespace] if namespace else ["--all-namespaces"]
+    result = sandbox.control_plane.kubectl(
+        "auth", "can-i", *args, check=False, kubeconfig=kubeconfig
+    )
+    answer = result.stdout.strip()
+    assert answer in ("yes", "no"), f"can-i {' '.join(args)}: {result.stdout}{result.stderr}"
+    return answer == "yes"
+
+
+def test_service_account_can_do_what_the_operator_needs_and_nothing_more(
+    sandbox: Sandbox, installed: tuple[str, str]
+) -> None:
+    release, namespace = installed
+    kubeconfig = sandbox.control_plane.kubeconfig_for_service_account(
+        namespace, f"{release}-gpuheal"
+    )
+
+    def subst(value: str | None) -> str | None:
+        return (
+            None if value is None else value.replace("$ns", namespace).replace("$release", release)
+        )
+
+    missing = [
+        (verb, res, ns)
+        for verb, res, ns in OPERATOR_NEEDS
+        if not _can_i(sandbox, kubeconfig, verb, subst(res) or res, subst(ns))
+    ]
+    assert not missing, f"the chart's ServiceAccount lacks: {missing}"
+    excess = [
+        (verb, res, ns)
+        for verb, res, ns in OPERATOR_MUST_NOT
+        if _can_i(sandbox, kubeconfig, verb, subst(res) or res, subst(ns))
+    ]
+    assert not excess, f"the chart's ServiceAccount may do too much: {excess}"
+
+    # The full list, as kubectl reports it, for the record (and a last check for wildcards).
+    listing = sandbox.control_plane.kubectl(
+        "auth", "can-i", "--list", "-n", namespace, kubeconfig=kubeconfig
+    ).stdout
+    assert "secrets" not in listing
+    assert not re.search(r"^\*\.\*\s", listing, re.MULTILINE)
