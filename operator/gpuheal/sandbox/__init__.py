@@ -113,6 +113,7 @@ class Sandbox:
                     config.root / "slurm",
                     config.node_names + config.spare_names,
                     restd=config.slurm_restd,
+                    gpus_per_node=config.gpus_per_node,
                 )
                 sandbox.slurm.start()
                 log.info("[sandbox %5.1fs] Slurm up", time.monotonic() - t0)
@@ -136,9 +137,7 @@ class Sandbox:
         if config.slurm and (root / "slurm").exists():
             from gpuheal.sandbox.slurm import SlurmCluster
 
-            sandbox.slurm = SlurmCluster(
-                root / "slurm", config.node_names + config.spare_names, restd=config.slurm_restd
-            )
+            sandbox.slurm = SlurmCluster.attach(root / "slurm")
         return sandbox
 
     def _save(self) -> None:
