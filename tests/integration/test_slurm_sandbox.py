@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import socket
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -250,3 +251,25 @@ def test_daemon_failure_is_reported_with_its_log(
     assert "last" in str(err.value)  # the log tail is in the message
     assert cluster_processes(cluster) == []
     assert not cluster.status().running
+
+
+def test_port_taken_between_pick_and_bind_is_retried(
+    make_slurm_cluster: Callable[..., SlurmCluster], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real = _proc.free_tcp_ports
+    with socket.socket() as taken:
+        taken.bind(("0.0.0.0", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        calls: list[int] = []
+
+        def first_one_taken(count: int, **kwargs: str) -> list[int]:
+            calls.append(count)
+            ports = real(count, **kwargs)
+            return [port, *ports[1:]] if len(calls) == 1 else ports
+
+        monkeypatch.setattr(_proc, "free_tcp_ports", first_one_taken)
+        cluster = make_slurm_cluster(["gpu-node-0"], name="retry")
+    assert len(calls) == 2
+    assert cluster.ctld_port != port
+    assert cluster.node_states() == {"gpu-node-0": "idle"}

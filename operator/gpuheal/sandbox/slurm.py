@@ -66,6 +66,7 @@ _EXE = {
     "slurmstepd": frozenset({"slurmstepd", "slurmstepd-wlm"}),
     "slurmrestd": frozenset({"slurmrestd", "slurmrestd-wlm"}),
 }
+_BIND_ERROR = "Address already in use"
 # sun_path is 108 bytes including the terminating NUL.
 _MAX_UNIX_SOCKET_PATH = 107
 # squeue states of jobs that still have (or may get) processes.
@@ -121,6 +122,10 @@ class SlurmLayout:
     @property
     def log(self) -> Path:
         return self.root / "log"
+
+    @property
+    def log_prev(self) -> Path:
+        return self.root / "log.prev"
 
     @property
     def run(self) -> Path:
@@ -550,7 +555,10 @@ class SlurmCluster:
             try:
                 self._start_once()
             except _PortInUse as exc:
-                self._progress(f"port taken meanwhile ({exc}); retrying with new ports")
+                first_line = str(exc).splitlines()[0]
+                self._progress(
+                    f"a port was taken meanwhile ({first_line}); retrying with new ports"
+                )
                 self.stop(quiet=True)
                 if attempt == 3:
                     raise
@@ -589,6 +597,10 @@ class SlurmCluster:
         lay = self.layout
         for d in (lay.state, lay.spool, lay.run, lay.dev):
             shutil.rmtree(d, ignore_errors=True)
+        # log/ is this run's, log.prev/ the one before (a failed attempt, a previous start)
+        if lay.log.is_dir() and any(lay.log.iterdir()):
+            shutil.rmtree(lay.log_prev, ignore_errors=True)
+            lay.log.rename(lay.log_prev)
         for d in (lay.etc, lay.state, lay.log, lay.run / "slurm", lay.dev, lay.munge):
             d.mkdir(parents=True, exist_ok=True)
         for node in self.nodes:
@@ -640,6 +652,8 @@ class SlurmCluster:
         self._wait("munged", self._munge_works, "munged to answer", logs=["munged"])
         self._progress(f"munged up (pid {self._popens['munged'].pid})")
 
+        # slurmctld and slurmd retry a taken port for 5 s before they die: look first
+        self._check_ports_free()
         self._spawn("slurmctld", [_sbin("slurmctld"), "-D", "-f", str(lay.conf)])
         self._wait("slurmctld", self._ctld_up, "slurmctld to answer ping", logs=["slurmctld"])
         self._progress(
@@ -680,6 +694,13 @@ class SlurmCluster:
             self._progress(
                 f"slurmrestd up (pid {self._popens['slurmrestd'].pid}) on unix:{lay.restd_socket}"
             )
+
+    def _check_ports_free(self) -> None:
+        taken = [
+            p for p in (self.ctld_port, *self.node_ports.values()) if p and not _proc.port_free(p)
+        ]
+        if taken:
+            raise _PortInUse(f"Slurm sandbox under {self.root}: ports {taken} are taken")
 
     def _spawn(
         self, name: str, argv: list[str], extra_env: Mapping[str, str] | None = None
@@ -727,7 +748,7 @@ class SlurmCluster:
                 if path.exists():
                     tails.append(_proc.log_tail(path, 15))
         text = "\n".join(tails)
-        cls = _PortInUse if "Address already in use" in text else SlurmSandboxError
+        cls = _PortInUse if _BIND_ERROR in text else SlurmSandboxError
         raise cls(f"Slurm sandbox under {self.root}: {message}\n{text}")
 
     def _munge_works(self) -> bool:
