@@ -10,11 +10,14 @@ under one root directory; ports are picked free at start, so clusters run side b
         slurm.run("sbatch", "--wrap", "sleep 60")
         print(slurm.run("sinfo").stdout)
 
-Facts this relies on were measured on Debian bookworm (see the sandbox notes in the repo docs):
-daemons fork and exit 0 even when they die at once (we run them in the foreground and poll
-``scontrol ping``/``sinfo``), a requeued job is held for munge's ``cred_expire`` seconds
-(minimum 5), and ``slurmstepd`` plus job processes can outlive ``slurmd`` (stop cancels jobs
-first, then kills leftovers of this cluster found through /proc).
+Facts this relies on, measured with Debian bookworm's slurm-wlm 22.05.8: daemons fork and exit 0
+even when they die at once (we run them in the foreground and poll ``scontrol ping``/``sinfo``);
+a requeued job is held for munge's ``cred_expire`` seconds (minimum 5) unless
+``scontrol update JobId=X StartTime=now`` is sent once it shows PENDING/BeginTime; ``slurmstepd``
+and job processes can outlive ``slurmd`` (stop cancels jobs first, then kills leftovers of this
+cluster found through /proc); gres ``gpu:8`` needs 8 distinct files (``File=/dev/null`` repeated,
+listed or with ``Count=8`` makes slurmd exit), so ``root/dev/gpu0..7`` are symlinks to /dev/null;
+slurmd and slurmctld retry a taken port for 5 s before dying.
 """
 
 from __future__ import annotations
