@@ -1,0 +1,229 @@
+"""HTTP layer with FastAPI's TestClient and the in-memory Slurm."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+
+from gpuheal_bridge.nodemap import NodeMapper
+from gpuheal_bridge.operations import Operations
+from gpuheal_bridge.server.app import BridgeSettings, create_app
+from tests.unit.bridge.fakes import FakeClock, FakeJob, FakeSlurm
+
+TOKEN = "t0ken-for-the-operator-0123456789"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+
+
+def make_client(slurm: FakeSlurm, tmp_path: Path, **kw: object) -> TestClient:
+    clock = FakeClock()
+    settings = BridgeSettings(
+        backend=slurm,
+        tokens={"operator": TOKEN},
+        state_dir=tmp_path / "state",
+        audit_log=tmp_path / "audit.jsonl",
+        operations=Operations(slurm, clock=clock, sleep=clock.sleep),
+        **kw,  # type: ignore[arg-type]
+    )
+    return TestClient(create_app(settings))
+
+
+@pytest.fixture
+def client(slurm: FakeSlurm, tmp_path: Path) -> Iterator[TestClient]:
+    with make_client(slurm, tmp_path) as c:
+        yield c
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "body"),
+    [
+        ("get", "/v1/nodes/node1", None),
+        ("get", "/v1/nodes/node1/jobs", None),
+        ("post", "/v1/nodes/node1/drain", {"incident": "nrem-a"}),
+        ("post", "/v1/nodes/node2/resume", {"force": True}),
+        ("post", "/v1/jobs/7/requeue", {}),
+        ("post", "/v1/nodes/node1;reboot/drain", {"incident": "nrem-a"}),  # 401 before 422
+        ("post", "/v1/nodes/node1/drain", "not json"),
+    ],
+)
+@pytest.mark.parametrize(
+    "headers", [{}, {"Authorization": "Bearer wrong-token-0123456789"}, {"Authorization": TOKEN}]
+)
+def test_401_touches_nothing(  # noqa: PLR0917 - pytest passes fixtures positionally
+    client: TestClient,
+    slurm: FakeSlurm,
+    tmp_path: Path,
+    method: str,
+    path: str,
+    body: object,
+    headers: dict[str, str],
+) -> None:
+    kw = {"content": body} if isinstance(body, str) else {"json": body}
+    resp = client.request(method, path, headers=headers, **kw)
+    assert resp.status_code == 401
+    assert resp.headers["WWW-Authenticate"].startswith("Bearer")
+    assert resp.json()["error"] == "unauthorized"
+    assert slurm.calls == []
+    assert not (tmp_path / "audit.jsonl").exists()
+
+
+def test_probes_need_no_token(client: TestClient) -> None:
+    assert client.get("/healthz").json() == {"status": "ok"}
+    ready = client.get("/readyz")
+    assert ready.status_code == 200
+    assert ready.json()["ready"] is True
+    assert "requeue" in ready.json()["capabilities"]
+
+
+@pytest.mark.parametrize(
+    ("path", "why"),
+    [
+        ("/v1/nodes/node1;reboot", "';'"),
+        ("/v1/nodes/node[1-100]", "hostlist"),
+        ("/v1/nodes/-rf", "start with"),
+        ("/v1/jobs/12_3", "array"),
+        ("/v1/jobs/abc", "positive"),
+    ],
+)
+def test_422_for_bad_names(client: TestClient, slurm: FakeSlurm, path: str, why: str) -> None:
+    resp = client.get(path, headers=AUTH)
+    assert resp.status_code == 422
+    assert resp.json()["error"] == "invalid"
+    assert why in resp.json()["message"]
+    assert slurm.calls == []
+
+
+def test_422_for_bad_body(client: TestClient, slurm: FakeSlurm) -> None:
+    resp = client.post("/v1/nodes/node1/drain", headers=AUTH, json={"incident": "Bad Id!"})
+    assert resp.status_code == 422
+    assert "incident" in resp.json()["message"]
+    resp = client.post(
+        "/v1/nodes/node1/drain",
+        headers=AUTH,
+        json={"incident": "a", "requeue": {"checkpoint": {"signal": "KILL; rm"}}},
+    )
+    assert resp.status_code == 422
+    assert slurm.mutating_calls() == []
+
+
+def test_404_unknown_node_and_job(client: TestClient) -> None:
+    assert client.get("/v1/nodes/nodeX", headers=AUTH).status_code == 404
+    resp = client.post("/v1/nodes/nodeX/drain", headers=AUTH, json={"incident": "i"})
+    assert resp.status_code == 404
+    assert resp.json()["error"] == "not_found"
+    assert client.post("/v1/jobs/404/requeue", headers=AUTH, json={}).status_code == 404
+
+
+def test_503_with_retry_after_when_slurmctld_down(client: TestClient, slurm: FakeSlurm) -> None:
+    slurm.down = True
+    resp = client.post("/v1/nodes/node1/drain", headers=AUTH, json={"incident": "i"})
+    assert resp.status_code == 503
+    assert int(resp.headers["Retry-After"]) >= 1
+    assert resp.json()["error"] == "unavailable"
+    ready = client.get("/readyz")
+    assert ready.status_code == 503
+    assert ready.json()["ready"] is False
+
+
+def test_409_resume_of_admin_drain(client: TestClient, slurm: FakeSlurm) -> None:
+    resp = client.post("/v1/nodes/node2/resume", headers=AUTH, json={})
+    assert resp.status_code == 409
+    body = resp.json()
+    assert body["error"] == "conflict"
+    assert body["owner"] == "other"
+    assert body["current"]["reason"] == "admin maintenance: fan swap"
+    assert slurm.mutating_calls() == []
+
+
+def test_drain_admin_drained_reports_owner(client: TestClient, slurm: FakeSlurm) -> None:
+    resp = client.post("/v1/nodes/node2/drain", headers=AUTH, json={"incident": "i"})
+    assert resp.status_code == 200
+    assert resp.json()["outcome"] == "drained_by_other"
+    assert resp.json()["owner"] == "other"
+    assert slurm.mutating_calls() == []
+
+
+def test_resume_without_body(client: TestClient) -> None:
+    client.post("/v1/nodes/node1/drain", headers=AUTH, json={"incident": "i"})
+    resp = client.post("/v1/nodes/node1/resume", headers=AUTH)
+    assert resp.status_code == 200
+    assert resp.json()["outcome"] == "resumed"
+
+
+def test_idempotency_key_replays_and_persists(slurm: FakeSlurm, tmp_path: Path) -> None:
+    slurm.add_job(FakeJob(7, ["node1"]))
+    headers = {**AUTH, "Idempotency-Key": "req-1"}
+    body = {"mode": "requeue", "from_node": "node1"}
+    with make_client(slurm, tmp_path) as c:
+        first = c.post("/v1/jobs/7/requeue", headers=headers, json=body)
+        assert first.status_code == 200
+        assert first.json()["outcome"] == "requeued"
+        slurm.jobs[7].state, slurm.jobs[7].nodes, slurm.jobs[7].script = "RUNNING", ["node3"], []
+        again = c.post("/v1/jobs/7/requeue", headers=headers, json=body)
+        assert again.headers["Idempotency-Replayed"] == "true"
+        assert again.json() == first.json()
+        other = c.post("/v1/jobs/7/requeue", headers=headers, json={"mode": "requeuehold"})
+        assert other.status_code == 422
+        assert other.json()["error"] == "idempotency_mismatch"
+    # a restarted bridge (new app, same state dir) still answers from the store
+    with make_client(slurm, tmp_path) as c:
+        third = c.post("/v1/jobs/7/requeue", headers=headers, json=body)
+        assert third.headers.get("Idempotency-Replayed") == "true"
+    assert slurm.mutating_calls().count("requeue") == 1
+    assert slurm.jobs[7].restart_count == 1
+
+
+def test_503_is_not_stored_for_replay(client: TestClient, slurm: FakeSlurm) -> None:
+    headers = {**AUTH, "Idempotency-Key": "req-2"}
+    slurm.down = True
+    assert (
+        client.post("/v1/nodes/node1/drain", headers=headers, json={"incident": "i"}).status_code
+        == 503
+    )
+    slurm.down = False
+    resp = client.post("/v1/nodes/node1/drain", headers=headers, json={"incident": "i"})
+    assert resp.status_code == 200
+    assert resp.json()["outcome"] == "drained"
+
+
+def test_audit_log_lines(client: TestClient, slurm: FakeSlurm, tmp_path: Path) -> None:
+    client.post("/v1/nodes/node1/drain", headers=AUTH, json={"incident": "nrem-a", "xid": 79})
+    client.post("/v1/nodes/node2/resume", headers=AUTH, json={})
+    lines = [json.loads(x) for x in (tmp_path / "audit.jsonl").read_text().splitlines()]
+    assert [(x["who"], x["op"], x["target"], x["status"]) for x in lines] == [
+        ("operator", "drain_node", "node1", 200),
+        ("operator", "resume_node", "node2", 409),
+    ]
+    assert lines[0]["result"]["outcome"] == "drained"
+    assert lines[0]["request"] == {"incident": "nrem-a", "xid": 79, "requeue": None}
+
+
+def test_metrics(client: TestClient) -> None:
+    client.get("/v1/nodes/node1", headers=AUTH)
+    client.get("/v1/nodes/nodeX", headers=AUTH)
+    client.get("/v1/nodes/node1")
+    text = client.get("/metrics").text
+    assert 'gpuheal_bridge_requests_total{operation="get_node",result="success"} 1.0' in text
+    assert 'gpuheal_bridge_requests_total{operation="get_node",result="not_found"} 1.0' in text
+    assert 'gpuheal_bridge_requests_total{operation="get_node",result="unauthorized"} 1.0' in text
+    assert "gpuheal_bridge_request_duration_seconds_bucket" in text
+
+
+def test_node_mapping_applies(slurm: FakeSlurm, tmp_path: Path) -> None:
+    mapper = NodeMapper(regex=r"^(?P<short>[^.]+)\.", template="{short}")
+    with make_client(slurm, tmp_path, node_mapper=mapper) as c:
+        resp = c.get("/v1/nodes/node1.cluster.local", headers=AUTH)
+        assert resp.status_code == 200
+        assert resp.json()["node"] == "node1.cluster.local"
+        assert resp.json()["slurm_node"] == "node1"
+        assert c.get("/v1/nodes/nodots", headers=AUTH).status_code == 404
+
+
+def test_openapi_document(client: TestClient) -> None:
+    doc = client.get("/openapi.json").json()
+    assert {"/v1/nodes/{node}/drain", "/v1/jobs/{job_id}/requeue", "/readyz"} <= set(doc["paths"])
+    params = doc["paths"]["/v1/nodes/{node}/drain"]["post"]["parameters"]
+    assert any(p["name"] == "Idempotency-Key" for p in params)

@@ -1,0 +1,128 @@
+"""slurmrestd backend: reads from captured v0.0.38 answers; writes in the documented v0.0.40+
+shapes (what 23.11+ accept); operations 22.05 lacks raise Unsupported or go to the fallback."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import httpx
+import pytest
+
+from gpuheal_bridge.api.models import SignalTarget
+from gpuheal_bridge.backends.base import Capability, NotFound, Unsupported
+from gpuheal_bridge.backends.rest import RestBackend, node_update_body, signal_params
+from tests.unit.bridge.fakes import FakeSlurm
+
+DATA = Path(__file__).parent / "data"
+
+
+def captured(name: str) -> object:
+    return json.loads((DATA / name).read_text())
+
+
+def backend(handler: object, version: str = "v0.0.38", **kw: object) -> RestBackend:
+    return RestBackend(
+        "http://restd",
+        token="jwt",
+        api_version=version,
+        transport=httpx.MockTransport(handler),  # type: ignore[arg-type]
+        **kw,  # type: ignore[arg-type]
+    )
+
+
+def v038(request: httpx.Request) -> httpx.Response:
+    path = request.url.path
+    routes = {
+        "/slurm/v0.0.38/ping": (200, "restd_ping.json"),
+        "/slurm/v0.0.38/node/node1": (200, "restd_node_node1.json"),
+        "/slurm/v0.0.38/node/nodeX": (500, "restd_node_nodeX.json"),  # 22.05: 500 + errors
+        "/slurm/v0.0.38/jobs": (200, "restd_jobs.json"),
+        "/slurm/v0.0.38/job/999": (500, "restd_job_999.json"),
+    }
+    if request.method == "POST" and path.startswith("/slurm/v0.0.38/node/"):
+        return httpx.Response(405)
+    status, name = routes[path]
+    return httpx.Response(status, json=captured(name))
+
+
+async def test_reads_on_v0038() -> None:
+    b = backend(v038)
+    ping = await b.ping()
+    assert ping.up
+    assert ping.version == "22.05.8"
+    node = await b.get_node("node1")
+    assert node.drain
+    assert node.reason == "gpuheal: nrem-abc xid=79"
+    with pytest.raises(NotFound):
+        await b.get_node("nodeX")
+    with pytest.raises(NotFound):
+        await b.get_job(999)
+    assert [j.job_id for j in await b.jobs_on_node("node3")] == [1]
+    assert b.capabilities() == {Capability.READ_NODES, Capability.READ_JOBS}
+    await b.aclose()
+
+
+async def test_writes_on_v0038_are_capability_errors() -> None:
+    b = backend(v038)
+    with pytest.raises(Unsupported):
+        await b.drain("node1", "gpuheal: i xid=1")
+    with pytest.raises(Unsupported):
+        await b.requeue(1, hold=False)
+    with pytest.raises(Unsupported):
+        await b.signal(1, "USR1", SignalTarget.FULL)
+
+
+async def test_v0038_writes_go_to_fallback() -> None:
+    fake = FakeSlurm()
+    fake.add_node("node1")
+    b = backend(v038, fallback=fake)
+    await b.drain("node1", "gpuheal: i xid=1")
+    assert fake.nodes["node1"].reason == "gpuheal: i xid=1"
+    assert Capability.REQUEUE in b.capabilities()
+
+
+async def test_v0040_node_update_and_signal_shapes() -> None:
+    seen: list[httpx.Request] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        return httpx.Response(200, json={"errors": [], "warnings": []})
+
+    b = backend(handler, version="v0.0.40")
+    await b.drain("node1", "gpuheal: i xid=79")
+    await b.resume("node1")
+    await b.signal(7, "USR1", SignalTarget.FULL)
+    assert [(r.method, r.url.path) for r in seen] == [
+        ("POST", "/slurm/v0.0.40/node/node1"),
+        ("POST", "/slurm/v0.0.40/node/node1"),
+        ("DELETE", "/slurm/v0.0.40/job/7"),
+    ]
+    assert json.loads(seen[0].content) == {"state": ["DRAIN"], "reason": "gpuheal: i xid=79"}
+    assert json.loads(seen[1].content) == {"state": ["RESUME"]}
+    assert dict(seen[2].url.params) == {"signal": "SIGUSR1", "flags": "FULL_JOB"}
+    assert seen[0].headers["X-SLURM-USER-TOKEN"] == "jwt"
+    assert {Capability.DRAIN, Capability.RESUME, Capability.SIGNAL} <= b.capabilities()
+
+
+def test_body_helpers() -> None:
+    assert node_update_body(41, "DRAIN", "r") == {"state": ["DRAIN"], "reason": "r"}
+    with pytest.raises(Unsupported):
+        node_update_body(38, "DRAIN", "r")
+    assert signal_params(38, "USR1", SignalTarget.STEPS) == {"signal": "SIGUSR1"}
+    assert signal_params(41, "SIGUSR2", SignalTarget.BATCH) == {
+        "signal": "SIGUSR2",
+        "flags": "BATCH_JOB",
+    }
+    with pytest.raises(Unsupported):
+        signal_params(38, "USR1", SignalTarget.FULL)
+
+
+async def test_version_detection_picks_newest() -> None:
+    def handler(request: httpx.Request) -> httpx.Response:
+        assert request.url.path == "/openapi/v3"
+        paths: dict[str, object] = {f"/slurm/v0.0.{n}/ping": {} for n in (36, 37, 38)}
+        return httpx.Response(200, json={"paths": paths})
+
+    b = RestBackend("http://restd", transport=httpx.MockTransport(handler))
+    assert await b._api() == "v0.0.38"
