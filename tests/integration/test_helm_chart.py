@@ -193,7 +193,7 @@ def test_in_cluster_bridge_wires_the_operator_to_its_service(helm: Helm) -> None
     service = _one(docs, "Service", "slurm-bridge")
     secret = _one(docs, "Secret", "bridge-token")
     args = _container(operator)["args"]
-    assert "--bridge-url=http://r-gpuheal-slurm-bridge.gpuheal.svc:8443" in args
+    assert "--bridge-url=http://r-gpuheal-slurm-bridge.gpuheal.svc:8787" in args
     assert "--bridge-token-file=/var/run/secrets/gpuheal/bridge/token" in args
     token_volumes = [
         v for v in operator["spec"]["template"]["spec"]["volumes"] if v["name"] == "bridge-token"
@@ -202,7 +202,21 @@ def test_in_cluster_bridge_wires_the_operator_to_its_service(helm: Helm) -> None
     # The bridge never talks to the Kubernetes API.
     assert bridge["spec"]["template"]["spec"]["automountServiceAccountToken"] is False
     assert service["spec"]["selector"] == bridge["spec"]["selector"]["matchLabels"]
-    assert "--backend=rest" in _container(bridge)["args"]
+    bridge_args = _container(bridge)["args"]
+    for flag in (
+        "--listen=0.0.0.0:8787",
+        "--backend=rest",
+        "--token-file=/var/run/secrets/gpuheal/bridge/token",
+        "--state-dir=/var/lib/gpuheal-bridge",
+        "--rest-url=http://slurmrestd.slurm.svc:6820",
+        "--rest-token-file=/var/run/secrets/gpuheal/slurmrestd/token",
+        "--node-map-template={short}",
+    ):
+        assert flag in bridge_args
+    bridge_volumes = {v["name"]: v for v in bridge["spec"]["template"]["spec"]["volumes"]}
+    assert bridge_volumes["token"]["secret"]["secretName"] == secret["metadata"]["name"]
+    pvc = _one(docs, "PersistentVolumeClaim")
+    assert bridge_volumes["state"]["persistentVolumeClaim"]["claimName"] == pvc["metadata"]["name"]
 
 
 def test_external_bridge_uses_existing_secret_and_ca(helm: Helm) -> None:
@@ -237,6 +251,11 @@ def test_invalid_values_are_rejected_by_the_schema_with_a_clear_message(helm: He
         (("--set", "operator.replicas=2"), "value must be 1"),
         (("--set", "bridge.url=https://b:8443"), "set bridge.token.existingSecret"),
         (("--set", "slurmBridge.enabled=true"), "set bridge.token.existingSecret"),
+        (
+            ("--set", "slurmBridge.enabled=true", "--set", "bridge.token.value=0123456789abcdef"),
+            "slurmBridge.rest.url is required",
+        ),
+        (("--set", "bridge.token.value=short"), "does not match"),
         (
             (
                 "--set",

@@ -1,0 +1,48 @@
+# syntax=docker/dockerfile:1
+# gpuheal operator image. Build from the repository root:
+#   docker build -f deploy/docker/operator.Dockerfile -t gpuheal:dev .
+#
+# The base is pinned by tag. For reproducible builds pin it by digest as well:
+#   docker buildx imagetools inspect python:3.11-slim-bookworm   # -> sha256:...
+#   docker build --build-arg PYTHON_IMAGE=python:3.11-slim-bookworm@sha256:... ...
+ARG PYTHON_IMAGE=python:3.11-slim-bookworm
+
+# --- build: the wheel and a virtualenv with the locked dependencies --------------------------
+FROM ${PYTHON_IMAGE} AS build
+ARG UV_VERSION=0.13.9
+ENV PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    UV_NO_CACHE=1 \
+    UV_PYTHON_DOWNLOADS=never
+RUN pip install "uv==${UV_VERSION}"
+WORKDIR /src
+COPY pyproject.toml uv.lock README.md ./
+COPY operator/ operator/
+COPY slurm-bridge/ slurm-bridge/
+# Runtime dependencies exactly as locked (hashes checked), then our wheel without deps.
+RUN uv export --frozen --no-dev --no-emit-project --format requirements-txt > /tmp/requirements.txt \
+    && uv build --wheel --out-dir /tmp/dist \
+    && uv venv /opt/gpuheal \
+    && uv pip install --python /opt/gpuheal/bin/python --require-hashes -r /tmp/requirements.txt \
+    && uv pip install --python /opt/gpuheal/bin/python --no-deps /tmp/dist/*.whl
+
+# --- runtime: the virtualenv only, as a non-root user -----------------------------------------
+FROM ${PYTHON_IMAGE}
+ARG VERSION=0.1.0
+ARG REVISION=unknown
+LABEL org.opencontainers.image.title="gpuheal" \
+      org.opencontainers.image.description="Kubernetes operator that remediates GPU node faults (NVIDIA XIDs): cordon, drain, Slurm requeue, replacement" \
+      org.opencontainers.image.licenses="Apache-2.0" \
+      org.opencontainers.image.version="${VERSION}" \
+      org.opencontainers.image.revision="${REVISION}" \
+      org.opencontainers.image.base.name="${PYTHON_IMAGE}"
+COPY --from=build /opt/gpuheal /opt/gpuheal
+ENV PATH=/opt/gpuheal/bin:$PATH \
+    PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1
+# No shell login, no home to write: the chart mounts an emptyDir at /tmp and sets a read-only root.
+USER 65532:65532
+WORKDIR /tmp
+EXPOSE 8080 9090
+ENTRYPOINT ["gpuheal"]
+CMD ["run", "--help"]

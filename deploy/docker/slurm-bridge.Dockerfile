@@ -1,0 +1,52 @@
+# syntax=docker/dockerfile:1
+# gpuheal Slurm bridge image. Build from the repository root:
+#   docker build -f deploy/docker/slurm-bridge.Dockerfile -t gpuheal-slurm-bridge:dev .
+# With Debian's Slurm client commands (scontrol, squeue, scancel) and munge for the `cli` backend:
+#   docker build -f deploy/docker/slurm-bridge.Dockerfile --build-arg SLURM_CLIENT=true ...
+# (Debian bookworm ships Slurm 22.05: its client must be compatible with your slurmctld; for
+# newer Slurm use the `rest` backend against slurmrestd, which needs no client in the image.)
+#
+# The base is pinned by tag; pin it by digest too for reproducible builds (see operator.Dockerfile).
+ARG PYTHON_IMAGE=python:3.11-slim-bookworm
+
+FROM ${PYTHON_IMAGE} AS build
+ARG UV_VERSION=0.13.9
+ENV PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    UV_NO_CACHE=1 \
+    UV_PYTHON_DOWNLOADS=never
+RUN pip install "uv==${UV_VERSION}"
+WORKDIR /src
+COPY pyproject.toml uv.lock README.md ./
+COPY operator/ operator/
+COPY slurm-bridge/ slurm-bridge/
+RUN uv export --frozen --no-dev --no-emit-project --format requirements-txt > /tmp/requirements.txt \
+    && uv build --wheel --out-dir /tmp/dist \
+    && uv venv /opt/gpuheal \
+    && uv pip install --python /opt/gpuheal/bin/python --require-hashes -r /tmp/requirements.txt \
+    && uv pip install --python /opt/gpuheal/bin/python --no-deps /tmp/dist/*.whl
+
+FROM ${PYTHON_IMAGE}
+ARG VERSION=0.1.0
+ARG REVISION=unknown
+ARG SLURM_CLIENT=false
+LABEL org.opencontainers.image.title="gpuheal-slurm-bridge" \
+      org.opencontainers.image.description="gpuheal's Slurm bridge: drain/resume Slurm nodes and requeue their jobs over an authenticated HTTP API" \
+      org.opencontainers.image.licenses="Apache-2.0" \
+      org.opencontainers.image.version="${VERSION}" \
+      org.opencontainers.image.revision="${REVISION}" \
+      org.opencontainers.image.base.name="${PYTHON_IMAGE}"
+# hadolint ignore=DL3008
+RUN if [ "${SLURM_CLIENT}" = "true" ]; then \
+        apt-get update \
+        && apt-get install -y --no-install-recommends slurm-client munge \
+        && rm -rf /var/lib/apt/lists/*; \
+    fi
+COPY --from=build /opt/gpuheal /opt/gpuheal
+ENV PATH=/opt/gpuheal/bin:$PATH \
+    PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1
+USER 65532:65532
+WORKDIR /tmp
+EXPOSE 8787
+ENTRYPOINT ["gpuheal-slurm-bridge"]
