@@ -1,0 +1,448 @@
+"""Thin Kubernetes I/O for the operator (kubernetes_asyncio; never blocks the event loop).
+
+Every write here is one idempotent API call that first looks at the world: cordon only what
+is not cordoned, record ownership in the same PATCH, claim a spare under a resourceVersion
+precondition. Nothing here decides *whether* to act; that is the caller's business.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import enum
+import json
+import logging
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from kubernetes_asyncio import client, config
+from kubernetes_asyncio.client.exceptions import ApiException
+
+from gpuheal import incident as inc
+
+log = logging.getLogger("gpuheal.adapters.kube")
+
+JSON = dict[str, Any]
+MERGE_PATCH = "application/merge-patch+json"
+
+
+class KubeError(Exception):
+    """An API call failed in a way the caller should retry later."""
+
+
+class Conflict(KubeError):
+    """The object changed since it was read (resourceVersion precondition failed)."""
+
+
+async def make_api_client(kubeconfig: str | None = None) -> client.ApiClient:
+    """In-cluster credentials when running in a pod, else the kubeconfig (KUBECONFIG)."""
+    if kubeconfig is None:
+        try:
+            config.load_incluster_config()  # type: ignore[no-untyped-call]
+            return client.ApiClient()
+        except config.ConfigException:
+            pass
+    return await config.new_client_from_config(config_file=kubeconfig)
+
+
+def _now() -> dt.datetime:
+    return dt.datetime.now(dt.UTC)
+
+
+def _rfc3339(ts: dt.datetime) -> str:
+    return ts.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+async def _body(coro: Any) -> JSON:
+    """Await a call made with ``_preload_content=False`` and return the JSON body as a dict."""
+    resp = await coro
+    try:
+        data: JSON = json.loads(await resp.read())
+    finally:
+        resp.release()
+    return data
+
+
+class CordonOutcome(enum.StrEnum):
+    CORDONED = "cordoned"  # we set unschedulable now
+    ALREADY_OURS = "already_ours"  # a previous attempt (maybe before a restart) did it
+    BY_OTHER = "by_other"  # an admin (or another controller) had cordoned it: not ours
+
+
+class UncordonOutcome(enum.StrEnum):
+    UNCORDONED = "uncordoned"
+    NOT_OURS = "not_ours"  # cordoned by someone else, or by another incident: left alone
+    NOT_CORDONED = "not_cordoned"  # someone uncordoned it already: only our mark is removed
+
+
+class EvictOutcome(enum.StrEnum):
+    EVICTED = "evicted"
+    PDB_BLOCKED = "pdb_blocked"  # 429: a PodDisruptionBudget allows no disruption now
+    GONE = "gone"
+    FORCED = "forced"
+
+
+@dataclass(frozen=True)
+class ClaimResult:
+    node: str
+    already: bool  # claimed by this incident before (restart): nothing was written now
+
+
+class Kube:
+    """Async facade over the few API calls gpuheal makes."""
+
+    def __init__(self, api: client.ApiClient, *, component: str = "gpuheal") -> None:
+        self.api = api
+        # Typed as Any: with `_preload_content=False` the generated signatures are wrong.
+        self.core: Any = client.CoreV1Api(api)
+        self.custom: Any = client.CustomObjectsApi(api)
+        self.component = component
+
+    async def close(self) -> None:
+        await self.api.close()
+
+    # ---- nodes -------------------------------------------------------------------------
+    async def get_node(self, name: str) -> JSON | None:
+        try:
+            return await _body(self.core.read_node(name, _preload_content=False))
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    async def list_nodes(self, label_selector: str | None = None) -> list[JSON]:
+        kwargs: dict[str, Any] = {"_preload_content": False}
+        if label_selector:
+            kwargs["label_selector"] = label_selector
+        items: list[JSON] = (await _body(self.core.list_node(**kwargs)))["items"]
+        return items
+
+    async def _patch_node(self, name: str, patch: JSON) -> JSON:
+        return await _body(
+            self.core.patch_node(name, patch, _content_type=MERGE_PATCH, _preload_content=False)
+        )
+
+    async def cordon(self, node: str, incident: str) -> CordonOutcome:
+        """Cordon ``node`` for ``incident``, writing ownership in the same PATCH.
+
+        The resourceVersion precondition makes "look, then write" atomic: if an admin cordons
+        between our read and our write, we get 409, look again and see it is theirs.
+        """
+        for _ in range(5):
+            body = await self.get_node(node)
+            if body is None:
+                raise KubeError(f"node {node} not found")
+            meta = body["metadata"]
+            owner = (meta.get("annotations") or {}).get(inc.CORDONED_BY_ANNOTATION)
+            if body.get("spec", {}).get("unschedulable"):
+                return CordonOutcome.ALREADY_OURS if owner else CordonOutcome.BY_OTHER
+            patch = {
+                "metadata": {
+                    "resourceVersion": meta["resourceVersion"],
+                    "annotations": {
+                        inc.CORDONED_BY_ANNOTATION: incident,
+                        inc.CORDONED_AT_ANNOTATION: _rfc3339(_now()),
+                    },
+                },
+                "spec": {"unschedulable": True},
+            }
+            try:
+                await self._patch_node(node, patch)
+            except ApiException as exc:
+                if exc.status == 409:
+                    continue
+                raise
+            return CordonOutcome.CORDONED
+        raise KubeError(f"node {node} kept changing while cordoning it")
+
+    async def uncordon(
+        self, node: str, incident: str, *, any_gpuheal: bool = False
+    ) -> UncordonOutcome:
+        """Uncordon only if our annotation says gpuheal (this incident, or any gpuheal
+        incident with ``any_gpuheal``) cordoned it; an admin's cordon is never undone."""
+        for _ in range(5):
+            body = await self.get_node(node)
+            if body is None:
+                return UncordonOutcome.NOT_CORDONED
+            meta = body["metadata"]
+            owner = (meta.get("annotations") or {}).get(inc.CORDONED_BY_ANNOTATION)
+            if owner is None or (owner != incident and not any_gpuheal):
+                return UncordonOutcome.NOT_OURS
+            unschedulable = bool(body.get("spec", {}).get("unschedulable"))
+            patch: JSON = {
+                "metadata": {
+                    "resourceVersion": meta["resourceVersion"],
+                    "annotations": {
+                        inc.CORDONED_BY_ANNOTATION: None,
+                        inc.CORDONED_AT_ANNOTATION: None,
+                    },
+                }
+            }
+            if unschedulable:
+                patch["spec"] = {"unschedulable": None}
+            try:
+                await self._patch_node(node, patch)
+            except ApiException as exc:
+                if exc.status == 409:
+                    continue
+                raise
+            return UncordonOutcome.UNCORDONED if unschedulable else UncordonOutcome.NOT_CORDONED
+        raise KubeError(f"node {node} kept changing while uncordoning it")
+
+    async def patch_node_metadata(
+        self,
+        node: str,
+        *,
+        labels: Mapping[str, str | None] | None = None,
+        annotations: Mapping[str, str | None] | None = None,
+        resource_version: str | None = None,
+        remove_taints: frozenset[str] = frozenset(),
+        current: JSON | None = None,
+    ) -> JSON:
+        meta: JSON = {}
+        if labels:
+            meta["labels"] = dict(labels)
+        if annotations:
+            meta["annotations"] = dict(annotations)
+        if resource_version:
+            meta["resourceVersion"] = resource_version
+        patch: JSON = {"metadata": meta}
+        if remove_taints and current is not None:
+            taints = current.get("spec", {}).get("taints") or []
+            kept = [t for t in taints if t.get("key") not in remove_taints]
+            if len(kept) != len(taints):
+                patch["spec"] = {"taints": kept or None}
+        return await self._patch_node(node, patch)
+
+    async def claim_spare(
+        self,
+        incident: str,
+        candidates: list[JSON],
+    ) -> ClaimResult | None:
+        """Claim one of ``candidates`` (node bodies, best first) for ``incident``.
+
+        The claim is a label written under the candidate's resourceVersion: two incidents
+        racing for the same spare both send the same precondition, one wins, the other gets
+        409 and moves on. A claim this incident made before (restart) is found first.
+        """
+        mine = await self.list_nodes(f"{inc.CLAIMED_BY_LABEL}={incident}")
+        if mine:
+            return ClaimResult(node=mine[0]["metadata"]["name"], already=True)
+        for cand in candidates:
+            meta = cand["metadata"]
+            if (meta.get("labels") or {}).get(inc.CLAIMED_BY_LABEL):
+                continue
+            try:
+                await self.patch_node_metadata(
+                    meta["name"],
+                    labels={inc.CLAIMED_BY_LABEL: incident},
+                    annotations={inc.CLAIMED_AT_ANNOTATION: _rfc3339(_now())},
+                    resource_version=meta["resourceVersion"],
+                )
+            except ApiException as exc:
+                if exc.status in (404, 409):
+                    continue
+                raise
+            return ClaimResult(node=meta["name"], already=False)
+        return None
+
+    # ---- pods --------------------------------------------------------------------------
+    async def pods_on_node(self, node: str) -> list[JSON]:
+        body = await _body(
+            self.core.list_pod_for_all_namespaces(
+                field_selector=f"spec.nodeName={node}", _preload_content=False
+            )
+        )
+        items: list[JSON] = body["items"]
+        return items
+
+    async def list_pods(self, label_selector: str, namespace: str | None = None) -> list[JSON]:
+        kwargs: dict[str, Any] = {"label_selector": label_selector, "_preload_content": False}
+        if namespace:
+            body = await _body(self.core.list_namespaced_pod(namespace, **kwargs))
+        else:
+            body = await _body(self.core.list_pod_for_all_namespaces(**kwargs))
+        items: list[JSON] = body["items"]
+        return items
+
+    async def evict(self, pod: JSON, *, grace_seconds: int | None = None) -> EvictOutcome:
+        meta = pod["metadata"]
+        body: JSON = {
+            "apiVersion": "policy/v1",
+            "kind": "Eviction",
+            "metadata": {"name": meta["name"], "namespace": meta["namespace"]},
+        }
+        if grace_seconds is not None:
+            body["deleteOptions"] = {"gracePeriodSeconds": grace_seconds}
+        try:
+            await _body(
+                self.core.create_namespaced_pod_eviction(
+                    meta["name"], meta["namespace"], body, _preload_content=False
+                )
+            )
+        except ApiException as exc:
+            if exc.status == 429:
+                return EvictOutcome.PDB_BLOCKED
+            if exc.status == 404:
+                return EvictOutcome.GONE
+            raise
+        return EvictOutcome.EVICTED
+
+    async def delete_pod(self, pod: JSON, *, grace_seconds: int | None = None) -> EvictOutcome:
+        meta = pod["metadata"]
+        kwargs: dict[str, Any] = {"_preload_content": False}
+        if grace_seconds is not None:
+            kwargs["grace_period_seconds"] = grace_seconds
+        try:
+            await _body(self.core.delete_namespaced_pod(meta["name"], meta["namespace"], **kwargs))
+        except ApiException as exc:
+            if exc.status == 404:
+                return EvictOutcome.GONE
+            raise
+        return EvictOutcome.FORCED
+
+    # ---- events ------------------------------------------------------------------------
+    async def post_event(
+        self,
+        involved: JSON,
+        *,
+        reason: str,
+        message: str,
+        type_: str = "Normal",
+        namespace: str = "default",
+    ) -> None:
+        """Record a core/v1 Event about ``involved`` (a Node or NodeRemediation, both
+        cluster-scoped, so the Event lives in ``namespace``). Failures are logged, not raised:
+        an Event is a courtesy, never a reason for a step to fail."""
+        meta = involved.get("metadata", {})
+        now = _rfc3339(_now())
+        event = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"generateName": f"{meta.get('name', 'gpuheal')}.", "namespace": namespace},
+            "involvedObject": {
+                "apiVersion": involved.get("apiVersion", "v1"),
+                "kind": involved.get("kind", "Node"),
+                "name": meta.get("name"),
+                "uid": meta.get("uid"),
+            },
+            "reason": reason,
+            "message": message[:1024],
+            "type": type_,
+            "source": {"component": self.component},
+            "reportingComponent": self.component,
+            "reportingInstance": self.component,
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+        }
+        try:
+            await _body(self.core.create_namespaced_event(namespace, event, _preload_content=False))
+        except ApiException as exc:
+            log.warning("could not post Event %s on %s: %s", reason, meta.get("name"), exc.reason)
+
+    async def list_node_events(self, resource_version: str | None = None) -> JSON:
+        kwargs: dict[str, Any] = {
+            "field_selector": "involvedObject.kind=Node",
+            "_preload_content": False,
+        }
+        if resource_version:
+            kwargs["resource_version"] = resource_version
+        return await _body(self.core.list_event_for_all_namespaces(**kwargs))
+
+    async def watch_node_events(
+        self, resource_version: str, *, timeout_seconds: int = 300
+    ) -> AsyncIterator[JSON]:
+        """One watch request for Events about Nodes (server-side field selector: the Event
+        firehose of pods never reaches us). Yields raw watch events; ends on timeout."""
+        resp = await self.core.list_event_for_all_namespaces(
+            field_selector="involvedObject.kind=Node",
+            watch=True,
+            allow_watch_bookmarks=True,
+            resource_version=resource_version,
+            timeout_seconds=timeout_seconds,
+            _preload_content=False,
+        )
+        try:
+            async for line in resp.content:
+                if line.strip():
+                    yield json.loads(line)
+        finally:
+            resp.release()
+
+    # ---- gpuheal custom objects --------------------------------------------------------
+    async def get_custom(self, plural: str, name: str) -> JSON | None:
+        try:
+            return await _body(
+                self.custom.get_cluster_custom_object(
+                    inc.GROUP, inc.VERSION, plural, name, _preload_content=False
+                )
+            )
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    async def list_custom(self, plural: str, label_selector: str | None = None) -> list[JSON]:
+        kwargs: dict[str, Any] = {"_preload_content": False}
+        if label_selector:
+            kwargs["label_selector"] = label_selector
+        body = await _body(
+            self.custom.list_cluster_custom_object(inc.GROUP, inc.VERSION, plural, **kwargs)
+        )
+        items: list[JSON] = body["items"]
+        return items
+
+    async def create_custom(self, plural: str, body: JSON) -> JSON | None:
+        """Create; ``None`` when an object of that name exists already (409)."""
+        try:
+            return await _body(
+                self.custom.create_cluster_custom_object(
+                    inc.GROUP, inc.VERSION, plural, body, _preload_content=False
+                )
+            )
+        except ApiException as exc:
+            if exc.status == 409:
+                return None
+            raise
+
+    async def patch_custom(self, plural: str, name: str, patch: JSON) -> JSON:
+        return await _body(
+            self.custom.patch_cluster_custom_object(
+                inc.GROUP,
+                inc.VERSION,
+                plural,
+                name,
+                patch,
+                _content_type=MERGE_PATCH,
+                _preload_content=False,
+            )
+        )
+
+    async def patch_custom_status(
+        self, plural: str, name: str, status: JSON, *, resource_version: str | None = None
+    ) -> JSON:
+        """Merge-patch status; with ``resource_version`` the write fails (409, `Conflict`) if
+        the object changed since it was read."""
+        patch: JSON = {"status": status}
+        if resource_version:
+            patch["metadata"] = {"resourceVersion": resource_version}
+        try:
+            return await self._patch_status(plural, name, patch)
+        except ApiException as exc:
+            if exc.status == 409:
+                raise Conflict(f"{plural}/{name} changed since it was read") from exc
+            raise
+
+    async def _patch_status(self, plural: str, name: str, patch: JSON) -> JSON:
+        return await _body(
+            self.custom.patch_cluster_custom_object_status(
+                inc.GROUP,
+                inc.VERSION,
+                plural,
+                name,
+                patch,
+                _content_type=MERGE_PATCH,
+                _preload_content=False,
+            )
+        )

@@ -1,0 +1,129 @@
+"""The operator's side of the Slurm bridge: a small port over `gpuheal_bridge.client`.
+
+The bridge owns Slurm semantics (ownership by reason prefix, idempotent drain, requeue
+outcomes); this port only maps its answers and errors to what a remediation step needs:
+done, not ours, not a Slurm node, or "try again later".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable
+from pathlib import Path
+from typing import Protocol, TypeVar
+
+import httpx
+
+from gpuheal_bridge.api.models import (
+    DrainResponse,
+    NodeState,
+    RequeueOptions,
+    ResumeResponse,
+)
+from gpuheal_bridge.client import (
+    BridgeClient,
+    BridgeConflict,
+    BridgeError,
+    BridgeNotFound,
+    BridgeUnavailable,
+)
+
+T = TypeVar("T")
+
+
+class SlurmError(Exception):
+    """The bridge refused for good (bad request, unsupported): the step fails and says why."""
+
+
+class SlurmUnavailable(SlurmError):
+    """The bridge or slurmctld cannot be reached now: retry with backoff."""
+
+    def __init__(self, message: str, retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class SlurmNotFound(SlurmError):
+    """Slurm does not know this node: it is not part of the Slurm cluster."""
+
+
+class SlurmConflict(SlurmError):
+    """Someone else's drain (resume refused): gpuheal leaves it alone."""
+
+
+class SlurmPort(Protocol):
+    async def node(self, node: str) -> NodeState: ...
+
+    async def drain(
+        self,
+        node: str,
+        *,
+        incident: str,
+        xid: int | None,
+        requeue: RequeueOptions | None,
+        idempotency_key: str,
+    ) -> DrainResponse: ...
+
+    async def resume(
+        self, node: str, *, incident: str | None, force: bool = False, idempotency_key: str
+    ) -> ResumeResponse: ...
+
+    async def close(self) -> None: ...
+
+
+class BridgeSlurm:
+    """`SlurmPort` over the bridge's async client; errors mapped to the port's."""
+
+    def __init__(self, client: BridgeClient) -> None:
+        self.client = client
+
+    @classmethod
+    def from_settings(
+        cls, url: str, token_file: str | None, ca_file: str | None, *, retries: int = 2
+    ) -> BridgeSlurm:
+        token = Path(token_file).read_text().strip() if token_file else ""
+        verify: bool | str = ca_file if ca_file else True
+        return cls(BridgeClient(url, token, retries=retries, verify=verify))
+
+    async def _guard(self, call: Awaitable[T]) -> T:
+        try:
+            return await call
+        except BridgeUnavailable as exc:
+            raise SlurmUnavailable(str(exc), exc.retry_after) from exc
+        except BridgeNotFound as exc:
+            raise SlurmNotFound(str(exc)) from exc
+        except BridgeConflict as exc:
+            raise SlurmConflict(str(exc)) from exc
+        except BridgeError as exc:
+            raise SlurmError(str(exc)) from exc
+        except httpx.HTTPError as exc:  # transport errors the client did not wrap
+            raise SlurmUnavailable(f"bridge unreachable: {exc}") from exc
+
+    async def node(self, node: str) -> NodeState:
+        return await self._guard(self.client.get_node(node))
+
+    async def drain(
+        self,
+        node: str,
+        *,
+        incident: str,
+        xid: int | None,
+        requeue: RequeueOptions | None,
+        idempotency_key: str,
+    ) -> DrainResponse:
+        return await self._guard(
+            self.client.drain(
+                node, incident=incident, xid=xid, requeue=requeue, idempotency_key=idempotency_key
+            )
+        )
+
+    async def resume(
+        self, node: str, *, incident: str | None, force: bool = False, idempotency_key: str
+    ) -> ResumeResponse:
+        return await self._guard(
+            self.client.resume(
+                node, incident=incident, force=force, idempotency_key=idempotency_key
+            )
+        )
+
+    async def close(self) -> None:
+        await self.client.aclose()
