@@ -1,0 +1,174 @@
+"""`gpuheal run`: the operator process (kopf), its settings, start-up and clean-up.
+
+In-process for tests: ``run(OperatorConfig(...), stop_flag=...)`` in a thread, or
+``python -m gpuheal.operator run --kubeconfig ...`` as a subprocess.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import sys
+import threading
+from typing import Any
+
+import kopf
+from prometheus_client import CollectorRegistry, start_http_server
+
+from gpuheal import incident as inc
+from gpuheal.adapters.kube import Kube, make_api_client
+from gpuheal.adapters.slurm import BridgeSlurm
+from gpuheal.config import OperatorConfig, add_run_arguments, config_from_args
+from gpuheal.handlers import remediation, sources, status, watch
+from gpuheal.handlers.runtime import Runtime
+from gpuheal.metrics import Metrics
+
+log = logging.getLogger("gpuheal.operator")
+
+
+@kopf.on.startup()
+async def startup(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
+    rt: Runtime = memo.runtime
+    cfg = rt.config
+    # kopf's own bookkeeping: annotations (never our typed status), Events for its errors.
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(
+        prefix="kopf.gpuheal.io"
+    )
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix="kopf.gpuheal.io", key="last-handled-configuration"
+    )
+    settings.posting.level = logging.WARNING
+    settings.watching.server_timeout = 300
+    settings.watching.client_timeout = 330
+    settings.networking.request_timeout = 60
+    settings.execution.max_workers = 4
+
+    rt.kube = Kube(await make_api_client(cfg.kubeconfig), component="gpuheal")
+    if cfg.bridge_url:
+        rt.slurm = BridgeSlurm.from_settings(
+            cfg.bridge_url, cfg.bridge_token_file, cfg.bridge_ca_file
+        )
+    if cfg.metrics_port and memo.get("serve_metrics", True):
+        start_http_server(cfg.metrics_port, registry=rt.metrics.registry)
+    await _prefill(rt)
+    if "events" in cfg.sources:
+        rt.tasks.append(asyncio.create_task(sources.watch_events(rt), name="events"))
+    if "dcgm" in cfg.sources:
+        rt.tasks.append(asyncio.create_task(sources.scrape_dcgm(rt), name="dcgm"))
+    rt.tasks.append(asyncio.create_task(status.report_forever(rt), name="status"))
+    log.info("gpuheal started: sources=%s bridge=%s", ",".join(sorted(cfg.sources)), cfg.bridge_url)
+
+
+async def _prefill(rt: Runtime) -> None:
+    """Read policies, pools and incidents before any signal is handled, so that a signal
+    seen at start-up attaches to the incident it belongs to instead of opening a second."""
+    kube = rt.require_kube()
+    for plural, setter in (
+        (inc.POLICY_PLURAL, watch.set_policy),
+        (inc.POOL_PLURAL, watch.set_pool),
+    ):
+        for item in await kube.list_custom(plural):
+            setter(rt, None, item)
+    for item in await kube.list_custom(inc.NREM_PLURAL):
+        if watch.set_incident(rt, None, item):
+            remediation.ensure_driver(rt, item["metadata"]["name"])
+
+
+@kopf.on.cleanup()
+async def cleanup(memo: Any, **_: Any) -> None:
+    rt: Runtime = memo.runtime
+    pending = [*rt.tasks, *rt.drivers.values()]
+    for task in pending:
+        task.cancel()
+    await asyncio.gather(*pending, return_exceptions=True)
+    for timer in rt.condition_timers.values():
+        timer.cancel()
+    if rt.slurm is not None:
+        await rt.slurm.close()
+    if rt.kube is not None:
+        await rt.kube.close()
+
+
+@kopf.on.probe(id="incidents")
+async def probe_incidents(memo: Any, **_: Any) -> int:
+    rt: Runtime = memo.runtime
+    return sum(1 for i in rt.incidents.values() if i.active)
+
+
+def configure_logging(log_format: str, verbose: bool = False) -> None:
+    kopf.configure(
+        verbose=verbose,
+        log_format=kopf.LogFormat.JSON if log_format == "json" else kopf.LogFormat.PLAIN,
+        log_refkey="k8s",
+    )
+
+
+def run(
+    cfg: OperatorConfig,
+    *,
+    stop_flag: Any = None,
+    ready_flag: Any = None,
+    registry: CollectorRegistry | None = None,
+    serve_metrics: bool = True,
+) -> None:
+    """Run the operator until stopped (blocks). Cluster-wide; standalone (one active copy:
+    see docs/operator.md for the single-replica Recreate deployment)."""
+    if cfg.kubeconfig:
+        os.environ["KUBECONFIG"] = cfg.kubeconfig
+    rt = Runtime(config=cfg, metrics=Metrics(registry) if registry is not None else Metrics())
+    memo = kopf.Memo(runtime=rt, serve_metrics=serve_metrics)
+    liveness = f"http://0.0.0.0:{cfg.health_port}/healthz" if cfg.health_port else None
+    kopf.run(
+        clusterwide=True,
+        standalone=True,
+        liveness_endpoint=liveness,
+        memo=memo,
+        stop_flag=stop_flag,
+        ready_flag=ready_flag,
+    )
+
+
+def run_in_thread(cfg: OperatorConfig) -> tuple[threading.Thread, threading.Event]:
+    """Start the operator in a thread (tests); set the returned event to stop it."""
+    stop = threading.Event()
+    ready = threading.Event()
+    thread = threading.Thread(
+        target=run,
+        args=(cfg,),
+        kwargs={"stop_flag": stop, "ready_flag": ready, "registry": CollectorRegistry()},
+        daemon=True,
+    )
+    thread.start()
+    return thread, stop
+
+
+def _run_command(args: argparse.Namespace) -> int:
+    cfg = config_from_args(args)
+    configure_logging(cfg.log_format, cfg.verbose)
+    run(cfg)
+    return 0
+
+
+def add_run_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """`gpuheal run [flags]`: every flag also reads ``GPUHEAL_<FLAG>`` from the environment."""
+    parser: argparse.ArgumentParser = subparsers.add_parser(
+        "run", help="run the operator (kopf) against the current cluster"
+    )
+    add_run_arguments(parser)
+    parser.set_defaults(func=_run_command)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="gpuheal-operator")
+    sub = parser.add_subparsers(dest="command", required=True)
+    add_run_parser(sub)
+    args = parser.parse_args(argv)
+    rc: int = args.func(args)
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())
