@@ -51,11 +51,20 @@ def _sandbox_status(args: argparse.Namespace) -> int:
         print(f"no sandbox under {args.dir}")
         return 1
     running = sandbox.control_plane.running()
+    if not running:
+        print("control plane: stopped")
     for name, up in running.items():
         print(f"  {name:<24} {'running' if up else 'STOPPED'}")
-    if sandbox.slurm is not None:
-        print(f"  slurm: {sandbox.slurm.status()}")
     ok = bool(running) and all(running.values())
+    if sandbox.slurm is not None:
+        status = sandbox.slurm.status()
+        daemons_up = bool(status.daemons) and all(d.alive for d in status.daemons)
+        print(f"slurm: {'running' if daemons_up else 'stopped'}")
+        for d in status.daemons:
+            print(f"  {d.name:<24} {'running' if d.alive else 'STOPPED'}")
+        for node, state in status.nodes.items():
+            print(f"  node {node:<19} {state}")
+        ok = ok and daemons_up
     if ok:
         _print_summary(sandbox)
     return 0 if ok else 1

@@ -83,14 +83,11 @@ class Sandbox:
 
         config = config or SandboxConfig()
         t0 = time.monotonic()
-        existing = ControlPlane.load(config.root)
-        if existing is not None and any(existing.running().values()):
-            raise SandboxError(f"a sandbox under {config.root} is running: `gpuheal sandbox down`")
         bins = cluster_bin_dir()
         cp = ControlPlane(root=config.root / "k8s", bin_dir=bins)
         sandbox = cls(config=config, control_plane=cp, started_at=time.time())
+        cp.start()  # refuses when one runs there already; nothing to clean up then
         try:
-            cp.start()
             sandbox.timings["control_plane_s"] = time.monotonic() - t0
             core = sandbox.core_v1()
             create_gpu_nodes(core, config.node_names, gpus=config.gpus_per_node)

@@ -113,8 +113,11 @@ class ControlPlane:
         return {name: pid_alive(pid) for name, pid in self.pids.items()}
 
     def start(self, *, progress: bool = True) -> None:
-        if any(self.running().values()):
-            raise SandboxError(f"a control plane under {self.root} is still running; stop it")
+        on_disk = ControlPlane.load(self.root)
+        if any(self.running().values()) or (on_disk and any(on_disk.running().values())):
+            raise SandboxError(
+                f"a sandbox under {self.root.parent} is running: `gpuheal sandbox down` first"
+            )
         t0 = time.monotonic()
 
         def step(msg: str) -> None:
