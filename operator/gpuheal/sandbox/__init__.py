@@ -66,15 +66,16 @@ class Sandbox:
 
     def core_v1(self) -> Any:
         """A sync ``kubernetes.client.CoreV1Api`` authenticated as the sandbox admin."""
-        from kubernetes import client, config
+        from kubernetes import client
 
-        api = config.new_client_from_config(config_file=str(self.kubeconfig))
-        return client.CoreV1Api(api)
+        return client.CoreV1Api(self.api_client())
 
     def api_client(self, kubeconfig: Path | None = None) -> Any:
+        """A sync ``kubernetes.client.ApiClient`` for ``kubeconfig`` (default: admin)."""
         from kubernetes import config
 
-        return config.new_client_from_config(config_file=str(kubeconfig or self.kubeconfig))
+        load: Any = config.new_client_from_config  # untyped in the client's stubs
+        return load(config_file=str(kubeconfig or self.kubeconfig))
 
     @classmethod
     def up(cls, config: SandboxConfig | None = None) -> Sandbox:
