@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 from gpuheal_bridge.api.models import JobState
@@ -69,8 +69,9 @@ def _check_errors(doc: Mapping[str, Any], what: str) -> None:
 
 
 def _iso(epoch: Any) -> str | None:
+    """Local time without zone, as ``scontrol show node`` prints it (same value either way)."""
     if isinstance(epoch, int) and epoch > 0:
-        return datetime.fromtimestamp(epoch, UTC).isoformat()
+        return datetime.fromtimestamp(epoch).isoformat(timespec="seconds")
     return None
 
 
@@ -82,6 +83,9 @@ def node_from_json(item: Mapping[str, Any]) -> SlurmNode:
     else:
         state, flags = split_state(str(raw_state or "unknown"))
     flags = flags + tuple(str(f).upper() for f in item.get("state_flags") or () if f not in flags)
+    # 22.05's JSON says "allocated" for a partly used node that scontrol calls MIXED.
+    if state == "ALLOCATED" and int(item.get("idle_cpus") or 0) > 0:
+        state = "MIXED"
     reason = item.get("reason") or None
     return SlurmNode(
         name=str(item["name"]),

@@ -177,3 +177,10 @@ def test_classify_failure_real_messages(stderr: str, error: type[Exception]) -> 
     exc = classify_failure(CommandResult(("scontrol",), 1, "", stderr))
     assert type(exc) is error
     assert stderr[:40] in str(exc)
+
+
+def test_json_partly_allocated_node_is_mixed_like_scontrol() -> None:
+    doc = json.loads(read("sinfo.json"))
+    node = dict(doc["nodes"][0], idle_cpus=1)
+    assert parse_nodes_json({"nodes": [node]})[0].state == "MIXED"
+    assert parse_nodes_json(doc)[0].state == "ALLOCATED"  # no idle CPU left: ALLOCATED
