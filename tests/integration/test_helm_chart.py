@@ -34,7 +34,6 @@ GPUHEAL_CRDS = (
     "remediationpolicies.gpuheal.io",
     "reservepools.gpuheal.io",
 )
-PEERING_CRD = "clusterkopfpeerings.kopf.dev"
 
 
 # --- helpers ----------------------------------------------------------------------------------
@@ -155,7 +154,7 @@ def test_defaults_render_the_operator_as_the_flag_contract_says(helm: Helm) -> N
     assert "--health-port=8080" in args
     assert "--sources=conditions,events" in args
     assert "--log-format=json" in args
-    assert "--peering=gpuheal" in args
+    assert not any(a.startswith(("--peering", "--standalone")) for a in args)  # not gpuheal's
     assert not any(a.startswith("--bridge-") for a in args), "no bridge configured by default"
     ports = {p["name"]: p["containerPort"] for p in _container(dep)["ports"]}
     assert ports == {"metrics": 9090, "health": 8080}
@@ -172,7 +171,6 @@ def test_defaults_render_the_operator_as_the_flag_contract_says(helm: Helm) -> N
     assert pod["serviceAccountName"] == "r-gpuheal"
     kinds = sorted({d["kind"] for d in docs})
     assert kinds == [
-        "ClusterKopfPeering",
         "ClusterRole",
         "ClusterRoleBinding",
         "CustomResourceDefinition",
@@ -226,11 +224,19 @@ def test_external_bridge_uses_existing_secret_and_ca(helm: Helm) -> None:
     args = _container(operator)["args"]
     assert "--bridge-url=https://slurm-bridge.example.internal:8443" in args
     assert "--bridge-ca-file=/var/run/secrets/gpuheal/bridge-ca/ca.crt" in args
-    assert "--standalone" in args
-    assert not _objects(docs, "ClusterKopfPeering")
+    assert "--log-format=plain" in args
     volumes = {v["name"]: v for v in operator["spec"]["template"]["spec"]["volumes"]}
     assert volumes["bridge-token"]["secret"]["secretName"] == "gpuheal-bridge-token"
     assert volumes["bridge-ca"]["configMap"]["name"] == "gpuheal-bridge-ca"
+    # Job hooks: a Role in that namespace only; no forced drains: no pod deletion at all.
+    hooks = _one(docs, "Role", "-job-hooks")
+    assert hooks["metadata"]["namespace"] == "gpu-maintenance"
+    assert {r for rule in hooks["rules"] for r in rule["resources"]} == {"jobs", "jobs/status"}
+    assert not [
+        rule
+        for _, _, rule in _rules(docs)
+        if "pods" in rule["resources"] and "delete" in rule["verbs"]
+    ]
 
 
 def test_invalid_values_are_rejected_by_the_schema_with_a_clear_message(helm: Helm) -> None:
@@ -280,7 +286,7 @@ def test_broken_combinations_fail_at_render_time(
 def test_chart_crds_are_the_repository_crds_with_a_keep_policy(helm: Helm) -> None:
     docs = helm.template()
     rendered = {d["metadata"]["name"]: d for d in _objects(docs, "CustomResourceDefinition")}
-    assert set(rendered) == set(GPUHEAL_CRDS) | {PEERING_CRD}
+    assert set(rendered) == set(GPUHEAL_CRDS)
     for path in sorted((ROOT / "crds").glob("*.yaml")):
         source = yaml.safe_load(path.read_text())
         crd = rendered[source["metadata"]["name"]]
@@ -295,12 +301,6 @@ def test_chart_crds_are_the_repository_crds_with_a_keep_policy(helm: Helm) -> No
     for crd in _objects(no_keep, "CustomResourceDefinition"):
         assert "helm.sh/resource-policy" not in crd["metadata"].get("annotations", {})
     assert not _objects(helm.template("--set", "crds.enabled=false"), "CustomResourceDefinition")
-    assert [
-        d["metadata"]["name"]
-        for d in _objects(
-            helm.template("--set", "operator.peering.installCRD=false"), "CustomResourceDefinition"
-        )
-    ] == sorted(GPUHEAL_CRDS)
 
 
 def _rules(docs: list[dict[str, Any]]) -> list[tuple[str, str, dict[str, Any]]]:
@@ -316,7 +316,13 @@ def _rules(docs: list[dict[str, Any]]) -> list[tuple[str, str, dict[str, Any]]]:
 def test_rbac_is_least_privilege(helm: Helm, values: Path) -> None:
     docs = helm.template("-f", str(values))
     rules = _rules(docs)
-    assert {name for _, name, _ in rules} == {"r-gpuheal-kopf", "r-gpuheal-operator"}
+    assert {name for _, name, _ in rules} <= {
+        "r-gpuheal-kopf",
+        "r-gpuheal-operator",
+        "r-gpuheal-job-hooks",
+    }
+    values_doc = yaml.safe_load(values.read_text()) or {}
+    force = values_doc.get("rbac", {}).get("forceDrain", True)
     for kind, name, rule in rules:
         where = f"{kind}/{name} {rule}"
         for field in ("apiGroups", "resources", "verbs"):
@@ -325,8 +331,13 @@ def test_rbac_is_least_privilege(helm: Helm, values: Path) -> None:
             where
         )
         assert not {"escalate", "bind", "impersonate", "deletecollection"} & set(rule["verbs"])
-        if {"nodes", "pods"} & set(rule["resources"]):
+        if "nodes" in rule["resources"]:
             assert not {"delete", "create", "update"} & set(rule["verbs"]), where
+        if "pods" in rule["resources"]:
+            assert not {"create", "update", "patch"} & set(rule["verbs"]), where
+            assert ("delete" in rule["verbs"]) <= force, f"pod deletion without forceDrain: {where}"
+        if kind == "ClusterRole":
+            assert "jobs" not in rule["resources"], f"Jobs only in hook namespaces: {where}"
     cluster_writes = {
         (res, verb)
         for kind, _, rule in rules
@@ -337,8 +348,8 @@ def test_rbac_is_least_privilege(helm: Helm, values: Path) -> None:
     }
     assert {r for r, _ in cluster_writes} <= {
         "nodes",
+        "pods",  # delete, with rbac.forceDrain only (checked above)
         "pods/eviction",
-        "clusterkopfpeerings",
         "remediationpolicies",
         "reservepools",
         "noderemediations",
@@ -353,16 +364,32 @@ def test_rbac_is_least_privilege(helm: Helm, values: Path) -> None:
         ]
 
 
-# Metrics the operator exports (issue 5): the rules and dashboard below depend on them.
-ASSUMED_METRICS = {
-    "gpuheal_reserve_pool_ready_nodes",
-    "gpuheal_circuit_breaker_open",
-    "gpuheal_incident_age_seconds",
+# The operator's metric names, from its source when present (operator/gpuheal/metrics.py);
+# the alerts and the dashboard may only use these.
+_FALLBACK_METRICS = {
+    "gpuheal_active_incidents",
+    "gpuheal_breaker_open",
+    "gpuheal_reserve_pool_nodes",
+    "gpuheal_steps_total",
     "gpuheal_source_up",
-    "gpuheal_incidents_total",
-    "gpuheal_step_duration_seconds_bucket",
-    "gpuheal_source_scrape_errors_total",
 }
+
+
+def _operator_metrics() -> set[str]:
+    source = ROOT / "operator" / "gpuheal" / "metrics.py"
+    if not source.exists():
+        return _FALLBACK_METRICS
+    names = set(re.findall(r'"(gpuheal_[a-z_]+)"', source.read_text()))
+    histograms = {n for n in names if n.endswith("_seconds")}
+    return names | {f"{h}_{s}" for h in histograms for s in ("bucket", "sum", "count")}
+
+
+def _promql(expr: str) -> set[str]:
+    """Parse a PromQL expression (raises on a syntax error); return the gpuheal_ metrics in it."""
+    import promql_parser
+
+    promql_parser.parse(expr)
+    return set(re.findall(r"\bgpuheal_[a-z_]+", expr))
 
 
 def test_monitoring_objects_are_well_formed(helm: Helm) -> None:
@@ -392,16 +419,15 @@ def test_monitoring_objects_are_well_formed(helm: Helm) -> None:
         assert alert["annotations"]["summary"]
         assert alert["annotations"]["description"]
         assert alert["annotations"]["runbook_url"].endswith("#" + name.lower())
-        assert alert["expr"].count("(") == alert["expr"].count(")")
-        used |= set(re.findall(r"\bgpuheal_[a-z_]+", alert["expr"]))
-    assert "> 5400" in alerts["GpuhealIncidentStuck"]["expr"]  # 90m from the values file
-    assert used <= ASSUMED_METRICS
+        used |= _promql(alert["expr"])
+    assert "[90m]" in alerts["GpuhealIncidentStuck"]["expr"]  # from the values file
+    assert used <= _operator_metrics(), used - _operator_metrics()
 
     dashboard = json.loads(_one(docs, "ConfigMap", "-dashboard")["data"]["gpuheal.json"])
     assert dashboard["uid"] == "gpuheal-overview"
     exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
-    used_in_dashboard = {m for e in exprs for m in re.findall(r"\bgpuheal_[a-z_]+", e)}
-    assert used_in_dashboard <= ASSUMED_METRICS
+    used_in_dashboard = {m for e in exprs for m in _promql(e)}
+    assert used_in_dashboard <= _operator_metrics(), used_in_dashboard - _operator_metrics()
     assert len({p["id"] for p in dashboard["panels"]}) == len(dashboard["panels"])
 
     args = _container(_one(docs, "Deployment"))["args"]
@@ -437,7 +463,7 @@ def system_node(sandbox: Sandbox) -> Iterator[str]:
 def _adopt_cluster_objects(sandbox: Sandbox, release: str, namespace: str) -> None:
     """CRDs are cluster-wide and other tests may have applied them with kubectl (or kept them
     from an earlier release): hand them to this release the way Helm documents adoption."""
-    for crd in (*GPUHEAL_CRDS, PEERING_CRD):
+    for crd in GPUHEAL_CRDS:
         if sandbox.kubectl("get", "crd", crd, check=False).returncode != 0:
             continue
         sandbox.kubectl("label", "crd", crd, "--overwrite", "app.kubernetes.io/managed-by=Helm")
@@ -485,12 +511,13 @@ def test_install_upgrade_uninstall_on_a_real_apiserver(
 ) -> None:
     release = f"gh-{uuid.uuid4().hex[:6]}"
     fullname = f"{release}-gpuheal"
-    peering = f"{release}-peering"
     _adopt_cluster_objects(sandbox, release, namespace)
     values = _install_values(
         tmp_path,
-        operator={"peering": {"name": peering}},
-        bridge={"url": "https://slurm-bridge.example.internal:8443", "token": {"value": "t0"}},
+        bridge={
+            "url": "https://slurm-bridge.example.internal:8443",
+            "token": {"value": "sandbox-token-0123456789"},
+        },
     )
     out = sandbox_helm(
         "install",
@@ -506,7 +533,7 @@ def test_install_upgrade_uninstall_on_a_real_apiserver(
     assert "STATUS: deployed" in out.stdout
     assert "kubectl get noderemediations -w" in out.stdout  # NOTES.txt
     try:
-        for crd in (*GPUHEAL_CRDS, PEERING_CRD):
+        for crd in GPUHEAL_CRDS:
             sandbox.kubectl("wait", "--for=condition=Established", f"crd/{crd}", "--timeout=60s")
         manifest = sandbox_helm("get", "manifest", release, "-n", namespace).stdout
         for doc in (d for d in yaml.safe_load_all(manifest) if d):
@@ -514,8 +541,7 @@ def test_install_upgrade_uninstall_on_a_real_apiserver(
             ns_args = ["-n", meta["namespace"]] if "namespace" in meta else []
             got = sandbox.kubectl("get", doc["kind"], meta["name"], *ns_args, check=False)
             assert got.returncode == 0, f"{doc['kind']}/{meta['name']} missing: {got.stderr}"
-        # The hooks: peering object and the default objects exist once the CRDs do.
-        sandbox.kubectl("get", "clusterkopfpeering", peering)
+        # The hooks: the default objects exist once the CRDs do.
         values_doc = yaml.safe_load(values.read_text())
         sandbox.kubectl("get", "reservepool", values_doc["defaultReservePool"]["name"])
         if "defaultPolicy" in values_doc:
@@ -557,12 +583,11 @@ def test_install_upgrade_uninstall_on_a_real_apiserver(
             sandbox.kubectl("get", "deploy", fullname, "-n", namespace, "-o", "json").stdout
         )
         assert "--sources=conditions,events,dcgm" in _container(dep)["args"]
-        sandbox.kubectl("get", "clusterkopfpeering", peering)
     finally:
         out = sandbox_helm("uninstall", release, "-n", namespace, "--wait", check=False)
     assert out.returncode == 0, out.stderr
     assert "These resources were kept due to the resource policy" in out.stdout
-    for crd in (*GPUHEAL_CRDS, PEERING_CRD):
+    for crd in GPUHEAL_CRDS:
         sandbox.kubectl("get", "crd", crd)  # kept
     for kind, name in (
         ("clusterrole", f"{fullname}-operator"),
@@ -570,7 +595,6 @@ def test_install_upgrade_uninstall_on_a_real_apiserver(
     ):
         assert sandbox.kubectl("get", kind, name, check=False).returncode != 0
     assert sandbox.kubectl("get", "deploy", fullname, "-n", namespace, check=False).returncode != 0
-    sandbox.kubectl("delete", "clusterkopfpeering", peering, "--ignore-not-found")
     for kind in ("reservepool", "remediationpolicy"):
         sandbox.kubectl(
             "delete", kind, "-l", f"app.kubernetes.io/instance={release}", "--ignore-not-found"
@@ -592,7 +616,7 @@ def installed(sandbox: Sandbox, sandbox_helm: Helm, namespace: str) -> Iterator[
         "-n",
         namespace,
         "--set",
-        f"operator.peering.name={release}",
+        f"rbac.jobHookNamespaces={{{namespace}}}",
         "--set",
         "operator.sources.dcgm=true",
     )
@@ -600,7 +624,6 @@ def installed(sandbox: Sandbox, sandbox_helm: Helm, namespace: str) -> Iterator[
         yield release, namespace
     finally:
         sandbox_helm("uninstall", release, "-n", namespace, check=False)
-        sandbox.kubectl("delete", "clusterkopfpeering", release, "--ignore-not-found")
 
 
 # (verb, resource, namespace or None for cluster-wide/all namespaces)
@@ -618,8 +641,9 @@ OPERATOR_NEEDS = [
     ("list", "events", None),
     ("watch", "events.events.k8s.io", None),
     ("create", "events", "$ns"),
-    ("patch", "events", "$ns"),
-    ("create", "events.events.k8s.io", "$ns"),
+    ("delete", "pods", "team-a"),  # rbac.forceDrain (on by default)
+    ("create", "jobs.batch", "$ns"),  # rbac.jobHookNamespaces
+    ("get", "jobs.batch/status", "$ns"),
     ("create", "noderemediations.gpuheal.io", None),
     ("patch", "noderemediations.gpuheal.io", None),
     ("delete", "noderemediations.gpuheal.io", None),
@@ -632,10 +656,6 @@ OPERATOR_NEEDS = [
     ("watch", "customresourcedefinitions.apiextensions.k8s.io", None),
     ("list", "namespaces", None),
     ("watch", "namespaces", None),
-    ("list", "clusterkopfpeerings.kopf.dev", None),
-    ("watch", "clusterkopfpeerings.kopf.dev", None),
-    ("patch", "clusterkopfpeerings.kopf.dev/$release", None),
-    ("get", "clusterkopfpeerings.kopf.dev/$release", None),
 ]
 OPERATOR_MUST_NOT = [
     ("get", "secrets", "kube-system"),
@@ -645,11 +665,13 @@ OPERATOR_MUST_NOT = [
     ("delete", "nodes", None),
     ("update", "nodes", None),
     ("create", "nodes", None),
-    ("delete", "pods", "team-a"),
     ("create", "pods", "team-a"),
+    ("patch", "pods", "team-a"),
+    ("create", "jobs.batch", "team-a"),
+    ("delete", "jobs.batch", "$ns"),
     ("create", "events", "team-a"),
     ("delete", "customresourcedefinitions.apiextensions.k8s.io", None),
-    ("patch", "clusterkopfpeerings.kopf.dev/someone-else", None),
+    ("patch", "clusterkopfpeerings.kopf.dev", None),
     ("create", "clusterrolebindings.rbac.authorization.k8s.io", None),
     ("create", "serviceaccounts/token", "$ns"),
     ("impersonate", "users", None),

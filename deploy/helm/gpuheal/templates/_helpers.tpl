@@ -99,7 +99,7 @@ app.kubernetes.io/component: slurm-bridge
 {{/* Fail early on combinations that would deploy something broken. */}}
 {{- define "gpuheal.validate" -}}
 {{- if ne (int .Values.operator.replicas) 1 -}}
-{{- fail "operator.replicas must be 1: kopf has no leader election (a second copy only pauses through peering)" -}}
+{{- fail "operator.replicas must be 1: kopf has no leader election (gpuheal runs it standalone)" -}}
 {{- end -}}
 {{- if eq (include "gpuheal.sources" .) "" -}}
 {{- fail "operator.sources: enable at least one of conditions, events, dcgm" -}}
@@ -115,13 +115,3 @@ app.kubernetes.io/component: slurm-bridge
 {{- end -}}
 {{- end -}}
 
-{{/* A Prometheus duration (30s, 10m, 2h, 1d) in seconds, for comparisons with _seconds metrics. */}}
-{{- define "gpuheal.durationSeconds" -}}
-{{- $d := toString . -}}
-{{- $units := dict "s" 1 "m" 60 "h" 3600 "d" 86400 -}}
-{{- $m := regexFind "^[0-9]+[smhd]$" $d -}}
-{{- if not $m -}}
-{{- fail (printf "%q is not a duration like 30s, 10m, 2h or 1d" $d) -}}
-{{- end -}}
-{{- mul (trimSuffix (substr (sub (len $d) 1 | int) (len $d) $d) $d | int) (get $units (substr (sub (len $d) 1 | int) (len $d) $d)) -}}
-{{- end -}}
