@@ -25,6 +25,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel
+from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
 from gpuheal_bridge.api.models import (
@@ -69,6 +70,7 @@ IdemKey = Annotated[
 _ERRORS: dict[int | str, dict[str, Any]] = {
     code: {"model": ErrorResponse, "description": text}
     for code, text in {
+        400: "The body is not valid JSON.",
         401: "Missing or invalid bearer token; nothing was done.",
         404: "Unknown node or job (or no mapping for the node name).",
         409: "Refused: someone else's drain, or Slurm refused the operation.",
@@ -203,6 +205,13 @@ def create_app(settings: BridgeSettings) -> FastAPI:  # noqa: PLR0915 - routes a
         ]
         status, body, _hdrs = _error(422, ErrorCode.INVALID, "; ".join(parts) or "invalid")
         return JSONResponse(body, status)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        code = {404: ErrorCode.NOT_FOUND, 405: ErrorCode.INVALID}.get(exc.status_code)
+        code = code or (ErrorCode.INVALID if exc.status_code < 500 else ErrorCode.SLURM_ERROR)
+        status, body, _hdrs = _error(exc.status_code, code, str(exc.detail))
+        return JSONResponse(body, status, headers=exc.headers)
 
     async def mapped(_: Request, exc: Exception) -> JSONResponse:
         status, body, headers = map_exception(exc, settings.retry_after)

@@ -49,15 +49,22 @@ class IdempotencyStore:
     ) -> None:
         self.ttl = ttl
         self._clock = clock
-        self._db = sqlite3.connect(
-            str(path) if path else ":memory:", isolation_level=None, check_same_thread=False
-        )
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute(
-            "CREATE TABLE IF NOT EXISTS results (scope TEXT, key TEXT, fingerprint TEXT, "
-            "status INTEGER, body TEXT, created REAL, PRIMARY KEY (scope, key))"
-        )
+        self._path = str(path) if path else ":memory:"
+        self._db_conn: sqlite3.Connection | None = None
         self._locks: defaultdict[tuple[str, str], asyncio.Lock] = defaultdict(asyncio.Lock)
+
+    @property
+    def _db(self) -> sqlite3.Connection:
+        """The connection, (re)opened on use: an app's lifespan may end and start again."""
+        if self._db_conn is None:
+            db = sqlite3.connect(self._path, isolation_level=None, check_same_thread=False)
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute(
+                "CREATE TABLE IF NOT EXISTS results (scope TEXT, key TEXT, fingerprint TEXT, "
+                "status INTEGER, body TEXT, created REAL, PRIMARY KEY (scope, key))"
+            )
+            self._db_conn = db
+        return self._db_conn
 
     def lock(self, scope: str, key: str) -> asyncio.Lock:
         return self._locks[(scope, key)]
@@ -91,4 +98,7 @@ class IdempotencyStore:
         return cur.rowcount
 
     def close(self) -> None:
-        self._db.close()
+        """Close the file (a later call reopens it; an in-memory store keeps its results)."""
+        if self._db_conn is not None and self._path != ":memory:":
+            self._db_conn.close()
+            self._db_conn = None
