@@ -43,7 +43,7 @@ schema = schemathesis.openapi.from_asgi("/openapi.json", _app())
 
 
 def not_a_server_error(
-    ctx: object, response: schemathesis.Response, case: schemathesis.Case
+    ctx: object, response: schemathesis.Response, case: schemathesis.Case[Any]
 ) -> None:
     assert response.status_code < 500, f"{case.method} {case.formatted_path}: {response.text}"
 
