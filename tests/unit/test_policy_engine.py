@@ -1,0 +1,581 @@
+"""Decision engine: table tests with plain values for time, plus property tests."""
+
+from __future__ import annotations
+
+import datetime as dt
+import pathlib
+from typing import Any
+
+import pytest
+import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gpuheal.api import Action, LabelSelector, RemediationPolicy, RemediationPolicySpec
+from gpuheal.policy import (
+    Act,
+    Blocked,
+    ClusterCounts,
+    History,
+    Idle,
+    IncidentView,
+    NodeCondition,
+    NodeView,
+    Observation,
+    Operation,
+    Wait,
+    allowed_unhealthy,
+    breaker_open,
+    decide,
+    select_policy,
+)
+from gpuheal.policy import types as r
+from gpuheal.xid import RecoveryAction
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+T0 = dt.datetime(2025, 6, 1, 12, 0, tzinfo=dt.UTC)
+MIN = dt.timedelta(minutes=1)
+HOUR = dt.timedelta(hours=1)
+GPU_A = "0000:3b:00"
+GPU_B = "0000:5e:00"
+
+
+def default_spec(**safety: Any) -> RemediationPolicySpec:
+    doc = yaml.safe_load((ROOT / "examples" / "default-policy.yaml").read_text())
+    doc["spec"]["safety"].update(safety)
+    return RemediationPolicy.model_validate(doc).spec
+
+
+SPEC = default_spec()
+NODE = NodeView(name="gpu-0", labels={"nvidia.com/gpu.present": "true"})
+CALM = ClusterCounts(selected=100, unhealthy=1, remediating=0)
+
+
+def xid(code: int, at: dt.datetime, gpu: str = GPU_A, **kw: Any) -> Observation:
+    return Observation(time=at, xid=code, gpu=gpu, **kw)
+
+
+def ops(decision: object) -> tuple[str, str | None, int | None]:
+    assert isinstance(decision, Act), decision
+    return decision.operation.value, decision.rule, decision.rung
+
+
+# --- starting an incident -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("observations", "expected"),
+    [
+        ([xid(79, T0)], ("cordon", "fell-off-bus", 0)),
+        ([xid(79, T0 - 2 * HOUR), xid(79, T0)], ("cordon", "fell-off-bus", 1)),  # 2nd in window
+        ([xid(79, T0 - 25 * HOUR), xid(79, T0)], ("cordon", "fell-off-bus", 0)),  # outside 24h
+        ([xid(94, T0)], ("slurmDrain", "contained-ecc", 0)),
+        ([xid(62, T0)], ("cordon", "gpu-reset", 0)),
+        ([xid(74, T0)], ("cordon", "gpu-reset", 0)),
+        ([xid(63, T0)], ("cordon", "row-remap-pending", 0)),
+        ([xid(13, T0)], ("alert", "application-fault", 0)),
+        ([xid(999, T0)], ("alert", "unknown-xid", 0)),
+        (
+            [xid(154, T0, recovery_action=RecoveryAction.NODE_REBOOT)],
+            ("cordon", "driver-says-reboot", 0),
+        ),
+        (
+            [xid(154, T0, recovery_action=RecoveryAction.GPU_RESET)],
+            ("cordon", "driver-says-reset", 0),
+        ),
+        (
+            [xid(154, T0, recovery_action=RecoveryAction.DRAIN_P2P)],
+            ("cordon", "driver-says-drain-p2p", 0),
+        ),
+        ([xid(13, T0), xid(79, T0)], ("cordon", "fell-off-bus", 0)),  # most severe rule first
+    ],
+)
+def test_first_step_per_xid(
+    observations: list[Observation], expected: tuple[str, str, int]
+) -> None:
+    decision = decide(SPEC, NODE, History(observations=observations), CALM, T0)
+    assert ops(decision) == expected
+
+
+def test_154_recovered_to_none_does_nothing() -> None:
+    obs = [xid(154, T0, recovery_action=RecoveryAction.NONE)]
+    assert isinstance(decide(SPEC, NODE, History(observations=obs), CALM, T0), Idle)
+
+
+def test_no_signal_is_idle_healthy() -> None:
+    decision = decide(SPEC, NODE, History(), CALM, T0)
+    assert decision == Idle(r.REASON_HEALTHY, "no signal matches a rule")
+
+
+def test_observation_from_the_future_is_ignored() -> None:
+    assert isinstance(decide(SPEC, NODE, History(observations=[xid(79, T0 + MIN)]), CALM, T0), Idle)
+
+
+def test_replayed_old_event_after_resolution_starts_nothing() -> None:
+    history = History(observations=[xid(79, T0 - HOUR)], last_resolved_at=T0 - 30 * MIN)
+    assert isinstance(decide(SPEC, NODE, history, CALM, T0), Idle)
+
+
+# --- XID 94 and application faults: repeats on the same GPU ----------------------------------
+
+
+def test_xid94_never_replaces_on_first_sight_even_if_policy_says_so() -> None:
+    doc = yaml.safe_load((ROOT / "examples" / "default-policy.yaml").read_text())
+    # A policy that (via the class, which CEL cannot see) puts replace on rung 0 for 94.
+    doc["spec"]["rules"] = [
+        {
+            "name": "greedy",
+            "signals": {"xidClasses": ["ContainedMemory"]},
+            "ladder": [
+                {
+                    "name": "now",
+                    "steps": [
+                        {"action": "cordon"},
+                        {"action": "replace", "replace": {"reservePoolRef": {"name": "spares"}}},
+                    ],
+                }
+            ],
+        }
+    ]
+    spec = RemediationPolicy.model_validate(doc).spec
+    history = History(observations=[xid(94, T0)])
+    decision = decide(spec, NODE, history, CALM, T0)
+    assert ops(decision) == ("cordon", "greedy", 0)
+    incident = IncidentView(
+        rule="greedy",
+        ladder=spec.rules[0].ladder,
+        rung=0,
+        started_at=T0,
+        done=frozenset({Action.CORDON}),
+        cordoned_by_us=True,
+        trigger_xid=94,
+        trigger_gpu=GPU_A,
+    )
+    after = decide(
+        spec, NODE, History(observations=[xid(94, T0)], incident=incident), CALM, T0 + MIN
+    )
+    assert not (isinstance(after, Act) and after.operation is Operation.REPLACE), after
+
+
+@pytest.mark.parametrize(
+    ("gpus", "rung"),
+    [([GPU_A, GPU_A, GPU_A], 1), ([GPU_A, GPU_B, GPU_A], 0), ([GPU_A, GPU_A], 0)],
+)
+def test_xid94_escalates_on_repeats_on_the_same_gpu(gpus: list[str], rung: int) -> None:
+    obs = [xid(94, T0 - (len(gpus) - i) * HOUR, gpu=g) for i, g in enumerate(gpus)]
+    decision = decide(SPEC, NODE, History(observations=obs), CALM, T0)
+    assert isinstance(decision, Act)
+    assert decision.rung == rung
+
+
+@pytest.mark.parametrize(
+    ("gpus", "operation"),
+    [
+        ([GPU_A], "alert"),
+        ([GPU_A, GPU_B, GPU_B.replace("5e", "86")], "alert"),  # three GPUs: three buggy jobs
+        ([GPU_A, GPU_A, GPU_A], "cordon"),  # same GPU three times: the GPU
+    ],
+)
+def test_application_xids_act_only_on_repeats_on_the_same_gpu(
+    gpus: list[str], operation: str
+) -> None:
+    obs = [xid(13, T0 - i * MIN, gpu=g) for i, g in enumerate(gpus)]
+    assert ops(decide(SPEC, NODE, History(observations=obs), CALM, T0))[0] == operation
+
+
+# --- conditions held for a duration -----------------------------------------------------------
+
+
+def test_condition_not_held_long_enough_waits_until_it_would_be() -> None:
+    node = NodeView(name="n", conditions=[NodeCondition("Ready", "False", T0 - 2 * MIN)])
+    decision = decide(SPEC, node, History(), CALM, T0)
+    assert decision == Wait(
+        T0 + 3 * MIN, r.REASON_CONDITION_PENDING, "a watched condition has not held long enough"
+    )
+
+
+def test_condition_held_long_enough_acts() -> None:
+    node = NodeView(name="n", conditions=[NodeCondition("Ready", "Unknown", T0 - 6 * MIN)])
+    assert ops(decide(SPEC, node, History(), CALM, T0)) == ("cordon", "node-not-ready", 0)
+
+
+def test_healthy_condition_is_not_a_trigger() -> None:
+    node = NodeView(name="n", conditions=[NodeCondition("Ready", "True", T0 - 6 * MIN)])
+    assert isinstance(decide(SPEC, node, History(), CALM, T0), Idle)
+
+
+# --- safety gates -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("spec", "counts", "reason"),
+    [
+        (default_spec(paused=True), CALM, r.REASON_PAUSED),
+        (default_spec(dryRun=True), CALM, r.REASON_DRY_RUN),
+        (SPEC, ClusterCounts(selected=100, unhealthy=11, remediating=0), r.REASON_BREAKER_OPEN),
+        (SPEC, ClusterCounts(selected=100, unhealthy=10, remediating=10), r.REASON_MAX_UNHEALTHY),
+        (
+            SPEC,
+            ClusterCounts(selected=5, unhealthy=1, remediating=0),
+            r.REASON_BREAKER_OPEN,
+        ),  # 10% of 5 = 0
+        (
+            SPEC,
+            ClusterCounts(selected=100, unhealthy=1, remediating=0, breaker_closed_at=T0 - 5 * MIN),
+            r.REASON_STORM_COOLDOWN,
+        ),
+        (
+            SPEC,
+            ClusterCounts(
+                selected=100,
+                unhealthy=1,
+                remediating=0,
+                recent_starts=[T0 - i * MIN for i in range(10)],
+            ),
+            r.REASON_RATE_LIMITED,
+        ),
+        (default_spec(requireApproval=["cordon"]), CALM, r.REASON_APPROVAL_PENDING),
+    ],
+)
+def test_gates_block_new_incidents(
+    spec: RemediationPolicySpec, counts: ClusterCounts, reason: str
+) -> None:
+    decision = decide(spec, NODE, History(observations=[xid(79, T0)]), counts, T0)
+    assert isinstance(decision, Blocked)
+    assert decision.reason == reason
+    assert decision.would is not None  # says what it would have done
+    assert decision.would.operation is Operation.CORDON
+
+
+def test_cooldown_and_rate_limit_say_when_to_retry() -> None:
+    counts = ClusterCounts(selected=100, unhealthy=1, remediating=0, breaker_closed_at=T0 - 5 * MIN)
+    decision = decide(SPEC, NODE, History(observations=[xid(79, T0)]), counts, T0)
+    assert isinstance(decision, Blocked)
+    assert decision.retry_at == T0 + 10 * MIN
+    starts = [T0 - 50 * MIN + i * MIN for i in range(10)]
+    counts = ClusterCounts(selected=100, unhealthy=1, remediating=0, recent_starts=starts)
+    decision = decide(SPEC, NODE, History(observations=[xid(79, T0)]), counts, T0)
+    assert isinstance(decision, Blocked)
+    assert decision.retry_at == T0 + 10 * MIN  # oldest (T0-50m) leaves the 1h window
+
+
+def test_cooldown_over_acts() -> None:
+    counts = ClusterCounts(
+        selected=100, unhealthy=1, remediating=0, breaker_closed_at=T0 - 16 * MIN
+    )
+    assert isinstance(decide(SPEC, NODE, History(observations=[xid(79, T0)]), counts, T0), Act)
+
+
+def test_alerts_pass_the_breaker() -> None:
+    storm = ClusterCounts(selected=100, unhealthy=90, remediating=10)
+    assert ops(decide(SPEC, NODE, History(observations=[xid(13, T0)]), storm, T0))[0] == "alert"
+
+
+def test_opt_out_label_blocks_everything() -> None:
+    node = NodeView(name="n", labels={"gpuheal.io/opt-out": "true"})
+    decision = decide(SPEC, node, History(observations=[xid(79, T0)]), CALM, T0)
+    assert isinstance(decision, Blocked)
+    assert decision.reason == r.REASON_OPTED_OUT
+
+
+def test_blind_source_starts_nothing() -> None:
+    node = NodeView(name="n", sources_readable_since=None)
+    decision = decide(SPEC, node, History(observations=[xid(79, T0)]), CALM, T0)
+    assert decision == Idle(r.REASON_SOURCE_BLIND, "a signal source for this node cannot be read")
+
+
+@pytest.mark.parametrize(
+    ("max_unhealthy", "min_healthy", "selected", "allowed"),
+    [
+        (3, None, 100, 3),
+        ("10%", None, 45, 4),
+        (None, "90%", 45, 4),
+        (None, 40, 45, 5),
+        (None, "100%", 9, 0),
+        (50, None, 10, 10),
+    ],
+)
+def test_allowed_unhealthy(
+    max_unhealthy: Any, min_healthy: Any, selected: int, allowed: int
+) -> None:
+    spec = default_spec(maxUnhealthy=max_unhealthy, minHealthy=min_healthy)
+    assert allowed_unhealthy(spec.safety, selected) == allowed
+
+
+# --- an open incident -----------------------------------------------------------------------
+
+
+def incident_79(done: set[Action], rung: int = 0, **kw: Any) -> IncidentView:
+    rule = next(x for x in SPEC.rules if x.name == "fell-off-bus")
+    return IncidentView(
+        rule="fell-off-bus",
+        ladder=rule.ladder,
+        rung=rung,
+        started_at=T0,
+        done=frozenset(done),
+        trigger_xid=79,
+        trigger_gpu=GPU_A,
+        **kw,
+    )
+
+
+@pytest.mark.parametrize(
+    ("done", "operation"),
+    [
+        (set(), "cordon"),
+        ({Action.CORDON}, "slurmDrain"),
+        ({Action.CORDON, Action.SLURM_DRAIN}, "drain"),
+        ({Action.CORDON, Action.SLURM_DRAIN, Action.DRAIN}, "reboot"),
+    ],
+)
+def test_ladder_one_step_at_a_time(done: set[Action], operation: str) -> None:
+    history = History(observations=[xid(79, T0)], incident=incident_79(done))
+    assert ops(decide(SPEC, NODE, history, CALM, T0 + MIN))[0] == operation
+
+
+def test_breaker_does_not_hold_up_an_open_incident() -> None:
+    storm = ClusterCounts(selected=100, unhealthy=60, remediating=30)
+    history = History(observations=[xid(79, T0)], incident=incident_79({Action.CORDON}))
+    assert ops(decide(SPEC, NODE, history, storm, T0 + MIN))[0] == "slurmDrain"
+
+
+def test_repeat_during_incident_escalates_to_next_rung() -> None:
+    history = History(
+        observations=[xid(79, T0), xid(79, T0 + 10 * MIN)],
+        incident=incident_79({Action.CORDON, Action.SLURM_DRAIN, Action.DRAIN}),
+    )
+    decision = decide(SPEC, NODE, history, CALM, T0 + 11 * MIN)
+    assert isinstance(decision, Act)
+    assert (decision.operation, decision.rung, decision.reason) == (
+        Operation.REPLACE,
+        1,
+        r.REASON_ESCALATED,
+    )
+
+
+def test_replace_waits_for_approval_when_required() -> None:
+    spec = default_spec(requireApproval=["replace"])
+    done = {Action.CORDON, Action.SLURM_DRAIN, Action.DRAIN}
+    history = History(observations=[xid(79, T0)], incident=incident_79(done, rung=1))
+    decision = decide(spec, NODE, history, CALM, T0 + MIN)
+    assert isinstance(decision, Blocked)
+    assert decision.reason == r.REASON_APPROVAL_PENDING
+    approved = History(
+        observations=[xid(79, T0)],
+        incident=incident_79(done, rung=1, approved=frozenset({Action.REPLACE})),
+    )
+    assert ops(decide(spec, NODE, approved, CALM, T0 + MIN))[0] == "replace"
+
+
+def test_replaced_incident_closes_without_returning_the_node() -> None:
+    done = {Action.CORDON, Action.SLURM_DRAIN, Action.DRAIN, Action.REPLACE}
+    history = History(
+        observations=[xid(79, T0)], incident=incident_79(done, rung=1, cordoned_by_us=True)
+    )
+    decision = decide(SPEC, NODE, history, CALM, T0 + HOUR)
+    assert isinstance(decision, Act)
+    assert (decision.operation, decision.reason) == (Operation.CLOSE, r.REASON_REPLACED)
+
+
+# --- return to service ------------------------------------------------------------------------
+
+ALL_79 = {Action.CORDON, Action.SLURM_DRAIN, Action.DRAIN, Action.REBOOT}
+
+
+def test_return_waits_for_hysteresis() -> None:
+    incident = incident_79(ALL_79, last_step_at=T0 + 5 * MIN, cordoned_by_us=True)
+    decision = decide(
+        SPEC, NODE, History(observations=[xid(79, T0)], incident=incident), CALM, T0 + 8 * MIN
+    )
+    assert isinstance(decision, Wait)
+    assert decision.until == T0 + 15 * MIN
+    assert decision.reason == r.REASON_HYSTERESIS_PENDING
+
+
+def test_return_after_hysteresis_undoes_only_what_we_did() -> None:
+    incident = incident_79(
+        ALL_79, last_step_at=T0 + 5 * MIN, cordoned_by_us=True, slurm_drained_by_us=False
+    )
+    decision = decide(
+        SPEC, NODE, History(observations=[xid(79, T0)], incident=incident), CALM, T0 + 15 * MIN
+    )
+    assert isinstance(decision, Act)
+    assert decision.operation is Operation.RETURN_TO_SERVICE
+    assert (decision.uncordon, decision.resume_slurm) == (True, False)
+
+
+def test_nothing_owned_closes_without_uncordon() -> None:
+    incident = incident_79(ALL_79, last_step_at=T0 + 5 * MIN)  # an admin had cordoned it
+    decision = decide(
+        SPEC, NODE, History(observations=[xid(79, T0)], incident=incident), CALM, T0 + HOUR
+    )
+    assert isinstance(decision, Act)
+    assert (decision.operation, decision.reason) == (Operation.CLOSE, r.REASON_NOTHING_OWNED)
+
+
+def test_breaker_never_blocks_return_to_service() -> None:
+    storm = ClusterCounts(selected=100, unhealthy=90, remediating=50, breaker_closed_at=T0 + HOUR)
+    incident = incident_79(ALL_79, last_step_at=T0, cordoned_by_us=True)
+    decision = decide(
+        SPEC, NODE, History(observations=[xid(79, T0)], incident=incident), storm, T0 + HOUR
+    )
+    assert isinstance(decision, Act)
+    assert decision.operation is Operation.RETURN_TO_SERVICE
+
+
+def test_blind_is_not_healthy_for_return() -> None:
+    incident = incident_79(ALL_79, last_step_at=T0, cordoned_by_us=True)
+    node = NodeView(name="n", sources_readable_since=None)
+    decision = decide(
+        SPEC, node, History(observations=[xid(79, T0)], incident=incident), CALM, T0 + HOUR
+    )
+    assert isinstance(decision, Blocked)
+    assert decision.reason == r.REASON_SOURCE_BLIND
+    # Readable again only recently: the blind spell does not count as healthy time.
+    node = NodeView(name="n", sources_readable_since=T0 + HOUR - 2 * MIN)
+    decision = decide(
+        SPEC, node, History(observations=[xid(79, T0)], incident=incident), CALM, T0 + HOUR
+    )
+    assert isinstance(decision, Wait)
+    assert decision.until == T0 + HOUR + 8 * MIN
+
+
+def test_still_bad_condition_keeps_node_out() -> None:
+    rule = next(x for x in SPEC.rules if x.name == "node-not-ready")
+    incident = IncidentView(
+        rule=rule.name,
+        ladder=rule.ladder,
+        rung=0,
+        started_at=T0,
+        done=frozenset({Action.CORDON, Action.SLURM_DRAIN}),
+        cordoned_by_us=True,
+    )
+    node = NodeView(name="n", conditions=[NodeCondition("Ready", "False", T0 - HOUR)])
+    decision = decide(SPEC, node, History(incident=incident), CALM, T0 + HOUR)
+    assert isinstance(decision, Wait)
+    assert decision.reason == r.REASON_STILL_UNHEALTHY
+    recovered = NodeView(name="n", conditions=[NodeCondition("Ready", "True", T0 + 50 * MIN)])
+    assert isinstance(
+        decide(SPEC, recovered, History(incident=incident), CALM, T0 + 55 * MIN), Wait
+    )
+    assert isinstance(decide(SPEC, recovered, History(incident=incident), CALM, T0 + HOUR), Act)
+
+
+def test_paused_holds_everything_including_return() -> None:
+    incident = incident_79(ALL_79, last_step_at=T0, cordoned_by_us=True)
+    decision = decide(default_spec(paused=True), NODE, History(incident=incident), CALM, T0 + HOUR)
+    assert isinstance(decision, Blocked)
+    assert decision.reason == r.REASON_PAUSED
+
+
+# --- policy selection ------------------------------------------------------------------------
+
+
+def _sel(**labels: str) -> LabelSelector:
+    return LabelSelector.model_validate({"matchLabels": labels})
+
+
+@pytest.mark.parametrize(
+    ("policies", "expected"),
+    [
+        ([("a", _sel(x="1"), 0)], ("a", ())),
+        ([("a", _sel(x="1"), 0), ("b", _sel(), 5)], ("b", ())),
+        ([("a", _sel(x="1"), 5), ("b", _sel(), 5)], (None, ("a", "b"))),
+        ([("a", _sel(x="2"), 9), ("b", _sel(), 0)], ("b", ())),
+        ([("a", _sel(x="2"), 0)], (None, ())),
+    ],
+)
+def test_select_policy(
+    policies: list[tuple[str, LabelSelector, int]], expected: tuple[Any, Any]
+) -> None:
+    assert select_policy({"x": "1"}, policies) == expected
+
+
+# --- properties -------------------------------------------------------------------------------
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    selected=st.integers(min_value=1, max_value=200),
+    percent=st.integers(min_value=0, max_value=100),
+    broken_fraction=st.floats(min_value=0, max_value=1),
+    already=st.integers(min_value=0, max_value=50),
+    reported_unhealthy=st.integers(min_value=0, max_value=200),
+    xid_code=st.sampled_from([79, 62, 48, 74, 94, 95, 119, 154]),
+)
+def test_never_more_than_max_unhealthy_in_remediation(  # noqa: PLR0917 - hypothesis args
+    selected: int,
+    percent: int,
+    broken_fraction: float,
+    already: int,
+    reported_unhealthy: int,
+    xid_code: int,
+) -> None:
+    """Feed every broken node to the engine, one after the other, counting what it starts.
+
+    `unhealthy` is drawn independently of the rest: even if the operator's count is off,
+    the concurrency cap alone must hold the line.
+    """
+    spec = default_spec(maxUnhealthy=f"{percent}%")
+    allowed = allowed_unhealthy(spec.safety, selected)
+    remediating = min(already, allowed)
+    broken = max(1, int(selected * broken_fraction))
+    unhealthy = min(selected, reported_unhealthy)
+    action = RecoveryAction.GPU_RESET if xid_code == 154 else None
+    for i in range(broken):
+        counts = ClusterCounts(selected=selected, unhealthy=unhealthy, remediating=remediating)
+        obs = [xid(xid_code, T0, gpu=f"0000:{i % 256:02x}:00", recovery_action=action)]
+        decision = decide(spec, NodeView(name=f"n{i}"), History(observations=obs), counts, T0)
+        if isinstance(decision, Act) and decision.operation is not Operation.ALERT:
+            remediating += 1
+        assert remediating <= allowed
+    assert breaker_open(spec.safety, ClusterCounts(selected, unhealthy, 0)) == (unhealthy > allowed)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.integers(min_value=0, max_value=2000),
+            st.integers(min_value=1, max_value=200),
+            st.sampled_from([GPU_A, GPU_B, None]),
+        ),
+        max_size=30,
+    ),
+    st.integers(min_value=0, max_value=2000),
+)
+def test_decide_is_total(obs: list[tuple[int, int, str | None]], minutes: int) -> None:
+    """Whatever the observations, the engine returns one of its four decisions."""
+    observations = [
+        xid(code, T0 + m * MIN, gpu=g) if g else Observation(time=T0 + m * MIN, xid=code)
+        for m, code, g in obs
+    ]
+    decision = decide(SPEC, NODE, History(observations=observations), CALM, T0 + minutes * MIN)
+    assert isinstance(decision, (Act, Wait, Blocked, Idle))
+    if isinstance(decision, Act):
+        assert decision.step is not None
+        # 94 never replaces on first sight on a GPU.
+        assert (
+            decision.operation is not Operation.REPLACE
+            or decision.rule != "contained-ecc"
+            or decision.rung == 1
+        )
+
+
+def test_catalogue_alert_only_guard_overrides_an_eager_policy() -> None:
+    """A policy that cordons on XID 13 still only alerts until 13 repeats on the same GPU."""
+    doc = yaml.safe_load((ROOT / "examples" / "default-policy.yaml").read_text())
+    doc["spec"]["rules"] = [
+        {
+            "name": "eager",
+            "signals": {"xids": [13]},
+            "ladder": [{"name": "fence", "steps": [{"action": "cordon"}]}],
+        }
+    ]
+    spec = RemediationPolicy.model_validate(doc).spec
+    once = History(observations=[xid(13, T0)])
+    assert ops(decide(spec, NODE, once, CALM, T0)) == ("alert", "eager", 0)
+    other_gpu = History(observations=[xid(13, T0 - MIN, gpu=GPU_B), xid(13, T0)])
+    assert ops(decide(spec, NODE, other_gpu, CALM, T0)) == ("alert", "eager", 0)
+    twice = History(observations=[xid(13, T0 - MIN), xid(13, T0)])
+    assert ops(decide(spec, NODE, twice, CALM, T0)) == ("cordon", "eager", 0)
