@@ -1,4 +1,4 @@
-"""`gpuheal` command line: the local sandbox and the demo (the operator's `run` joins later)."""
+"""`gpuheal` command line: run the operator, inject faults, read XIDs, drive the sandbox."""
 
 from __future__ import annotations
 
@@ -77,8 +77,15 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from gpuheal.operator import add_run_parser
+    from gpuheal.simulate import add_simulate_parser
+    from gpuheal.xid.cli import add_parser as add_xid_parser
+
     parser = argparse.ArgumentParser(prog="gpuheal", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
+    add_run_parser(sub)
+    add_simulate_parser(sub)
+    add_xid_parser(sub)
 
     sandbox = sub.add_parser("sandbox", help="local Kubernetes (kwok GPU nodes) + Slurm")
     sandbox_sub = sandbox.add_subparsers(dest="action", required=True)
