@@ -211,6 +211,11 @@ def rfc3339(ts: dt.datetime) -> str:
     return ts.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+def rfc3339_ms(ts: dt.datetime) -> str:
+    """RFC 3339 with milliseconds (timelines: steps often take less than a second)."""
+    return ts.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+
+
 def set_condition(
     conditions: Sequence[Mapping[str, Any]],
     *,

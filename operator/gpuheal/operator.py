@@ -15,6 +15,7 @@ import threading
 from typing import Any
 
 import kopf
+from kubernetes_asyncio.client.exceptions import ApiException
 from prometheus_client import CollectorRegistry, start_http_server
 
 from gpuheal import incident as inc
@@ -28,7 +29,16 @@ from gpuheal.metrics import Metrics
 log = logging.getLogger("gpuheal.operator")
 
 
-@kopf.on.startup()
+@kopf.on.login()
+def login(settings: kopf.OperatorSettings, **kwargs: Any) -> Any:
+    """In-cluster service account in a pod, else the kubeconfig (``--kubeconfig`` /
+    ``$KUBECONFIG``), read at login time by kopf's own parser (no client library state)."""
+    if os.environ.get("KUBERNETES_SERVICE_HOST") and not os.environ.get("KUBECONFIG"):
+        return kopf.login_with_service_account(settings=settings, **kwargs)
+    return kopf.login_with_kubeconfig(settings=settings, **kwargs)
+
+
+@kopf.on.startup(backoff=2)
 async def startup(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
     rt: Runtime = memo.runtime
     cfg = rt.config
@@ -50,8 +60,9 @@ async def startup(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
         rt.slurm = BridgeSlurm.from_settings(
             cfg.bridge_url, cfg.bridge_token_file, cfg.bridge_ca_file
         )
-    if cfg.metrics_port and memo.get("serve_metrics", True):
+    if cfg.metrics_port and memo.get("serve_metrics", True) and not memo.get("metrics_up"):
         start_http_server(cfg.metrics_port, registry=rt.metrics.registry)
+        memo["metrics_up"] = True
     await _prefill(rt)
     if "events" in cfg.sources:
         rt.tasks.append(asyncio.create_task(sources.watch_events(rt), name="events"))
@@ -64,16 +75,28 @@ async def startup(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
 async def _prefill(rt: Runtime) -> None:
     """Read policies, pools and incidents before any signal is handled, so that a signal
     seen at start-up attaches to the incident it belongs to instead of opening a second."""
-    kube = rt.require_kube()
     for plural, setter in (
         (inc.POLICY_PLURAL, watch.set_policy),
         (inc.POOL_PLURAL, watch.set_pool),
     ):
-        for item in await kube.list_custom(plural):
+        for item in await _list_retrying(rt, plural):
             setter(rt, None, item)
-    for item in await kube.list_custom(inc.NREM_PLURAL):
+    for item in await _list_retrying(rt, inc.NREM_PLURAL):
         if watch.set_incident(rt, None, item):
             remediation.ensure_driver(rt, item["metadata"]["name"])
+
+
+async def _list_retrying(rt: Runtime, plural: str, attempts: int = 30) -> list[dict[str, Any]]:
+    """LIST, riding out a CRD that was just created (429 "storage is (re)initializing")."""
+    for attempt in range(attempts):
+        try:
+            return await rt.require_kube().list_custom(plural)
+        except ApiException as exc:
+            if exc.status not in (404, 429, 500, 503) or attempt == attempts - 1:
+                raise
+            log.info("listing %s: %s; retrying", plural, exc.reason)
+            await asyncio.sleep(1.0)
+    return []
 
 
 @kopf.on.cleanup()
@@ -103,6 +126,10 @@ def configure_logging(log_format: str, verbose: bool = False) -> None:
         log_format=kopf.LogFormat.JSON if log_format == "json" else kopf.LogFormat.PLAIN,
         log_refkey="k8s",
     )
+    if not verbose:
+        # kopf logs every on.event call at INFO ("Handler 'node_event' succeeded"): with
+        # thousands of nodes that is noise; failures still log at WARNING and above.
+        logging.getLogger("kopf.objects").setLevel(logging.WARNING)
 
 
 def run(

@@ -57,9 +57,14 @@ async def _body(coro: Any) -> JSON:
     """Await a call made with ``_preload_content=False`` and return the JSON body as a dict."""
     resp = await coro
     try:
-        data: JSON = json.loads(await resp.read())
+        raw = await resp.read()
     finally:
         resp.release()
+    if not 200 <= resp.status <= 299:
+        exc = ApiException(status=resp.status, reason=resp.reason)
+        exc.body = raw.decode(errors="replace")
+        raise exc
+    data: JSON = json.loads(raw)
     return data
 
 
@@ -363,6 +368,12 @@ class Kube:
             timeout_seconds=timeout_seconds,
             _preload_content=False,
         )
+        if resp.status != 200:
+            raw = await resp.read()
+            resp.release()
+            exc = ApiException(status=resp.status, reason=resp.reason)
+            exc.body = raw.decode(errors="replace")
+            raise exc
         try:
             async for line in resp.content:
                 if line.strip():

@@ -118,7 +118,7 @@ class _Recorder:
     def event(self, step: str, message: str) -> None:
         self.timeline = [
             *self.timeline,
-            {"time": inc.rfc3339(self.now), "step": step, "message": message[:1024]},
+            {"time": inc.rfc3339_ms(_now()), "step": step, "message": message[:1024]},
         ][-200:]
         self.patch["timeline"] = self.timeline
 

@@ -1,0 +1,204 @@
+"""Run the real operator (`python -m gpuheal.operator run`) against the sandbox, as a process
+that a test can SIGKILL and start again; plus small waiting and object helpers."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from kubernetes import client
+from kubernetes.client.rest import ApiException
+
+REPO = Path(__file__).resolve().parents[2]
+GROUP, VERSION = "gpuheal.io", "v1alpha1"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def wait_for(check: Callable[[], Any], what: str, timeout: float = 60, every: float = 0.2) -> Any:
+    deadline = time.monotonic() + timeout
+    value = None
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(every)
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}; last: {value!r}")
+
+
+def hold(check: Callable[[], Any], what: str, seconds: float, every: float = 0.25) -> None:
+    """Assert that ``check()`` stays truthy for ``seconds``."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        assert check(), f"{what} stopped holding"
+        time.sleep(every)
+
+
+@dataclass
+class OperatorProcess:
+    kubeconfig: Path
+    log_dir: Path
+    extra: list[str] = field(default_factory=list)
+    proc: subprocess.Popen[bytes] | None = None
+    metrics_port: int = 0
+    health_port: int = 0
+    starts: int = 0
+
+    def start(self) -> OperatorProcess:
+        self.metrics_port, self.health_port = free_port(), free_port()
+        self.starts += 1
+        log = (self.log_dir / f"operator-{self.starts}.log").open("wb")
+        args = [
+            sys.executable, "-m", "gpuheal.operator", "run",
+            "--kubeconfig", str(self.kubeconfig),
+            "--metrics-port", str(self.metrics_port),
+            "--health-port", str(self.health_port),
+            "--namespace", "default",
+            "--log-format", "json",
+            "--retry-interval", "0.5",
+            "--sources", "conditions,events",
+            *self.extra,
+        ]  # fmt: skip
+        env = {**os.environ, "PYTHONPATH": f"{REPO / 'operator'}:{REPO / 'slurm-bridge'}"}
+        self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env)
+        wait_for(self._healthy, "operator liveness endpoint", timeout=60)
+        wait_for(lambda: "gpuheal started" in self.log(), "operator start-up", timeout=60)
+        return self
+
+    def _healthy(self) -> bool:
+        assert self.proc is not None
+        if self.proc.poll() is not None:
+            raise AssertionError(f"operator exited {self.proc.returncode}:\n{self.log()[-3000:]}")
+        try:
+            with urllib.request.urlopen(
+                f"http://127.0.0.1:{self.health_port}/healthz", timeout=1
+            ) as resp:
+                return bool(resp.status == 200)
+        except OSError:
+            return False
+
+    def log(self) -> str:
+        return (self.log_dir / f"operator-{self.starts}.log").read_text(errors="replace")
+
+    def metrics(self) -> dict[str, float]:
+        with urllib.request.urlopen(
+            f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5
+        ) as resp:
+            text = resp.read().decode()
+        out = {}
+        for line in text.splitlines():
+            if line.startswith("gpuheal_"):
+                name, _, value = line.rpartition(" ")
+                out[name] = float(value)
+        return out
+
+    def kill(self) -> None:
+        """SIGKILL: no clean-up handlers run (a crash or an OOM kill)."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(timeout=30)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+
+class Objects:
+    """gpuheal objects and Nodes through the sync client (test side)."""
+
+    def __init__(self, api: client.ApiClient) -> None:
+        self.custom = client.CustomObjectsApi(api)
+        self.core = client.CoreV1Api(api)
+        self.created: list[tuple[str, str]] = []
+
+    def apply(self, plural: str, manifest: str | dict[str, Any]) -> dict[str, Any]:
+        body = yaml.safe_load(manifest) if isinstance(manifest, str) else manifest
+        name = body["metadata"]["name"]
+        try:
+            out = self.custom.create_cluster_custom_object(GROUP, VERSION, plural, body)
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+            out = self.custom.patch_cluster_custom_object(GROUP, VERSION, plural, name, body)
+        self.created.append((plural, name))
+        return dict(out)
+
+    def patch(self, plural: str, name: str, patch: dict[str, Any]) -> None:
+        self.custom.patch_cluster_custom_object(GROUP, VERSION, plural, name, patch)
+
+    def get(self, plural: str, name: str) -> dict[str, Any] | None:
+        try:
+            return dict(self.custom.get_cluster_custom_object(GROUP, VERSION, plural, name))
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    def incidents(self, node: str) -> list[dict[str, Any]]:
+        items = self.custom.list_cluster_custom_object(
+            GROUP, VERSION, "noderemediations", label_selector=f"gpuheal.io/node={node}"
+        )["items"]
+        return list(items)
+
+    def incident(self, node: str) -> dict[str, Any] | None:
+        items = self.incidents(node)
+        assert len(items) <= 1, f"{len(items)} incidents for {node}"
+        return items[0] if items else None
+
+    def node(self, name: str) -> client.V1Node:
+        return self.core.read_node(name)
+
+    def cleanup(self, nodes: list[str]) -> None:
+        for node in nodes:
+            for item in self.incidents(node):
+                self.delete("noderemediations", item["metadata"]["name"])
+        for plural, name in reversed(self.created):
+            self.delete(plural, name)
+
+    def delete(self, plural: str, name: str) -> None:
+        try:
+            self.custom.delete_cluster_custom_object(GROUP, VERSION, plural, name)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+
+
+def condition(obj: dict[str, Any] | None, type_: str) -> dict[str, Any] | None:
+    if not obj:
+        return None
+    conds = (obj.get("status") or {}).get("conditions") or []
+    return next((c for c in conds if c["type"] == type_), None)
+
+
+def completed(obj: dict[str, Any] | None) -> str | None:
+    c = condition(obj, "Completed")
+    return c["reason"] if c and c["status"] == "True" else None
+
+
+def node_events(core: client.CoreV1Api, name: str, kind: str = "Node") -> list[Any]:
+    sel = f"involvedObject.kind={kind},involvedObject.name={name}"
+    return list(core.list_event_for_all_namespaces(field_selector=sel).items)
+
+
+def dump(obj: Any) -> str:
+    return json.dumps(obj, indent=1, default=str)[:4000]

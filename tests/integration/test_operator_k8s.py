@@ -1,0 +1,557 @@
+"""The operator on the real sandbox (kube-apiserver, kwok GPU nodes): no mocks.
+
+Each test has its own nodes (`own_gpu_nodes`) and a policy selecting only them, and runs its
+own operator process (SIGKILL-able), so tests do not interfere.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client
+from kubernetes.client.rest import ApiException
+
+from gpuheal.sandbox import Sandbox
+from gpuheal.simulate import simulate_condition, simulate_xid
+from tests.integration.operator_harness import (
+    REPO,
+    Objects,
+    OperatorProcess,
+    completed,
+    condition,
+    dump,
+    hold,
+    node_events,
+    wait_for,
+)
+
+pytestmark = pytest.mark.integration
+
+CORDONED_BY = "gpuheal.io/cordoned-by"
+CLAIMED_BY = "gpuheal.io/claimed-by"
+
+
+@pytest.fixture(scope="session")
+def gpuheal_crds(sandbox: Sandbox) -> None:
+    sandbox.kubectl("apply", "-f", str(REPO / "crds"))
+    for plural in ("noderemediations", "remediationpolicies", "reservepools"):
+        sandbox.kubectl(
+            "wait", "--for=condition=Established", f"crd/{plural}.gpuheal.io", "--timeout=60s"
+        )
+
+
+@pytest.fixture
+def objects(sandbox: Sandbox, gpuheal_crds: None) -> Iterator[Objects]:
+    return Objects(sandbox.api_client())
+
+
+@pytest.fixture
+def run_operator(
+    sandbox: Sandbox, gpuheal_crds: None, tmp_path: Path
+) -> Iterator[Callable[..., OperatorProcess]]:
+    procs: list[OperatorProcess] = []
+
+    def start(*extra: str) -> OperatorProcess:
+        op = OperatorProcess(Path(sandbox.kubeconfig), tmp_path, list(extra)).start()
+        procs.append(op)
+        return op
+
+    yield start
+    for op in procs:
+        op.stop()
+
+
+@pytest.fixture
+def case(
+    own_gpu_nodes: Callable[..., list[str]], objects: Objects
+) -> Iterator[Callable[..., list[str]]]:
+    """``case(n, role)``: n fresh nodes labelled ``gpuheal.io/case=<id>-<role>``."""
+    made: list[str] = []
+    case_id = uuid.uuid4().hex[:6]
+
+    def make(n: int, role: str = "work", **labels: str) -> list[str]:
+        names = own_gpu_nodes(n, **{"gpuheal.io/case": f"{case_id}-{role}", **labels})
+        made.extend(names)
+        return names
+
+    make.case_id = case_id  # type: ignore[attr-defined]
+    yield make
+    objects.cleanup(made)
+
+
+def policy(
+    name: str,
+    case_label: str,
+    rules: list[dict[str, Any]],
+    *,
+    max_unhealthy: int | str = 5,
+    healthy_for: str = "1h",
+    **safety: Any,
+) -> dict[str, Any]:
+    return {
+        "apiVersion": "gpuheal.io/v1alpha1",
+        "kind": "RemediationPolicy",
+        "metadata": {"name": name},
+        "spec": {
+            "nodeSelector": {"matchLabels": {"gpuheal.io/case": case_label}},
+            "rules": rules,
+            "safety": {"maxUnhealthy": max_unhealthy, "stormCooldown": "0s", **safety},
+            "returnToService": {"enabled": True, "healthyFor": healthy_for},
+        },
+    }
+
+
+def pool(name: str, case_label: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "gpuheal.io/v1alpha1",
+        "kind": "ReservePool",
+        "metadata": {"name": name},
+        "spec": {
+            "nodeSelector": {"matchLabels": {"gpuheal.io/case": case_label}},
+            "minAvailable": 1,
+            "promotion": {"setLabels": {"gpuheal.io/promoted": "true"}},
+        },
+    }
+
+
+def xid79_rule(pool_name: str, drain: dict[str, Any] | None = None) -> dict[str, Any]:
+    return {
+        "name": "fell-off-bus",
+        "signals": {"xids": [79]},
+        "ladder": [
+            {
+                "name": "replace",
+                "steps": [
+                    {"action": "cordon"},
+                    {"action": "slurmDrain", "slurmDrain": {"requeue": "requeue"}},
+                    {"action": "drain", "drain": drain or {"timeout": "5m"}},
+                    {"action": "replace", "replace": {"reservePoolRef": {"name": pool_name}}},
+                ],
+            }
+        ],
+    }
+
+
+def cordon_only_rule(xid: int = 94, *, reset: bool = False) -> dict[str, Any]:
+    steps: list[dict[str, Any]] = [{"action": "cordon"}]
+    if reset:
+        steps.append({"action": "reset", "reset": {"hook": {"type": "Noop"}}})
+    return {
+        "name": f"xid-{xid}",
+        "signals": {"xids": [xid]},
+        "ladder": [{"name": "cordon", "steps": steps}],
+    }
+
+
+def pod_on(node: str, name: str, labels: dict[str, str]) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "labels": labels},
+        "spec": {
+            "nodeSelector": {"kubernetes.io/hostname": node},
+            "terminationGracePeriodSeconds": 1,
+            "containers": [{"name": "train", "image": "example.invalid/train:1"}],
+        },
+    }
+
+
+def pod_gone(core: client.CoreV1Api, namespace: str, name: str) -> bool:
+    try:
+        core.read_namespaced_pod(name, namespace)
+    except ApiException as exc:
+        return exc.status == 404
+    return False
+
+
+def _pdb_blocking(sandbox: Sandbox, namespace: str, node: str) -> client.PolicyV1Api:
+    """A Running pod on ``node`` held by a PodDisruptionBudget that allows no disruption."""
+    core = sandbox.core_v1()
+    pol = client.PolicyV1Api(sandbox.api_client())
+    core.create_namespaced_pod(namespace, pod_on(node, "victim", {"app": "held"}))
+    wait_for(
+        lambda: core.read_namespaced_pod("victim", namespace).status.phase == "Running",
+        "victim Running",
+    )
+    pol.create_namespaced_pod_disruption_budget(
+        namespace,
+        {
+            "apiVersion": "policy/v1",
+            "kind": "PodDisruptionBudget",
+            "metadata": {"name": "keep"},
+            "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "held"}}},
+        },
+    )
+    wait_for(
+        lambda: (
+            pol.read_namespaced_pod_disruption_budget("keep", namespace).status.current_healthy == 1
+        ),
+        "PDB status computed",
+    )
+    return pol
+
+
+def _release_pdb(pol: client.PolicyV1Api, namespace: str) -> None:
+    pol.patch_namespaced_pod_disruption_budget("keep", namespace, {"spec": {"minAvailable": 0}})
+
+
+# ---------------------------------------------------------------------------------------------
+def test_xid79_cordons_evicts_through_pdb_and_claims_a_spare(
+    sandbox: Sandbox,
+    namespace: str,
+    case: Callable[..., list[str]],
+    objects: Objects,
+    run_operator: Callable[..., OperatorProcess],
+) -> None:
+    core = sandbox.core_v1()
+    broken, healthy = case(2)
+    (spare,) = case(1, "spare")
+    cid = case.case_id  # type: ignore[attr-defined]
+    objects.apply("reservepools", pool(f"spares-{cid}", f"{cid}-spare"))
+    objects.apply(
+        "remediationpolicies", policy(f"p-{cid}", f"{cid}-work", [xid79_rule(f"spares-{cid}")])
+    )
+    pol = _pdb_blocking(sandbox, namespace, broken)
+    # A DaemonSet pod on the node: a drain leaves it (it would come straight back).
+    apps = client.AppsV1Api(sandbox.api_client())
+    apps.create_namespaced_daemon_set(
+        namespace,
+        {
+            "apiVersion": "apps/v1",
+            "kind": "DaemonSet",
+            "metadata": {"name": "agent"},
+            "spec": {
+                "selector": {"matchLabels": {"app": "agent"}},
+                "template": {
+                    "metadata": {"labels": {"app": "agent"}},
+                    "spec": {
+                        "nodeSelector": {"kubernetes.io/hostname": broken},
+                        "containers": [{"name": "a", "image": "example.invalid/agent:1"}],
+                    },
+                },
+            },
+        },
+    )
+    wait_for(
+        lambda: [
+            p
+            for p in core.list_namespaced_pod(namespace, label_selector="app=agent").items
+            if p.status.phase == "Running"
+        ],
+        "DaemonSet pod Running",
+    )
+    op = run_operator()
+
+    simulate_xid(core, broken, 79)
+
+    nrem = wait_for(lambda: objects.incident(broken), "NodeRemediation for the XID")
+    name = nrem["metadata"]["name"]
+    node = wait_for(lambda: (n := objects.node(broken)).spec.unschedulable and n, "node cordoned")
+    assert node.metadata.annotations[CORDONED_BY] == name
+    blocked = wait_for(
+        lambda: (
+            (c := condition(objects.get("noderemediations", name), "Blocked"))
+            and c["status"] == "True"
+            and c["reason"] == "PodDisruptionBudget"
+            and c
+        ),
+        "drain blocked by the PDB",
+    )
+    assert "PodDisruptionBudget" in blocked["message"]
+    hold(lambda: not pod_gone(core, namespace, "victim"), "PDB keeps the pod", 2)
+    assert not objects.node(spare).metadata.labels.get(CLAIMED_BY), "no spare before the drain"
+
+    _release_pdb(pol, namespace)
+
+    done = wait_for(
+        lambda: completed(o := objects.get("noderemediations", name)) and o,
+        "incident completed",
+        timeout=90,
+    )
+    assert completed(done) == "Replaced", dump(done["status"])
+    assert pod_gone(core, namespace, "victim")
+    agents = core.list_namespaced_pod(namespace, label_selector="app=agent").items
+    assert [p.spec.node_name for p in agents] == [broken], "DaemonSet pod left in place"
+    status = done["status"]
+    assert status["replacementNode"] == spare
+    promoted = objects.node(spare)
+    assert promoted.metadata.labels[CLAIMED_BY] == name
+    assert promoted.metadata.labels["gpuheal.io/promoted"] == "true"
+    assert promoted.metadata.annotations["gpuheal.io/replaces"] == broken
+    for type_ in ("Detected", "Cordoned", "SlurmDrained", "Drained", "ReplacementClaimed"):
+        c = condition(done, type_)
+        assert c is not None, type_
+        assert (c["status"], bool(c["lastTransitionTime"])) == ("True", True), type_
+    assert condition(done, "Blocked")["status"] == "False"
+    steps = [e["step"] for e in status["timeline"]]
+    assert steps[0] == "Detected"
+    assert steps[-1] == "Completed"
+    for step in ("replace/cordon", "replace/drain", "replace/replace"):
+        assert steps.count(step) == 1, steps
+    assert status["ownership"]["cordoned"] is True
+    assert not objects.node(healthy).spec.unschedulable
+    reasons = {e.reason for e in node_events(core, broken)}
+    assert {"GpuXid", "RemediationCreated"} <= reasons
+    reasons = {e.reason for e in node_events(core, name, "NodeRemediation")}
+    assert {"RemediationBlocked", "RemediationStep", "Replaced"} <= reasons
+    m = op.metrics()
+    assert m['gpuheal_incidents_total{source="events",trigger="xid"}'] == 1
+    assert m['gpuheal_incidents_completed_total{outcome="replaced"}'] == 1
+    assert m['gpuheal_evictions_total{result="pdb_blocked"}'] >= 1
+
+
+def test_sigkill_mid_drain_then_restart_repeats_nothing_and_replays_start_nothing(
+    sandbox: Sandbox,
+    namespace: str,
+    case: Callable[..., list[str]],
+    objects: Objects,
+    run_operator: Callable[..., OperatorProcess],
+) -> None:
+    core = sandbox.core_v1()
+    (broken,) = case(1)
+    spares = case(2, "spare")
+    cid = case.case_id  # type: ignore[attr-defined]
+    objects.apply("reservepools", pool(f"spares-{cid}", f"{cid}-spare"))
+    objects.apply(
+        "remediationpolicies", policy(f"p-{cid}", f"{cid}-work", [xid79_rule(f"spares-{cid}")])
+    )
+    pol = _pdb_blocking(sandbox, namespace, broken)
+    op = run_operator()
+    simulate_xid(core, broken, 79)
+    nrem = wait_for(lambda: objects.incident(broken), "NodeRemediation")
+    name = nrem["metadata"]["name"]
+    wait_for(
+        lambda: (
+            (c := condition(objects.get("noderemediations", name), "Blocked"))
+            and c["reason"] == "PodDisruptionBudget"
+        ),
+        "drain blocked by the PDB",
+    )
+    before = objects.get("noderemediations", name)
+    cordoned_at = condition(before, "Cordoned")["lastTransitionTime"]
+
+    op.kill()  # SIGKILL in the middle of the drain step
+    _release_pdb(pol, namespace)
+    op2 = run_operator()
+
+    done = wait_for(
+        lambda: completed(o := objects.get("noderemediations", name)) and o,
+        "incident completed after the restart",
+        timeout=90,
+    )
+    assert completed(done) == "Replaced"
+    assert len(objects.incidents(broken)) == 1, "the relisted XID Event opened nothing new"
+    assert condition(done, "Cordoned")["lastTransitionTime"] == cordoned_at
+    steps = [e["step"] for e in done["status"]["timeline"]]
+    assert (steps.count("replace/cordon"), steps.count("replace/replace")) == (1, 1), steps
+    claimed = [s for s in spares if objects.node(s).metadata.labels.get(CLAIMED_BY) == name]
+    assert len(claimed) == 1, "exactly one spare claimed"
+    assert done["status"]["replacementNode"] == claimed[0]
+
+    # A third start: the same Event is listed again; it is recognised, nothing starts.
+    op2.stop()
+    op3 = run_operator()
+    hold(lambda: len(objects.incidents(broken)) == 1, "one incident", 3)
+    m = op3.metrics()
+    assert m.get('gpuheal_signals_total{result="duplicate",source="events"}', 0) >= 1
+    assert 'gpuheal_incidents_total{source="events",trigger="xid"}' not in m
+
+
+def test_dry_run_records_the_plan_and_changes_nothing(
+    sandbox: Sandbox,
+    namespace: str,
+    case: Callable[..., list[str]],
+    objects: Objects,
+    run_operator: Callable[..., OperatorProcess],
+) -> None:
+    core = sandbox.core_v1()
+    (broken,) = case(1)
+    (spare,) = case(1, "spare")
+    cid = case.case_id  # type: ignore[attr-defined]
+    objects.apply("reservepools", pool(f"spares-{cid}", f"{cid}-spare"))
+    objects.apply(
+        "remediationpolicies",
+        policy(f"p-{cid}", f"{cid}-work", [xid79_rule(f"spares-{cid}")], dryRun=True),
+    )
+    core.create_namespaced_pod(namespace, pod_on(broken, "bystander", {"app": "b"}))
+    wait_for(
+        lambda: core.read_namespaced_pod("bystander", namespace).status.phase == "Running",
+        "pod Running",
+    )
+    run_operator()
+    simulate_xid(core, broken, 79)
+    done = wait_for(lambda: completed(o := objects.incident(broken)) and o, "dry-run incident")
+    assert completed(done) == "DryRun"
+    assert done["spec"]["dryRun"] is True
+    for type_ in ("Cordoned", "SlurmDrained", "Drained", "ReplacementClaimed"):
+        c = condition(done, type_)
+        assert (c["status"], c["reason"]) == ("False", "DryRun"), c
+    node = objects.node(broken)
+    assert not node.spec.unschedulable
+    assert CORDONED_BY not in (node.metadata.annotations or {})
+    assert CLAIMED_BY not in objects.node(spare).metadata.labels
+    assert core.read_namespaced_pod("bystander", namespace).status.phase == "Running"
+
+
+def test_storm_breaker_stops_at_max_unhealthy(
+    sandbox: Sandbox,
+    case: Callable[..., list[str]],
+    objects: Objects,
+    run_operator: Callable[..., OperatorProcess],
+) -> None:
+    core = sandbox.core_v1()
+    nodes = case(10)
+    cid = case.case_id  # type: ignore[attr-defined]
+    pname = f"p-{cid}"
+    objects.apply(
+        "remediationpolicies", policy(pname, f"{cid}-work", [cordon_only_rule(94)], max_unhealthy=2)
+    )
+    run_operator()
+    struck = nodes[:4]  # 40% of the selected nodes at once
+    for n in struck:
+        simulate_xid(core, n, 94)
+    wait_for(lambda: all(objects.incident(n) for n in struck), "4 incidents")
+
+    def cordoned() -> list[str]:
+        return [n for n in nodes if objects.node(n).spec.unschedulable]
+
+    wait_for(lambda: len(cordoned()) == 2, "2 nodes cordoned")
+
+    def held() -> list[str]:
+        return [
+            n
+            for n in struck
+            if (c := condition(objects.incident(n), "Blocked"))
+            and c["status"] == "True"
+            and c["reason"] == "CircuitBreakerOpen"
+        ]
+
+    blocked = wait_for(lambda: h if len(h := held()) == 2 else None, "2 held by the breaker")
+    hold(lambda: len(cordoned()) == 2, "no more than maxUnhealthy cordoned", 3)
+    assert set(blocked).isdisjoint(cordoned())
+    pstatus = wait_for(
+        lambda: (
+            (c := condition(objects.get("remediationpolicies", pname), "CircuitBreakerOpen"))
+            and c["status"] == "True"
+            and objects.get("remediationpolicies", pname)["status"]
+        ),
+        "policy CircuitBreakerOpen=True",
+    )
+    assert pstatus["remediatingNodes"] == 2
+    assert pstatus["allowedUnhealthy"] == 2
+    events = [
+        e
+        for n in blocked
+        for e in node_events(core, objects.incident(n)["metadata"]["name"], "NodeRemediation")
+    ]
+    assert any(
+        e.reason == "RemediationBlocked" and "CircuitBreakerOpen" in e.message for e in events
+    )
+
+
+def test_return_to_service_uncordons_only_what_gpuheal_cordoned(
+    sandbox: Sandbox,
+    case: Callable[..., list[str]],
+    objects: Objects,
+    run_operator: Callable[..., OperatorProcess],
+) -> None:
+    core = sandbox.core_v1()
+    ours, admins = case(2)
+    cid = case.case_id  # type: ignore[attr-defined]
+    core.patch_node(admins, {"spec": {"unschedulable": True}})  # a person cordoned it
+    objects.apply(
+        "remediationpolicies",
+        policy(f"p-{cid}", f"{cid}-work", [cordon_only_rule(94, reset=True)], healthy_for="2s"),
+    )
+    run_operator()
+    for n in (ours, admins):
+        simulate_xid(core, n, 94)
+    for n in (ours, admins):
+        done = wait_for(
+            lambda n=n: completed(o := objects.incident(n)) and o,
+            f"{n} incident completed",
+            timeout=60,
+        )
+        assert completed(done) == "Returned", dump(done["status"])
+        assert condition(done, "Reset")["reason"] == "NoopHook"
+    assert not objects.node(ours).spec.unschedulable
+    assert CORDONED_BY not in (objects.node(ours).metadata.annotations or {})
+    assert objects.node(admins).spec.unschedulable, "the admin's cordon stays"
+    admin_inc = objects.incident(admins)
+    assert condition(admin_inc, "Cordoned")["reason"] == "AlreadyCordonedByOther"
+    assert admin_inc["status"]["ownership"]["cordoned"] is False
+
+
+def test_condition_held_shorter_than_for_does_nothing_longer_remediates(
+    sandbox: Sandbox,
+    case: Callable[..., list[str]],
+    objects: Objects,
+    run_operator: Callable[..., OperatorProcess],
+) -> None:
+    core = sandbox.core_v1()
+    (node,) = case(1)
+    cid = case.case_id  # type: ignore[attr-defined]
+    rule = {
+        "name": "degraded",
+        "signals": {"conditions": [{"type": "GpuDegraded", "status": "True", "for": "4s"}]},
+        "ladder": [{"name": "cordon", "steps": [{"action": "cordon"}]}],
+    }
+    objects.apply("remediationpolicies", policy(f"p-{cid}", f"{cid}-work", [rule]))
+    run_operator()
+    set_ = lambda s: simulate_condition(  # noqa: E731
+        core, node, type_="GpuDegraded", status=s, reason="Test", message="flapping"
+    )
+    set_("True")
+    hold(lambda: objects.incident(node) is None, "no incident inside `for`", 2)
+    set_("False")
+    hold(
+        lambda: objects.incident(node) is None and not objects.node(node).spec.unschedulable,
+        "nothing after a short blip",
+        4,
+    )
+    set_("True")
+    nrem = wait_for(lambda: objects.incident(node), "incident after `for`", timeout=20)
+    assert nrem["spec"]["signals"][0]["conditionType"] == "GpuDegraded"
+    wait_for(lambda: objects.node(node).spec.unschedulable, "cordoned")
+
+
+def test_opt_out_label_and_pause_are_respected(
+    sandbox: Sandbox,
+    case: Callable[..., list[str]],
+    objects: Objects,
+    run_operator: Callable[..., OperatorProcess],
+) -> None:
+    core = sandbox.core_v1()
+    opted, paused_node = case(2)
+    cid = case.case_id  # type: ignore[attr-defined]
+    core.patch_node(opted, {"metadata": {"labels": {"gpuheal.io/opt-out": "true"}}})
+    pname = f"p-{cid}"
+    objects.apply(
+        "remediationpolicies", policy(pname, f"{cid}-work", [cordon_only_rule(94)], paused=True)
+    )
+    run_operator()
+    simulate_xid(core, opted, 94)
+    simulate_xid(core, paused_node, 94)
+    nrem = wait_for(
+        lambda: (
+            (o := objects.incident(paused_node))
+            and (c := condition(o, "Blocked"))
+            and c["reason"] == "Paused"
+            and o
+        ),
+        "paused incident says why",
+    )
+    hold(lambda: not objects.node(paused_node).spec.unschedulable, "pause changes nothing", 2)
+    assert objects.incident(opted) is None
+    assert not objects.node(opted).spec.unschedulable
+    assert any(
+        e.reason == "RemediationBlocked" and "opted out" in e.message
+        for e in node_events(core, opted)
+    )
+    objects.patch("remediationpolicies", pname, {"spec": {"safety": {"paused": False}}})
+    wait_for(lambda: objects.node(paused_node).spec.unschedulable, "cordoned once unpaused")
+    assert objects.incident(paused_node)["metadata"]["name"] == nrem["metadata"]["name"]
