@@ -19,6 +19,7 @@ import logging
 import os
 import re
 import tempfile
+import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -148,7 +149,7 @@ def load_latest(workdir: Path, cfg: ModelConfig) -> tuple[TrainState, Path] | No
     for _, path in list_checkpoints(workdir):
         try:
             state = load_state(path)
-        except (OSError, ValueError, KeyError) as exc:
+        except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as exc:
             log.warning("checkpoint %s unreadable (%s); trying the one before", path, exc)
             continue
         if state.config != cfg:
