@@ -35,30 +35,13 @@ GPUHEAL_CRDS = (
     "reservepools.gpuheal.io",
 )
 
-# How `gpuheal run` is started: the console script once the CLI has the subcommand, else the
-# operator module's own parser (the same flags).
-_RUN_SHIM = (
-    "import argparse, sys\n"
-    "from gpuheal.operator import add_run_parser\n"
-    "p = argparse.ArgumentParser(prog='gpuheal')\n"
-    "add_run_parser(p.add_subparsers(dest='command', required=True))\n"
-    "a = p.parse_args(sys.argv[1:])\n"
-    "sys.exit(a.func(a))\n"
-)
-
 
 def _run_command() -> list[str]:
+    """`gpuheal run` from this environment."""
     exe = Path(sys.executable).parent / "gpuheal"
-    probe = subprocess.run(
-        [str(exe), "run", "--help"], capture_output=True, text=True, timeout=60, check=False
-    )
-    if probe.returncode == 0:
-        return [str(exe), "run"]
-    try:
-        from gpuheal.operator import add_run_parser  # noqa: F401
-    except ImportError:
-        pytest.skip("the operator (`gpuheal run`) has not landed yet")
-    return [sys.executable, "-c", _RUN_SHIM, "run"]
+    if not exe.exists():
+        pytest.fail(f"{exe} missing: `uv sync` installs the console script")
+    return [str(exe), "run"]
 
 
 def _helm(sandbox: Sandbox, home: Path, *args: str) -> str:
