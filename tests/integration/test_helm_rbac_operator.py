@@ -214,8 +214,7 @@ def test_operator_runs_an_xid79_incident_with_only_the_charts_rbac(
 
     kubeconfig = _sa_kubeconfig(sandbox, namespace, f"{chart_release}-gpuheal")
     log_path = tmp_path / "operator.log"
-    # KUBECONFIG rather than --kubeconfig: kopf's login reads the environment the kubernetes
-    # client saw when it was imported.
+    # Only the ServiceAccount's kubeconfig: nothing from this environment's own credentials.
     env = {k: v for k, v in os.environ.items() if not k.startswith(("KUBECONFIG", "GPUHEAL_"))}
     env["KUBECONFIG"] = str(kubeconfig)
     with log_path.open("w") as log:
