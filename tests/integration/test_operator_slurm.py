@@ -1,0 +1,190 @@
+"""XID 79 end to end: the operator on the sandbox's Kubernetes, the real Slurm bridge process
+(`gpuheal-slurm-bridge`, CLI backend) and a real Slurm cluster whose node names are the
+Kubernetes node names. No mocks."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from gpuheal.sandbox import Sandbox
+from gpuheal.sandbox.slurm import SlurmCluster
+from gpuheal.simulate import simulate_xid
+from tests.integration.operator_harness import (
+    REPO,
+    Objects,
+    OperatorProcess,
+    completed,
+    condition,
+    dump,
+    free_port,
+    hold,
+    wait_for,
+)
+from tests.integration.test_operator_k8s import gpuheal_crds, policy, pool, xid79_rule
+
+pytestmark = pytest.mark.integration
+__all__ = ["gpuheal_crds"]  # the CRD fixture, shared with test_operator_k8s
+TOKEN = "operator-e2e-token-0123456789abcdef"
+START_RE = re.compile(r"START host=(\S+) restart_count=(\d+) resume_step=(\d+)")
+
+
+@pytest.fixture
+def bridge(
+    tmp_path: Path,
+) -> Iterator[Callable[[SlurmCluster], tuple[str, Path, subprocess.Popen[bytes]]]]:
+    procs: list[subprocess.Popen[bytes]] = []
+
+    def start(cluster: SlurmCluster) -> tuple[str, Path, subprocess.Popen[bytes]]:
+        port = free_port()
+        tokens = tmp_path / "bridge-tokens"
+        tokens.write_text(f"operator:{TOKEN}\n")
+        token_file = tmp_path / "operator-token"
+        token_file.write_text(TOKEN)
+        state = tmp_path / "bridge-state"
+        state.mkdir(exist_ok=True)
+        log = (tmp_path / "bridge.log").open("wb")
+        env = {
+            **cluster.subprocess_env(dict(os.environ)),
+            "PYTHONPATH": f"{REPO / 'operator'}:{REPO / 'slurm-bridge'}",
+        }
+        proc = subprocess.Popen(
+            [sys.executable, "-c", "import sys; from gpuheal_bridge.cli import main; "
+             "sys.exit(main())",
+             "--listen", f"127.0.0.1:{port}", "--token-file", str(tokens),
+             "--slurm-conf", str(cluster.conf_path), "--state-dir", str(state),
+             "--expedite-timeout", "15", "--log-level", "warning"],
+            stdout=log, stderr=subprocess.STDOUT, env=env,
+        )  # fmt: skip
+        procs.append(proc)
+        url = f"http://127.0.0.1:{port}"
+
+        def ready() -> bool:
+            if proc.poll() is not None:
+                raise AssertionError((tmp_path / "bridge.log").read_text()[-2000:])
+            try:
+                with urllib.request.urlopen(f"{url}/readyz", timeout=2) as resp:
+                    return bool(resp.status == 200)
+            except OSError:
+                return False
+
+        wait_for(ready, "bridge ready", timeout=30)
+        return url, token_file, proc
+
+    yield start
+    for proc in procs:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def _job(cluster: SlurmCluster, job: str) -> tuple[str, str]:
+    out = cluster.run("squeue", "-h", "-j", job, "-o", "%T|%N", check=False).stdout.strip()
+    state, _, nodes = out.partition("|")
+    return state, nodes
+
+
+def _node(cluster: SlurmCluster, node: str) -> str:
+    return cluster.run("scontrol", "show", "node", node, "-o").stdout
+
+
+def test_xid79_drains_and_requeues_in_slurm_and_resumes_the_spare(  # noqa: PLR0917
+    sandbox: Sandbox,
+    own_gpu_nodes: Callable[..., list[str]],
+    make_slurm_cluster: Callable[..., SlurmCluster],
+    bridge: Callable[[SlurmCluster], tuple[str, Path, subprocess.Popen[bytes]]],
+    checkpoint_job: Path,
+    tmp_path: Path,
+    gpuheal_crds: None,
+) -> None:
+    core = sandbox.core_v1()
+    cid = os.urandom(3).hex()
+    broken, other = own_gpu_nodes(2, **{"gpuheal.io/case": f"{cid}-work"})
+    (spare,) = own_gpu_nodes(1, **{"gpuheal.io/case": f"{cid}-spare"})
+    objects = Objects(sandbox.api_client())
+    cluster = make_slurm_cluster([broken, other, spare], name="op")
+    # The spare waits drained by an admin ("reserve"); promotion resumes it (force).
+    cluster.run("scontrol", "update", f"NodeName={spare}", "State=DRAIN", "Reason=reserve pool")
+    url, token_file, _ = bridge(cluster)
+
+    ckpt, out = tmp_path / "ckpt.state", tmp_path / "ckpt.out"
+    # Land the job on `broken` without pinning it there (a pinned job could not move).
+    cluster.run("scontrol", "update", f"NodeName={other}", "State=DRAIN", "Reason=hold")
+    job = cluster.run(
+        "sbatch", "--parsable", "-o", str(out), str(checkpoint_job), str(ckpt), "0.2"
+    ).stdout.strip()
+    wait_for(lambda: _job(cluster, job) == ("RUNNING", broken), f"job {job} RUNNING on {broken}")
+    cluster.run("scontrol", "update", f"NodeName={other}", "State=RESUME")
+    wait_for(lambda: ckpt.exists() and int(ckpt.read_text() or 0) >= 3, "3 checkpointed steps")
+
+    pool_manifest = pool(f"spares-{cid}", f"{cid}-spare")
+    pool_manifest["spec"]["promotion"]["slurm"] = {"resume": True}
+    objects.apply("reservepools", pool_manifest)
+    objects.apply(
+        "remediationpolicies",
+        policy(f"p-{cid}", f"{cid}-work", [xid79_rule(f"spares-{cid}")]),
+    )
+    op = OperatorProcess(
+        Path(sandbox.kubeconfig), tmp_path,
+        ["--bridge-url", url, "--bridge-token-file", str(token_file)],
+    ).start()  # fmt: skip
+    try:
+        t0 = time.monotonic()
+        simulate_xid(core, broken, 79)
+        nrem = wait_for(lambda: objects.incident(broken), "NodeRemediation")
+        name = nrem["metadata"]["name"]
+        done = wait_for(
+            lambda: completed(o := objects.get("noderemediations", name)) and o,
+            "incident completed", timeout=120,
+        )  # fmt: skip
+        elapsed = time.monotonic() - t0
+        print(f"\nXID 79 -> replaced in {elapsed:.2f}s; timeline:")
+        for e in done["status"]["timeline"]:
+            print(f"  {e['time']}  {e['step']:<22} {e['message']}")
+        assert completed(done) == "Replaced", dump(done["status"])
+
+        drained = _node(cluster, broken)
+        assert re.search(rf"Reason=gpuheal: {name}\b", drained), drained
+        assert "DRAIN" in drained
+        assert condition(done, "SlurmDrained")["reason"] == "Drained"
+        assert condition(done, "JobsRequeued")["status"] == "True"
+        assert [j["jobId"] for j in done["status"]["requeuedJobs"]] == [job]
+        assert done["status"]["ownership"] == {"cordoned": True, "slurmDrained": True}
+
+        moved = wait_for(
+            lambda: (s := _job(cluster, job))[0] == "RUNNING" and s[1] != broken and s[1],
+            "job running elsewhere", timeout=60,
+        )  # fmt: skip
+        assert moved in (other, spare)
+        spare_state = _node(cluster, spare)
+        assert "DRAIN" not in spare_state, spare_state
+        assert done["status"]["replacementNode"] == spare
+
+        runs = wait_for(
+            lambda: (r := START_RE.findall(out.read_text())) and len(r) >= 2 and r, "second START"
+        )
+        assert runs[1][0] == moved
+        assert int(runs[1][1]) == 1
+        assert int(runs[1][2]) >= 3, "resumed from its checkpoint"
+
+        # Restart the operator: nothing runs twice (one requeue, one spare).
+        op.kill()
+        op = OperatorProcess(
+            Path(sandbox.kubeconfig), tmp_path,
+            ["--bridge-url", url, "--bridge-token-file", str(token_file)],
+        ).start()  # fmt: skip
+        hold(lambda: len(objects.incidents(broken)) == 1, "still one incident", 3)
+        assert "Restarts=1" in cluster.run("scontrol", "show", "job", job).stdout
+    finally:
+        op.stop()
+        objects.cleanup([broken, other, spare])
