@@ -121,7 +121,7 @@ def test_text_timeline() -> None:
     lines = text.splitlines()
     assert lines[0].startswith("XID 79 (t = 0 at the fault, ")
     assert lines[1].split() == [
-        "-0.116",
+        "-0.455",
         "s",
         "last",
         "checkpoint",
