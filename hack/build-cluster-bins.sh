@@ -59,8 +59,15 @@ if want kwok; then
 fi
 if want helm; then
   log "helm $HELM_VERSION"
-  GOBIN="$TMP" go install -ldflags "-s -w -X helm.sh/helm/v3/internal/version.version=$HELM_VERSION" \
-      "helm.sh/helm/v3/cmd/helm@$HELM_VERSION"
+  # As helm's Makefile does: the default Kubernetes version (used by `helm template` and lint
+  # when no cluster is asked) is 1.<client-go minor>, else it falls back to v1.20.
+  helm_gomod=$(go mod download -json "helm.sh/helm/v3@$HELM_VERSION" | sed -n 's/.*"GoMod": "\(.*\)",/\1/p')
+  kminor=$(awk '$1=="k8s.io/client-go" {split($2, v, "."); print v[2]}' "$helm_gomod")
+  hflags="-s -w -X helm.sh/helm/v3/internal/version.version=$HELM_VERSION"
+  for pkg in helm.sh/helm/v3/pkg/lint/rules helm.sh/helm/v3/pkg/chartutil; do
+    hflags+=" -X $pkg.k8sVersionMajor=1 -X $pkg.k8sVersionMinor=$kminor"
+  done
+  GOBIN="$TMP" go install -ldflags "$hflags" "helm.sh/helm/v3/cmd/helm@$HELM_VERSION"
 fi
 for b in "${missing[@]}"; do mv -f "$TMP/$b" "$OUT/$b"; done
 log "done: $OUT"
