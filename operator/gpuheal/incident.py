@@ -112,6 +112,8 @@ def node_view(body: Mapping[str, Any], keep: frozenset[str] = frozenset()) -> No
     labels = dict(meta.get("labels") or {})
     conds = []
     for c in status.get("conditions") or []:
+        if not isinstance(c, Mapping):
+            continue
         type_ = c.get("type")
         if not isinstance(type_, str) or (type_ in _KUBELET_CONDITIONS and type_ not in keep):
             continue
@@ -131,7 +133,11 @@ def node_view(body: Mapping[str, Any], keep: frozenset[str] = frozenset()) -> No
         conditions=tuple(conds),
         cordoned_by=annotations.get(CORDONED_BY_ANNOTATION),
         claimed_by=labels.get(CLAIMED_BY_LABEL),
-        taints=tuple(str(t.get("key")) for t in spec.get("taints") or [] if t.get("key")),
+        taints=tuple(
+            str(t["key"])
+            for t in spec.get("taints") or []
+            if isinstance(t, Mapping) and t.get("key")
+        ),
     )
 
 

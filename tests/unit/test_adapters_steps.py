@@ -1,0 +1,140 @@
+"""Step executors that need no cluster: Slurm requeue options, spare choice, Job specs, and
+the reset/reboot hook contract against a real local HTTP server."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, HTTPServer
+from typing import Any, ClassVar
+
+import pytest
+
+from gpuheal.adapters import steps
+from gpuheal.api.remediationpolicy import HookSpec, SlurmDrainOptions
+from gpuheal.api.reservepool import ReservePool
+from gpuheal.incident import NodeCondition, NodeView
+from gpuheal_bridge.api.models import RequeueMode
+
+NOW = dt.datetime(2026, 11, 22, 6, 0, tzinfo=dt.UTC)
+
+
+def test_requeue_options_follow_the_policy() -> None:
+    assert steps.requeue_options(SlurmDrainOptions(requeue="none")) is None
+    opts = steps.requeue_options(
+        SlurmDrainOptions(requeue="requeue", checkpoint_signal="USR1", grace_period="90s")
+    )
+    assert opts is not None
+    assert opts.mode is RequeueMode.REQUEUE
+    assert opts.checkpoint is not None
+    assert (opts.checkpoint.signal, opts.checkpoint.grace_seconds) == ("USR1", 90.0)
+    assert opts.exclude_node
+    assert opts.expedite
+    held = steps.requeue_options(SlurmDrainOptions(requeue="requeueHold", grace_period="1h"))
+    assert held is not None
+    assert held.mode is RequeueMode.REQUEUE_HOLD
+    assert not held.expedite
+    capped = steps.requeue_options(
+        SlurmDrainOptions(requeue="requeue", checkpoint_signal="USR1", grace_period="1h")
+    )
+    assert capped is not None
+    assert capped.checkpoint is not None
+    assert capped.checkpoint.grace_seconds == 600  # the bridge's bound
+
+
+def view(name: str, *, ready: bool = True, **labels: str) -> NodeView:
+    claimed = labels.pop("claimed", None)
+    cordoned = labels.pop("cordoned", None)
+    return NodeView(
+        name=name, uid=name, labels={"pool": "reserve", **labels}, unschedulable=False,
+        conditions=(NodeCondition("Ready", "True" if ready else "False", "", NOW),),
+        claimed_by=claimed, cordoned_by=cordoned,
+    )  # fmt: skip
+
+
+def test_spare_candidates_are_ready_unclaimed_uncordoned_pool_members() -> None:
+    pool = ReservePool.model_validate(
+        {"metadata": {"name": "spares"},
+         "spec": {"nodeSelector": {"matchLabels": {"pool": "reserve"}}}}
+    )  # fmt: skip
+    nodes = [
+        view("s3"), view("s1"), view("s2", ready=False), view("s4", claimed="nrem-a"),
+        view("s5", cordoned="nrem-b"), view("w1", pool="train"), view("broken"),
+    ]  # fmt: skip
+    assert steps.spare_candidates(pool, nodes, "broken") == ["s1", "s3"]
+
+
+def test_job_hook_spec_passes_the_node_to_every_container() -> None:
+    template = {"template": {"spec": {"containers": [{"name": "a", "env": [{"name": "X",
+                "value": "1"}]}, {"name": "b"}]}}}  # fmt: skip
+    spec = steps._job_spec(template, node="n1", action="reset", incident="nrem-1")
+    envs = [c["env"] for c in spec["template"]["spec"]["containers"]]
+    assert envs[0][0] == {"name": "X", "value": "1"}
+    assert all({"name": "NODE_NAME", "value": "n1"} in e for e in envs)
+    assert spec["template"]["spec"]["restartPolicy"] == "Never"
+    assert "env" not in template["template"]["spec"]["containers"][1]  # template untouched
+
+
+class _Recorder(BaseHTTPRequestHandler):
+    calls: ClassVar[list[tuple[dict[str, Any], str | None]]] = []
+    status: ClassVar[int] = 200
+
+    def do_POST(self) -> None:
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        type(self).calls.append((body, self.headers.get("Idempotency-Key")))
+        self.send_response(type(self).status)
+        self.end_headers()
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def hook_server() -> Iterator[tuple[str, type[_Recorder]]]:
+    _Recorder.calls = []
+    _Recorder.status = 200
+    server = HTTPServer(("127.0.0.1", 0), _Recorder)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_port}/hook", _Recorder
+    server.shutdown()
+
+
+async def _hook(hook: HookSpec, *, started: dt.datetime = NOW) -> steps.StepResult:
+    return await steps.run_hook(
+        None,  # type: ignore[arg-type]  # only Job hooks touch the API
+        hook, action="reset", node="n1", incident="nrem-1", xid=62, started=started, now=NOW,
+        hook_timeout="10m", retry_after=1.0,
+    )  # fmt: skip
+
+
+async def test_webhook_hook_contract(hook_server: tuple[str, type[_Recorder]]) -> None:
+    url, rec = hook_server
+    hook = HookSpec(type="Webhook", webhook={"url": url})
+    done = await _hook(hook)
+    assert (done.kind, done.condition, done.reason) == ("done", "Reset", "HookSucceeded")
+    assert rec.calls == [
+        ({"action": "reset", "node": "n1", "incident": "nrem-1", "xid": 62}, "nrem-1-reset")
+    ]
+    rec.status = 503
+    assert (await _hook(hook)).kind == "wait"
+    rec.status = 400
+    refused = await _hook(hook)
+    assert (refused.kind, refused.reason) == ("failed", "HookRefused")
+    late = await _hook(hook, started=NOW - dt.timedelta(minutes=11))
+    assert (late.kind, late.reason) == ("failed", "HookTimedOut")
+
+
+async def test_noop_hook_and_unreachable_webhook() -> None:
+    noop = await _hook(HookSpec(type="Noop"))
+    assert (noop.kind, noop.reason) == ("done", "NoopHook")
+    gone = await _hook(HookSpec(type="Webhook", webhook={"url": "http://127.0.0.1:9/x"}))
+    assert (gone.kind, gone.reason) == ("wait", "HookUnreachable")
+
+
+async def test_slurm_drain_without_a_bridge_is_recorded_not_failed() -> None:
+    result = await steps.slurm_drain(None, "n1", "nrem-1", 79, SlurmDrainOptions(), now=NOW,
+                                     attempt=0)  # fmt: skip
+    assert (result.kind, result.reason) == ("done", "SlurmNotConfigured")
