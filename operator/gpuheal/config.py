@@ -32,6 +32,8 @@ class OperatorConfig:
     verbose: bool = False
     # Seconds between looks at a step that waits (PDB, approval, breaker, hysteresis).
     retry_interval: float = 5.0
+    # Lease of the single active copy (seconds; 0: no Lease, e.g. a one-off local run).
+    lease_duration: float = 15.0
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -95,6 +97,12 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
         help="XID Events older than this (seconds) count for history but start nothing",
     )
     a("--retry-interval", type=float, default=float(_env("retry_interval", d.retry_interval)))
+    a(
+        "--lease-duration",
+        type=float,
+        default=float(_env("lease_duration", d.lease_duration)),
+        help="seconds of the Lease that keeps a second copy idle (0: no Lease)",
+    )
     a("--verbose", action="store_true", default=_env("verbose", "") in ("1", "true"))
 
 
@@ -115,5 +123,6 @@ def config_from_args(args: argparse.Namespace) -> OperatorConfig:
         kubeconfig=args.kubeconfig,
         event_max_age=args.event_max_age,
         retry_interval=args.retry_interval,
+        lease_duration=args.lease_duration,
         verbose=args.verbose,
     )

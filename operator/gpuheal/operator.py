@@ -20,6 +20,7 @@ from prometheus_client import CollectorRegistry, start_http_server
 
 from gpuheal import incident as inc
 from gpuheal.adapters.kube import Kube, make_api_client
+from gpuheal.adapters.lease import Lease
 from gpuheal.adapters.slurm import BridgeSlurm
 from gpuheal.config import OperatorConfig, add_run_arguments, config_from_args
 from gpuheal.handlers import remediation, sources, status, watch
@@ -56,6 +57,10 @@ async def startup(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
     settings.execution.max_workers = 4
 
     rt.kube = Kube(await make_api_client(cfg.kubeconfig), component="gpuheal")
+    if cfg.lease_duration > 0 and rt.lease is None:
+        rt.lease = Lease(rt.kube.api, cfg.namespace, duration=cfg.lease_duration)
+        await rt.lease.acquire()  # a second copy waits here: nothing below runs in it
+        rt.tasks.append(asyncio.create_task(rt.lease.keep(_lost_lease), name="lease"))
     if cfg.bridge_url:
         rt.slurm = BridgeSlurm.from_settings(
             cfg.bridge_url, cfg.bridge_token_file, cfg.bridge_ca_file
@@ -70,6 +75,12 @@ async def startup(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
         rt.tasks.append(asyncio.create_task(sources.scrape_dcgm(rt), name="dcgm"))
     rt.tasks.append(asyncio.create_task(status.report_forever(rt), name="status"))
     log.info("gpuheal started: sources=%s bridge=%s", ",".join(sorted(cfg.sources)), cfg.bridge_url)
+
+
+def _lost_lease() -> None:
+    """Another copy may hold the Lease now: stop at once, do not finish any step."""
+    logging.getLogger("gpuheal.operator").critical("Lease lost: exiting")
+    os._exit(70)
 
 
 async def _prefill(rt: Runtime) -> None:
@@ -108,6 +119,8 @@ async def cleanup(memo: Any, **_: Any) -> None:
     await asyncio.gather(*pending, return_exceptions=True)
     for timer in rt.condition_timers.values():
         timer.cancel()
+    if rt.lease is not None:
+        await rt.lease.release()
     if rt.slurm is not None:
         await rt.slurm.close()
     if rt.kube is not None:

@@ -60,7 +60,7 @@ class OperatorProcess:
     health_port: int = 0
     starts: int = 0
 
-    def start(self) -> OperatorProcess:
+    def start(self, *, wait_started: bool = True) -> OperatorProcess:
         self.metrics_port, self.health_port = free_port(), free_port()
         self.starts += 1
         log = (self.log_dir / f"operator-{self.starts}.log").open("wb")
@@ -72,13 +72,15 @@ class OperatorProcess:
             "--namespace", "default",
             "--log-format", "json",
             "--retry-interval", "0.5",
+            "--lease-duration", "3",
             "--sources", "conditions,events",
             *self.extra,
         ]  # fmt: skip
         env = {**os.environ, "PYTHONPATH": f"{REPO / 'operator'}:{REPO / 'slurm-bridge'}"}
         self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env)
-        wait_for(self._healthy, "operator liveness endpoint", timeout=60)
-        wait_for(lambda: "gpuheal started" in self.log(), "operator start-up", timeout=60)
+        if wait_started:
+            wait_for(self._healthy, "operator liveness endpoint", timeout=60)
+            wait_for(lambda: "gpuheal started" in self.log(), "operator start-up", timeout=60)
         return self
 
     def _healthy(self) -> bool:

@@ -55,8 +55,11 @@ def run_operator(
 ) -> Iterator[Callable[..., OperatorProcess]]:
     procs: list[OperatorProcess] = []
 
-    def start(*extra: str) -> OperatorProcess:
-        op = OperatorProcess(Path(sandbox.kubeconfig), tmp_path, list(extra)).start()
+    def start(*extra: str, wait_started: bool = True) -> OperatorProcess:
+        logs = tmp_path / f"op{len(procs)}"
+        logs.mkdir()
+        op = OperatorProcess(Path(sandbox.kubeconfig), logs, list(extra))
+        op.start(wait_started=wait_started)
         procs.append(op)
         return op
 
@@ -555,3 +558,26 @@ def test_opt_out_label_and_pause_are_respected(
     objects.patch("remediationpolicies", pname, {"spec": {"safety": {"paused": False}}})
     wait_for(lambda: objects.node(paused_node).spec.unschedulable, "cordoned once unpaused")
     assert objects.incident(paused_node)["metadata"]["name"] == nrem["metadata"]["name"]
+
+
+def test_a_second_copy_stands_by_until_the_lease_is_free(
+    sandbox: Sandbox,
+    case: Callable[..., list[str]],
+    objects: Objects,
+    run_operator: Callable[..., OperatorProcess],
+) -> None:
+    core = sandbox.core_v1()
+    first_node, second_node = case(2)
+    cid = case.case_id  # type: ignore[attr-defined]
+    objects.apply("remediationpolicies", policy(f"p-{cid}", f"{cid}-work", [cordon_only_rule(94)]))
+    active = run_operator()
+    standby = run_operator(wait_started=False)
+    wait_for(lambda: "standing by" in standby.log(), "second copy standing by")
+    simulate_xid(core, first_node, 94)
+    wait_for(lambda: objects.node(first_node).spec.unschedulable, "cordoned by the active copy")
+    assert "gpuheal started" not in standby.log()
+    assert len(objects.incidents(first_node)) == 1
+    active.stop()  # releases the Lease
+    wait_for(lambda: "gpuheal started" in standby.log(), "standby takes over", timeout=30)
+    simulate_xid(core, second_node, 94)
+    wait_for(lambda: objects.node(second_node).spec.unschedulable, "cordoned by the new holder")

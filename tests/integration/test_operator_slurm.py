@@ -179,10 +179,7 @@ def test_xid79_drains_and_requeues_in_slurm_and_resumes_the_spare(  # noqa: PLR0
 
         # Restart the operator: nothing runs twice (one requeue, one spare).
         op.kill()
-        op = OperatorProcess(
-            Path(sandbox.kubeconfig), tmp_path,
-            ["--bridge-url", url, "--bridge-token-file", str(token_file)],
-        ).start()  # fmt: skip
+        op.start()
         hold(lambda: len(objects.incidents(broken)) == 1, "still one incident", 3)
         assert "Restarts=1" in cluster.run("scontrol", "show", "job", job).stdout
     finally:

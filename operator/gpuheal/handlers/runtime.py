@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpuheal.adapters.kube import Kube
+from gpuheal.adapters.lease import Lease
 from gpuheal.adapters.slurm import SlurmPort
 from gpuheal.config import OperatorConfig
 from gpuheal.incident import NodeView
@@ -38,6 +39,7 @@ class Runtime:
     config: OperatorConfig
     metrics: Metrics
     kube: Kube | None = None
+    lease: Lease | None = None
     slurm: SlurmPort | None = None
     nodes: dict[str, NodeView] = field(default_factory=dict)
     policies: dict[str, Any] = field(default_factory=dict)  # name -> RemediationPolicy
@@ -55,6 +57,17 @@ class Runtime:
     node_locks: dict[str, asyncio.Lock] = field(default_factory=dict)
     condition_timers: dict[tuple[str, str], asyncio.TimerHandle] = field(default_factory=dict)
     started: dt.datetime = field(default_factory=lambda: dt.datetime.now(dt.UTC))
+
+    def forget_before(self, cutoff: dt.datetime) -> None:
+        """Drop dedupe keys and history older than ``cutoff`` (bounded memory)."""
+        for key in [k for k, t in self.seen_keys.items() if t < cutoff]:
+            del self.seen_keys[key]
+        for node in list(self.history):
+            kept = deque((s for s in self.history[node] if s.time >= cutoff), maxlen=256)
+            if kept:
+                self.history[node] = kept
+            else:
+                del self.history[node]
 
     def node_lock(self, node: str) -> asyncio.Lock:
         return self.node_locks.setdefault(node, asyncio.Lock())

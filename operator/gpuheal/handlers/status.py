@@ -168,6 +168,8 @@ async def report_forever(rt: Runtime) -> None:
     last: dict[tuple[str, str], Any] = {}
     while True:
         try:
+            # Keys older than the longest escalation window (default 24h) can go.
+            rt.forget_before(_now() - dt.timedelta(hours=25))
             await report_once(rt, last)
         except asyncio.CancelledError:
             raise

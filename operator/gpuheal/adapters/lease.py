@@ -1,0 +1,168 @@
+"""One active operator: a coordination.k8s.io Lease, like client-go's leader election.
+
+kopf has no leader election (peering only pauses lower-priority copies). gpuheal ships as a
+single replica with the Recreate strategy; this Lease makes an accidental second copy
+harmless: it waits in start-up (before any watch or signal source runs) until the Lease is
+free, and a holder that cannot renew in time exits rather than act next to a new holder.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import logging
+import os
+import socket
+import uuid
+from typing import Any
+
+from kubernetes_asyncio import client
+from kubernetes_asyncio.client.exceptions import ApiException
+
+log = logging.getLogger("gpuheal.lease")
+
+LEASE_NAME = "gpuheal-operator"
+
+
+def _now() -> dt.datetime:
+    return dt.datetime.now(dt.UTC)
+
+
+def _micro(ts: dt.datetime) -> str:
+    return ts.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def _parse(value: Any) -> dt.datetime | None:
+    if not isinstance(value, str):
+        return None
+    try:
+        return dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+
+
+def default_identity() -> str:
+    return f"{os.environ.get('POD_NAME') or socket.gethostname()}-{uuid.uuid4().hex[:6]}"
+
+
+def lease_free(spec: dict[str, Any], me: str, now: dt.datetime) -> bool:
+    """May ``me`` take the Lease described by ``spec`` (a dict of the wire fields) now?"""
+    holder = spec.get("holderIdentity")
+    if not holder or holder == me:
+        return True
+    renewed = _parse(spec.get("renewTime")) or _parse(spec.get("acquireTime"))
+    duration = float(spec.get("leaseDurationSeconds") or 15)
+    return renewed is None or now >= renewed + dt.timedelta(seconds=duration)
+
+
+class Lease:
+    def __init__(
+        self,
+        api: client.ApiClient,
+        namespace: str,
+        *,
+        identity: str | None = None,
+        duration: float = 15.0,
+        name: str = LEASE_NAME,
+    ) -> None:
+        self.api = api
+        self.coord: Any = client.CoordinationV1Api(api)
+        self.namespace = namespace
+        self.name = name
+        self.identity = identity or default_identity()
+        self.duration = duration
+        self.renewed: dt.datetime | None = None
+
+    def _body(self, spec: dict[str, Any], rv: str | None) -> dict[str, Any]:
+        meta: dict[str, Any] = {"name": self.name, "namespace": self.namespace}
+        if rv:
+            meta["resourceVersion"] = rv
+        return {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": meta,
+                "spec": spec}  # fmt: skip
+
+    async def try_acquire(self) -> bool:
+        now = _now()
+        try:
+            current = await self.coord.read_namespaced_lease(self.name, self.namespace)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+            spec = {
+                "holderIdentity": self.identity,
+                "leaseDurationSeconds": int(self.duration),
+                "acquireTime": _micro(now),
+                "renewTime": _micro(now),
+                "leaseTransitions": 0,
+            }
+            try:
+                await self.coord.create_namespaced_lease(self.namespace, self._body(spec, None))
+            except ApiException as create_exc:
+                if create_exc.status == 409:
+                    return False
+                raise
+            self.renewed = now
+            return True
+        wire = self.api.sanitize_for_serialization(current.spec) or {}
+        if not lease_free(wire, self.identity, now):
+            return False
+        mine = wire.get("holderIdentity") == self.identity
+        spec = {
+            **wire,
+            "holderIdentity": self.identity,
+            "leaseDurationSeconds": int(self.duration),
+            "renewTime": _micro(now),
+            "acquireTime": wire.get("acquireTime") if mine else _micro(now),
+            "leaseTransitions": int(wire.get("leaseTransitions") or 0) + (0 if mine else 1),
+        }
+        try:
+            await self.coord.replace_namespaced_lease(
+                self.name, self.namespace, self._body(spec, current.metadata.resource_version)
+            )
+        except ApiException as exc:
+            if exc.status == 409:
+                return False
+            raise
+        self.renewed = now
+        return True
+
+    async def acquire(self, *, every: float = 1.0) -> None:
+        """Wait until this process holds the Lease."""
+        announced = False
+        while not await self.try_acquire():
+            if not announced:
+                log.info("another gpuheal holds Lease %s/%s; standing by", self.namespace,
+                         self.name)  # fmt: skip
+                announced = True
+            await asyncio.sleep(every)
+        log.info("holding Lease %s/%s as %s", self.namespace, self.name, self.identity)
+
+    async def keep(self, on_lost: Any) -> None:
+        """Renew every third of the duration; call ``on_lost()`` if the Lease is gone or was
+        not renewed within its duration (another copy may take it then)."""
+        while True:
+            await asyncio.sleep(self.duration / 3)
+            try:
+                ok = await self.try_acquire()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.warning("Lease renewal failed: %s", exc)
+                ok = False
+            if not ok and (self.renewed is None or _now() - self.renewed >= dt.timedelta(
+                    seconds=self.duration * 0.9)):  # fmt: skip
+                log.critical("lost Lease %s/%s; stopping", self.namespace, self.name)
+                on_lost()
+                return
+
+    async def release(self) -> None:
+        try:
+            current = await self.coord.read_namespaced_lease(self.name, self.namespace)
+            if current.spec.holder_identity != self.identity:
+                return
+            wire = self.api.sanitize_for_serialization(current.spec) or {}
+            wire["holderIdentity"] = None
+            await self.coord.replace_namespaced_lease(
+                self.name, self.namespace, self._body(wire, current.metadata.resource_version)
+            )
+        except ApiException as exc:
+            log.warning("could not release Lease: %s", exc.reason)
