@@ -301,33 +301,14 @@ class Operations:
         if probe.state not in PENDING_STATES:
             notes.append(f"after requeue the job is {probe.state}")
 
-        excluded: list[str] | None = None
         bad = [from_node] if from_node else list(job.nodes)
-        if opts.exclude_node and bad and probe.state in PENDING_STATES:
+        wanted: list[str] | None = None
+        if opts.exclude_node and bad:
             wanted = sorted(set(job.excluded_nodes) | set(bad))
-            try:
-                await self.backend.set_excluded_nodes(job_id, wanted)
-                excluded = (await self.backend.get_job(job_id)).excluded_nodes
-                if not set(bad) <= set(excluded):
-                    notes.append("exclusion did not stick")
-            except Rejected as exc:
-                notes.append(f"exclude failed: {exc}")
 
-        expedited = False
-        if opts.expedite and outcome is not JobOutcome.REQUEUED_HELD:
-            probe = await self._wait(
-                job_id,
-                lambda p: p.state not in PENDING_STATES or p.reason == "BeginTime",
-                self.expedite_timeout,
-            )
-            if probe.state in PENDING_STATES and probe.reason == "BeginTime":
-                try:
-                    await self.backend.start_now(job_id)
-                    expedited = True
-                except Rejected as exc:
-                    notes.append(f"expedite failed: {exc}")
-            elif probe.state in PENDING_STATES:
-                notes.append(f"expedite: no BeginTime hold seen (reason {probe.reason})")
+        expedited, excluded = await self._expedite_and_exclude(
+            job_id, opts=opts, outcome=outcome, probe=probe, bad=bad, wanted=wanted, notes=notes
+        )
 
         to_running: float | None = None
         if opts.wait_running_seconds > 0 and outcome is not JobOutcome.REQUEUED_HELD:
@@ -354,6 +335,52 @@ class Operations:
             nodes_after=final.nodes,
             detail="; ".join(notes) or None,
         )
+
+    async def _expedite_and_exclude(
+        self,
+        job_id: int,
+        *,
+        opts: RequeueOptions,
+        outcome: JobOutcome,
+        probe: JobProbe,
+        bad: list[str],
+        wanted: list[str] | None,
+        notes: list[str],
+    ) -> tuple[bool, list[str] | None]:
+        """Returns (expedited, excluded nodes after the update or None)."""
+        # Expedite: once Slurm shows PENDING/BeginTime, one `scontrol update` sets StartTime=now
+        # and ExcNodeList together. Measured: updating ExcNodeList first, while the job is still
+        # PENDING/None, pushes BeginTime back and costs ~1 s (0.7 s vs 1.7 s to RUNNING).
+        expedited = False
+        excluded_done = False
+        if opts.expedite and outcome is not JobOutcome.REQUEUED_HELD:
+            probe = await self._wait(
+                job_id,
+                lambda p: p.state not in PENDING_STATES or p.reason == "BeginTime",
+                self.expedite_timeout,
+            )
+            if probe.state in PENDING_STATES and probe.reason == "BeginTime":
+                try:
+                    await self.backend.start_now(job_id, excluded_nodes=wanted)
+                    expedited = excluded_done = True
+                except Rejected as exc:
+                    notes.append(f"expedite failed: {exc}")
+            elif probe.state in PENDING_STATES:
+                notes.append(f"expedite: no BeginTime hold seen (reason {probe.reason})")
+
+        excluded: list[str] | None = None
+        if wanted is not None and probe.state in PENDING_STATES and not excluded_done:
+            try:
+                await self.backend.set_excluded_nodes(job_id, wanted)
+                excluded_done = True
+            except Rejected as exc:
+                notes.append(f"exclude failed: {exc}")
+        if wanted is not None and excluded_done:
+            excluded = (await self.backend.get_job(job_id)).excluded_nodes
+            if not set(bad) <= set(excluded):
+                notes.append("exclusion did not stick")
+
+        return expedited, excluded
 
     async def _wait(
         self,

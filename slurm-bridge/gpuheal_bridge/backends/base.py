@@ -122,8 +122,9 @@ class Backend(Protocol):
 
     async def set_excluded_nodes(self, job_id: int, nodes: list[str]) -> None: ...
 
-    async def start_now(self, job_id: int) -> None:
-        """``StartTime=now``: lift the BeginTime hold of a requeued job."""
+    async def start_now(self, job_id: int, excluded_nodes: list[str] | None = None) -> None:
+        """``StartTime=now``: lift the BeginTime hold of a requeued job (and set its excluded
+        nodes in the same update when given)."""
         ...
 
     async def aclose(self) -> None: ...

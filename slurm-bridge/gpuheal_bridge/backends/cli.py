@@ -196,8 +196,9 @@ class CliBackend:
     async def set_excluded_nodes(self, job_id: int, nodes: list[str]) -> None:
         await self._ok("scontrol", "update", f"JobId={job_id}", f"ExcNodeList={','.join(nodes)}")
 
-    async def start_now(self, job_id: int) -> None:
-        await self._ok("scontrol", "update", f"JobId={job_id}", "StartTime=now")
+    async def start_now(self, job_id: int, excluded_nodes: list[str] | None = None) -> None:
+        exclude = [f"ExcNodeList={','.join(excluded_nodes)}"] if excluded_nodes else []
+        await self._ok("scontrol", "update", f"JobId={job_id}", *exclude, "StartTime=now")
 
     async def aclose(self) -> None:
         return None

@@ -210,10 +210,10 @@ class RestBackend:
             raise Unsupported("job updates (ExcNodeList) are done with scontrol: enable fallback")
         await self.fallback.set_excluded_nodes(job_id, nodes)
 
-    async def start_now(self, job_id: int) -> None:
+    async def start_now(self, job_id: int, excluded_nodes: list[str] | None = None) -> None:
         if self.fallback is None:
             raise Unsupported("job updates (StartTime) are done with scontrol: enable fallback")
-        await self.fallback.start_now(job_id)
+        await self.fallback.start_now(job_id, excluded_nodes)
 
     async def aclose(self) -> None:
         await self._http.aclose()

@@ -166,8 +166,10 @@ class FakeSlurm:
             raise Rejected(f"Job is no longer pending execution for job {job_id}")
         job.excluded = list(nodes)
 
-    async def start_now(self, job_id: int) -> None:
-        self._check("start_now", job_id)
+    async def start_now(self, job_id: int, excluded_nodes: list[str] | None = None) -> None:
+        self._check("start_now", job_id, tuple(excluded_nodes or ()))
+        if excluded_nodes:
+            self._job(job_id).excluded = list(excluded_nodes)
         self.expedited.add(job_id)
 
     async def aclose(self) -> None:

@@ -180,7 +180,8 @@ async def test_expedite_sets_start_now_on_begintime(ops: Operations, slurm: Fake
     assert result.state_after == "RUNNING"
     assert result.nodes_after == ["node3"]
     assert result.requeue_to_running_seconds is not None
-    assert slurm.mutating_calls() == ["requeue", "set_excluded_nodes", "start_now"]
+    assert slurm.mutating_calls() == ["requeue", "start_now"]  # one update: both at once
+    assert result.excluded_nodes == ["node1"]
 
 
 async def test_requeuehold_is_not_expedited(ops: Operations, slurm: FakeSlurm) -> None:
