@@ -40,18 +40,20 @@ START_RE = re.compile(r"START host=(\S+) restart_count=(\d+) resume_step=(\d+)")
 @pytest.fixture
 def bridge(
     tmp_path: Path,
-) -> Iterator[Callable[[SlurmCluster], tuple[str, Path, subprocess.Popen[bytes]]]]:
+) -> Iterator[Callable[..., tuple[str, Path, subprocess.Popen[bytes]]]]:
     procs: list[subprocess.Popen[bytes]] = []
 
-    def start(cluster: SlurmCluster) -> tuple[str, Path, subprocess.Popen[bytes]]:
-        port = free_port()
+    def start(
+        cluster: SlurmCluster, port: int | None = None
+    ) -> tuple[str, Path, subprocess.Popen[bytes]]:
+        port = port or free_port()
         tokens = tmp_path / "bridge-tokens"
         tokens.write_text(f"operator:{TOKEN}\n")
         token_file = tmp_path / "operator-token"
         token_file.write_text(TOKEN)
         state = tmp_path / "bridge-state"
         state.mkdir(exist_ok=True)
-        log = (tmp_path / "bridge.log").open("wb")
+        log = (tmp_path / "bridge.log").open("ab")
         env = {
             **cluster.subprocess_env(dict(os.environ)),
             "PYTHONPATH": f"{REPO / 'operator'}:{REPO / 'slurm-bridge'}",
@@ -102,7 +104,7 @@ def test_xid79_drains_and_requeues_in_slurm_and_resumes_the_spare(  # noqa: PLR0
     sandbox: Sandbox,
     own_gpu_nodes: Callable[..., list[str]],
     make_slurm_cluster: Callable[..., SlurmCluster],
-    bridge: Callable[[SlurmCluster], tuple[str, Path, subprocess.Popen[bytes]]],
+    bridge: Callable[..., tuple[str, Path, subprocess.Popen[bytes]]],
     checkpoint_job: Path,
     tmp_path: Path,
     gpuheal_crds: None,
@@ -185,3 +187,72 @@ def test_xid79_drains_and_requeues_in_slurm_and_resumes_the_spare(  # noqa: PLR0
     finally:
         op.stop()
         objects.cleanup([broken, other, spare])
+
+
+def test_xid94_bridge_down_then_back_returns_only_what_gpuheal_drained(  # noqa: PLR0917
+    sandbox: Sandbox,
+    own_gpu_nodes: Callable[..., list[str]],
+    make_slurm_cluster: Callable[..., SlurmCluster],
+    bridge: Callable[..., tuple[str, Path, subprocess.Popen[bytes]]],
+    tmp_path: Path,
+    gpuheal_crds: None,
+) -> None:
+    """XID 94 once on two nodes, one of them drained in Slurm by an admin. The bridge is down
+    when the signal comes: the Slurm step waits (Blocked: BridgeUnavailable) and completes
+    once the bridge is back. After the hysteresis both nodes return to service in Kubernetes,
+    but only the node gpuheal drained is resumed in Slurm."""
+    core = sandbox.core_v1()
+    cid = os.urandom(3).hex()
+    ours, admins = own_gpu_nodes(2, **{"gpuheal.io/case": f"{cid}-work"})
+    objects = Objects(sandbox.api_client())
+    cluster = make_slurm_cluster([ours, admins], name="op94")
+    cluster.run("scontrol", "update", f"NodeName={admins}", "State=DRAIN", "Reason=admin: memtest")
+    url, token_file, proc = bridge(cluster)
+    port = int(url.rsplit(":", 1)[1])
+    rule = {
+        "name": "ecc",
+        "signals": {"xids": [94]},
+        "ladder": [{"name": "requeue", "steps": [
+            {"action": "cordon"},
+            {"action": "slurmDrain", "slurmDrain": {"requeue": "requeue"}},
+            {"action": "reset", "reset": {"hook": {"type": "Noop"}}},
+        ]}],
+    }  # fmt: skip
+    objects.apply("remediationpolicies", policy(f"p-{cid}", f"{cid}-work", [rule],
+                                                 healthy_for="3s"))  # fmt: skip
+    op = OperatorProcess(
+        Path(sandbox.kubeconfig), tmp_path,
+        ["--bridge-url", url, "--bridge-token-file", str(token_file)],
+    ).start()  # fmt: skip
+    try:
+        proc.terminate()
+        proc.wait(timeout=10)
+        for n in (ours, admins):
+            simulate_xid(core, n, 94)
+        for n in (ours, admins):
+            wait_for(
+                lambda n=n: (c := condition(objects.incident(n), "Blocked"))
+                and c["status"] == "True" and c["reason"] == "BridgeUnavailable",
+                f"{n}: Slurm step waits for the bridge", timeout=30,
+            )  # fmt: skip
+        assert objects.node(ours).spec.unschedulable, "cordon does not wait for Slurm"
+        bridge(cluster, port)  # back on the same address
+        for n in (ours, admins):
+            done = wait_for(lambda n=n: completed(o := objects.incident(n)) and o,
+                            f"{n} returned", timeout=120)  # fmt: skip
+            assert completed(done) == "Returned", dump(done["status"])
+        ours_inc, admins_inc = objects.incident(ours), objects.incident(admins)
+        assert condition(ours_inc, "SlurmDrained")["reason"] == "Drained"
+        assert condition(admins_inc, "SlurmDrained")["reason"] == "DrainedByOther"
+        assert admins_inc["status"]["ownership"] == {"cordoned": True, "slurmDrained": False}
+        assert not objects.node(ours).spec.unschedulable
+        assert not objects.node(admins).spec.unschedulable  # gpuheal cordoned it in Kubernetes
+        assert "DRAIN" not in _node(cluster, ours), "our Slurm drain was resumed"
+        admin_state = _node(cluster, admins)
+        assert "DRAIN" in admin_state, admin_state
+        assert "Reason=admin: memtest" in admin_state, admin_state
+        m = op.metrics()
+        assert m.get('gpuheal_blocked_total{reason="BridgeUnavailable"}', 0) >= 2
+    finally:
+        op.stop()
+        objects.cleanup([ours, admins])
