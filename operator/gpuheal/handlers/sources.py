@@ -100,44 +100,52 @@ async def scrape_dcgm(rt: Runtime) -> None:
         while True:
             try:
                 pods = await _dcgm_pods(rt)
-                rt.metrics.source_up.labels("dcgm").set(1 if pods else 0)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
                 rt.metrics.source_up.labels("dcgm").set(0)
                 rt.metrics.source_errors.labels("dcgm").inc()
                 log.warning("listing dcgm-exporter pods failed: %s", exc)
-                pods = []
-            for pod in pods:
-                node = pod["spec"].get("nodeName")
-                ip = (pod.get("status") or {}).get("podIP")
-                if not node or not ip:
-                    continue
-                url = f"http://{ip}:{rt.config.dcgm_port}/metrics"
-                try:
-                    resp = await http.get(url)
-                    resp.raise_for_status()
-                except (httpx.HTTPError, OSError) as exc:
-                    rt.metrics.source_errors.labels("dcgm").inc()
-                    log.warning("scrape of %s (%s) failed: %s", url, node, exc)
-                    continue
-                now = _now()
-                events, state = dcgm_xid_events(
-                    previous.get(node), parse_dcgm_metrics(resp.text), now
-                )
-                previous[node] = state
-                for xe in events:
-                    key = f"dcgm/{node}/{xe.gpu_key}/{xe.xid}/{inc.rfc3339(now)}"
-                    signal = plan.Signal(
-                        source="dcgm",
-                        key=key,
-                        time=now,
-                        xid=xe.xid,
-                        gpu=xe.gpu_key,
-                        message=xe.message,
-                    )
+            else:
+                for node, signal in await scrape_once(rt, http, pods, previous):
                     await detect.observe(rt, node, signal)
             await asyncio.sleep(rt.config.dcgm_interval)
+
+
+async def scrape_once(
+    rt: Runtime,
+    http: httpx.AsyncClient,
+    pods: list[dict[str, Any]],
+    previous: dict[str, dict[Any, float]],
+) -> list[tuple[str, plan.Signal]]:
+    """One round over the exporter pods. The first scrape of a node only sets its baseline
+    (an XID counted before we started is not new). A pod that cannot be read makes the
+    source "blind" (``gpuheal_source_up{source="dcgm"} 0``) and says nothing about health."""
+    out: list[tuple[str, plan.Signal]] = []
+    failed = 0
+    for pod in pods:
+        node = (pod.get("spec") or {}).get("nodeName")
+        ip = (pod.get("status") or {}).get("podIP")
+        if not node or not ip:
+            continue
+        url = f"http://{ip}:{rt.config.dcgm_port}/metrics"
+        try:
+            resp = await http.get(url)
+            resp.raise_for_status()
+        except (httpx.HTTPError, OSError) as exc:
+            failed += 1
+            rt.metrics.source_errors.labels("dcgm").inc()
+            log.warning("scrape of %s (%s) failed: %s", url, node, exc)
+            continue
+        now = _now()
+        events, state = dcgm_xid_events(previous.get(node), parse_dcgm_metrics(resp.text), now)
+        previous[node] = state
+        for xe in events:
+            key = f"dcgm/{node}/{xe.gpu_key}/{xe.xid}/{inc.rfc3339_ms(now)}"
+            out.append((node, plan.Signal(source="dcgm", key=key, time=now, xid=xe.xid,
+                                          gpu=xe.gpu_key, message=xe.message)))  # fmt: skip
+    rt.metrics.source_up.labels("dcgm").set(1 if pods and not failed else 0)
+    return out
 
 
 async def _dcgm_pods(rt: Runtime) -> list[dict[str, Any]]:

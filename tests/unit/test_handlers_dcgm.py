@@ -1,0 +1,82 @@
+"""dcgm-exporter scraping against a real local HTTP server serving exporter text."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, HTTPServer
+from typing import Any, ClassVar
+
+import httpx
+import pytest
+from prometheus_client import CollectorRegistry
+
+from gpuheal.config import OperatorConfig
+from gpuheal.handlers.runtime import Runtime
+from gpuheal.handlers.sources import scrape_once
+from gpuheal.metrics import Metrics
+
+UUID = "GPU-12345678-1234-1234-1234-123456789abc"
+
+
+def exporter_text(count: int, gauge: int) -> str:
+    labels = f'gpu="0",UUID="{UUID}",pci_bus_id="00000000:3B:00.0",Hostname="n1"'
+    return (
+        "# HELP DCGM_FI_DEV_XID_ERRORS Value of the last XID error encountered.\n"
+        "# TYPE DCGM_FI_DEV_XID_ERRORS gauge\n"
+        f"DCGM_FI_DEV_XID_ERRORS{{{labels}}} {gauge}\n"
+        f'DCGM_EXP_XID_ERRORS_COUNT{{{labels},xid="79"}} {count}\n'
+        f"DCGM_FI_DEV_GPU_TEMP{{{labels}}} 41\n"
+    )
+
+
+class _Exporter(BaseHTTPRequestHandler):
+    text: ClassVar[str] = exporter_text(0, 0)
+
+    def do_GET(self) -> None:
+        body = type(self).text.encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def exporter() -> Iterator[int]:
+    _Exporter.text = exporter_text(0, 0)
+    server = HTTPServer(("127.0.0.1", 0), _Exporter)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield server.server_port
+    server.shutdown()
+
+
+def pod(node: str, ip: str = "127.0.0.1") -> dict[str, Any]:
+    return {"spec": {"nodeName": node}, "status": {"podIP": ip, "phase": "Running"}}
+
+
+async def test_counter_rise_becomes_an_xid_signal_and_the_first_scrape_is_a_baseline(
+    exporter: int,
+) -> None:
+    rt = Runtime(OperatorConfig(dcgm_port=exporter), Metrics(CollectorRegistry()))
+    previous: dict[str, dict[Any, float]] = {}
+    async with httpx.AsyncClient(timeout=2) as http:
+        _Exporter.text = exporter_text(2, 79)  # XIDs from before we started
+        assert await scrape_once(rt, http, [pod("n1")], previous) == []
+        assert await scrape_once(rt, http, [pod("n1")], previous) == []  # nothing new
+        _Exporter.text = exporter_text(3, 79)  # the counter rose; the gauge cannot show it
+        ((node, signal),) = await scrape_once(rt, http, [pod("n1")], previous)
+    assert node == "n1"
+    assert (signal.source, signal.xid, signal.gpu) == ("dcgm", 79, UUID)
+    assert rt.metrics.source_up.labels("dcgm")._value.get() == 1
+
+
+async def test_unreadable_exporter_is_blind_not_healthy(exporter: int) -> None:
+    rt = Runtime(OperatorConfig(dcgm_port=exporter), Metrics(CollectorRegistry()))
+    async with httpx.AsyncClient(timeout=1) as http:
+        out = await scrape_once(rt, http, [pod("n1"), pod("n2", ip="127.0.0.2")], {})
+    assert out == []
+    assert rt.metrics.source_up.labels("dcgm")._value.get() == 0
+    assert rt.metrics.source_errors.labels("dcgm")._value.get() == 1
