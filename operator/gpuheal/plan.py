@@ -14,7 +14,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from gpuheal.api.meta import parse_duration, scaled_value
+from gpuheal import policy as engine
+from gpuheal.api.meta import parse_duration
 from gpuheal.api.noderemediation import COMPLETED
 from gpuheal.api.remediationpolicy import (
     Action,
@@ -55,14 +56,12 @@ class PolicyChoice:
 def choose_policy(policies: Iterable[RemediationPolicy], labels: Mapping[str, str]) -> PolicyChoice:
     """The highest-priority policy selecting the node; a tie at the top means none acts
     (the model's documented rule), and the tied names are returned so it can be reported."""
-    matching = [p for p in policies if p.spec.node_selector.matches(dict(labels))]
-    if not matching:
-        return PolicyChoice(None)
-    top = max(p.spec.priority for p in matching)
-    best = [p for p in matching if p.spec.priority == top]
-    if len(best) > 1:
-        return PolicyChoice(None, tuple(sorted(p.metadata.name for p in best)))
-    return PolicyChoice(best[0])
+    by_name = {p.metadata.name: p for p in policies}
+    winner, tied = engine.select_policy(
+        dict(labels),
+        [(name, p.spec.node_selector, p.spec.priority) for name, p in by_name.items()],
+    )
+    return PolicyChoice(by_name[winner] if winner else None, tied)
 
 
 def rule_matches(rule: Rule, signal: Signal) -> bool:
@@ -125,6 +124,41 @@ def alert_only(rule: Rule, rung: int) -> bool:
     return all(s.action is Action.ALERT for s in rule.ladder[rung].steps)
 
 
+def observation(signal: Signal) -> engine.Observation:
+    return engine.Observation(
+        time=signal.time,
+        xid=signal.xid,
+        gpu=signal.gpu,
+        recovery_action=signal.recovery_action,
+        event_reason=signal.event_reason,
+        message=signal.message,
+    )
+
+
+def trigger_for(
+    policy: RemediationPolicy,
+    node: NodeView,
+    signal: Signal,
+    history: Sequence[Signal],
+) -> engine.Trigger | None:
+    """The policy engine's verdict on one new XID/Event signal: rule, rung (repeats counted
+    over ``history`` in the rule's window) and the rung's steps after the catalogue's
+    first-sight guards (94 never replaces on first sight; 13/31/43 only alert)."""
+    keys = {signal.key}
+    observations = [observation(signal)]
+    for old in history:
+        if old.key not in keys and old.condition_type is None:
+            keys.add(old.key)
+            observations.append(observation(old))
+    view = engine.NodeView(name=node.name, labels=dict(node.labels))
+    just_before = signal.time - dt.timedelta(microseconds=1)
+    trigger, _ = engine.find_trigger(
+        policy.spec, view, engine.History(observations=observations), signal.time,
+        newer_than=just_before,
+    )  # fmt: skip
+    return trigger
+
+
 # ---- where an incident stands ----------------------------------------------------------
 @dataclass(frozen=True, slots=True)
 class Position:
@@ -166,11 +200,7 @@ class Blocked:
 
 def allowed_unhealthy(policy: RemediationPolicy, selected: int) -> int:
     """maxUnhealthy (rounded down) or selected - minHealthy (rounded up) as a node count."""
-    safety = policy.spec.safety
-    if safety.max_unhealthy is not None:
-        return scaled_value(safety.max_unhealthy, selected, round_up=False)
-    min_healthy = scaled_value(safety.min_healthy or 0, selected, round_up=True)
-    return max(0, selected - min_healthy)
+    return engine.allowed_unhealthy(policy.spec.safety, selected)
 
 
 def approved(annotations: Mapping[str, str], action: Action, key: str) -> bool:

@@ -217,3 +217,33 @@ def test_position_walks_the_rungs() -> None:
     assert plan.position(ladder, 1, 1).step.action is Action.RESET  # type: ignore[union-attr]
     assert plan.position(ladder, 7, 0).rung == 1  # clamped
     assert not plan.rung_replaces(ladder, 1)
+
+
+def test_detection_goes_through_the_engine_with_first_sight_guards() -> None:
+    p = make_policy(
+        rules=[
+            {
+                "name": "ecc-class",
+                "signals": {"xidClasses": ["ContainedMemory"]},
+                "ladder": [{"name": "all", "steps": [
+                    {"action": "cordon"},
+                    {"action": "replace", "replace": {"reservePoolRef": {"name": "s"}}},
+                ]}],
+            },
+            {
+                "name": "app",
+                "signals": {"xids": [13]},
+                "ladder": [{"name": "cordon", "steps": [{"action": "cordon"}]}],
+            },
+        ]
+    )  # fmt: skip
+    first = plan.trigger_for(p, view(), sig("a", xid=94), [])
+    assert first is not None
+    assert [s.action for s in first.steps] == [Action.CORDON]  # 94 never replaces first time
+    again = plan.trigger_for(p, view(), sig("b", xid=94), [sig("a", xid=94, minutes=5)])
+    assert again is not None
+    assert [s.action for s in again.steps] == [Action.CORDON, Action.REPLACE]
+    app = plan.trigger_for(p, view(), sig("c", xid=13), [])
+    assert app is not None
+    assert [s.action for s in app.steps] == [Action.ALERT]  # an application fault, once
+    assert plan.trigger_for(p, view(), sig("d", xid=999), []) is None

@@ -14,6 +14,7 @@ from typing import Any
 from gpuheal import incident as inc
 from gpuheal import plan
 from gpuheal.api.noderemediation import SignalRecord, SignalSource
+from gpuheal.api.remediationpolicy import Action
 from gpuheal.handlers.remediation import INITIAL_RUNG_ANNOTATION
 from gpuheal.handlers.runtime import IncidentView, Runtime
 
@@ -73,7 +74,7 @@ async def observe(rt: Runtime, node: str, signal: plan.Signal, *, stale: bool = 
     return result
 
 
-async def _observe(rt: Runtime, node: str, signal: plan.Signal, *, stale: bool) -> str:  # noqa: PLR0911
+async def _observe(rt: Runtime, node: str, signal: plan.Signal, *, stale: bool) -> str:  # noqa: PLR0911, PLR0912
     if not rt.remember(node, signal):
         return "duplicate"
     if any(signal.key in i.trigger_keys for i in rt.incidents.values()):
@@ -87,9 +88,17 @@ async def _observe(rt: Runtime, node: str, signal: plan.Signal, *, stale: bool) 
     policy = choice.policy
     if policy is None:
         return "ignored"
-    rule = plan.match_rule(policy, signal)
-    if rule is None:
-        return "ignored"
+    history = list(rt.history.get(node, ()))
+    if signal.condition_type is not None:
+        rule = plan.match_rule(policy, signal)
+        if rule is None:
+            return "ignored"
+        count, rung, steps = 1, 0, list(rule.ladder[0].steps)
+    else:
+        trigger = plan.trigger_for(policy, view, signal, history)
+        if trigger is None:
+            return "ignored"
+        rule, count, rung, steps = trigger.rule, trigger.count, trigger.rung, list(trigger.steps)
     kube = rt.require_kube()
     node_ref = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": node, "uid": view.uid}}
     if policy.spec.safety.opt_out_label in view.labels:
@@ -103,15 +112,12 @@ async def _observe(rt: Runtime, node: str, signal: plan.Signal, *, stale: bool) 
         )
         rt.metrics.blocked.labels("OptedOut").inc()
         return "blocked"
-    history = list(rt.history.get(node, ()))
-    count = plan.occurrences(rule, signal, history, signal.time)
-    rung = plan.rung_for(rule, count)
     async with rt.node_lock(node):
         active = rt.active_incident(node)
         if active is not None:
             await _attach(rt, active, signal, rung)
             return "attached"
-        if plan.alert_only(rule, rung):
+        if all(s.action is Action.ALERT for s in steps):
             await kube.post_event(
                 node_ref,
                 reason=inc.EventReason.DETECTED,
@@ -137,7 +143,13 @@ async def _observe(rt: Runtime, node: str, signal: plan.Signal, *, stale: bool) 
                 "policyRef": {"name": policy.metadata.name},
                 "rule": rule.name,
                 "signals": [signal_record(signal)],
-                "ladder": [r.to_k8s() for r in rule.ladder],
+                # The rule's ladder, with the rung it opens at as the engine guarded it.
+                "ladder": [
+                    {**r.to_k8s(), "steps": [s.to_k8s() for s in steps]}
+                    if i == rung
+                    else r.to_k8s()
+                    for i, r in enumerate(rule.ladder)
+                ],
                 "dryRun": policy.spec.safety.dry_run,
             },
         }
