@@ -581,3 +581,42 @@ def test_a_second_copy_stands_by_until_the_lease_is_free(
     wait_for(lambda: "gpuheal started" in standby.log(), "standby takes over", timeout=30)
     simulate_xid(core, second_node, 94)
     wait_for(lambda: objects.node(second_node).spec.unschedulable, "cordoned by the new holder")
+
+
+def test_replace_waits_for_approval_across_a_sigkill(
+    sandbox: Sandbox,
+    case: Callable[..., list[str]],
+    objects: Objects,
+    run_operator: Callable[..., OperatorProcess],
+) -> None:
+    core = sandbox.core_v1()
+    (broken,) = case(1)
+    (spare,) = case(1, "spare")
+    cid = case.case_id  # type: ignore[attr-defined]
+    objects.apply("reservepools", pool(f"spares-{cid}", f"{cid}-spare"))
+    objects.apply(
+        "remediationpolicies",
+        policy(f"p-{cid}", f"{cid}-work", [xid79_rule(f"spares-{cid}")],
+               requireApproval=["replace"]),
+    )  # fmt: skip
+    op = run_operator()
+    simulate_xid(core, broken, 79)
+    nrem = wait_for(
+        lambda: (o := objects.incident(broken))
+        and (c := condition(o, "Blocked")) and c["reason"] == "ApprovalPending" and o,
+        "replace waits for approval",
+    )  # fmt: skip
+    name = nrem["metadata"]["name"]
+    assert "gpuheal.io/approve=replace" in condition(nrem, "Blocked")["message"]
+    assert condition(nrem, "Drained")["status"] == "True"
+    op.kill()
+    run_operator()
+    hold(lambda: CLAIMED_BY not in objects.node(spare).metadata.labels, "no spare unapproved", 2)
+    objects.patch("noderemediations", name,
+                  {"metadata": {"annotations": {"gpuheal.io/approve": "replace"}}})  # fmt: skip
+    done = wait_for(lambda: completed(o := objects.get("noderemediations", name)) and o,
+                    "replaced once approved")  # fmt: skip
+    assert completed(done) == "Replaced"
+    assert objects.node(spare).metadata.labels[CLAIMED_BY] == name
+    steps = [e["step"] for e in done["status"]["timeline"]]
+    assert (steps.count("replace/cordon"), steps.count("replace/drain")) == (1, 1), steps
