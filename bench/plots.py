@@ -42,7 +42,14 @@ def _titles(fig: Figure, ax: Axes, doc: dict[str, Any]) -> None:
 
 
 def _strip(
-    ax: Axes, x: float, values: list[float], color: str, label: str | None, *, half: float = 0.12
+    ax: Axes,
+    x: float,
+    values: list[float],
+    color: str,
+    label: str | None,
+    *,
+    half: float = 0.12,
+    text_left: bool = False,
 ) -> None:
     """Samples as dots spread over [x-half, x+half], the median as a bar with its value."""
     n = len(values)
@@ -53,8 +60,9 @@ def _strip(
         ax.hlines(med, x - half, x + half, color=color, lw=2.5, zorder=4)
         ax.annotate(
             f"{med:.2f}",
-            (x + half + 0.01, med),
+            (x - half - 0.01, med) if text_left else (x + half + 0.01, med),
             va="center",
+            ha="right" if text_left else "left",
             fontsize=8.5,
             color=color,
             fontweight="bold",
@@ -84,11 +92,11 @@ def recovery_plot(doc: dict[str, Any], path: Path) -> None:
         ("job training again (first step after loading its checkpoint)", series, "#2ca02c", 0.17),
     ]
     names = list(series)
-    fig, ax = plt.subplots(figsize=(max(7.5, 2.4 * len(names) + 1.5), 5.8), layout="constrained")
+    fig, ax = plt.subplots(figsize=(max(9.0, 2.6 * len(names) + 1.5), 5.8), layout="constrained")
     for label, data, color, dx in layers:
         for i, name in enumerate(names):
             vals = data.get(name, {}).get("samples", [])
-            _strip(ax, i + dx, vals, color, label if i == 0 else None)
+            _strip(ax, i + dx, vals, color, label if i == 0 else None, text_left=dx < 0)
     ax.set_yscale("log")
     ax.yaxis.set_major_locator(FixedLocator([0.2, 0.5, 1, 2, 5, 10, 20, 50, 100, 200]))
     ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:g}"))

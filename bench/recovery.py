@@ -122,6 +122,12 @@ def one_run(
             cluster, jid, reason=f"gpuheal: {incident} xid=79", expedite=expedite
         )
         running = times.running
+        detail = {
+            "to_requeued": round(times.requeued - fault, 3),
+            "to_pending_begintime": None
+            if times.pending_begintime is None
+            else round(times.pending_begintime - fault, 3),
+        }
     else:
         assert url is not None
         detail = _bridge_drain(url, node, incident, expedite)
