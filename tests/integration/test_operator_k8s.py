@@ -620,3 +620,55 @@ def test_replace_waits_for_approval_across_a_sigkill(
     assert objects.node(spare).metadata.labels[CLAIMED_BY] == name
     steps = [e["step"] for e in done["status"]["timeline"]]
     assert (steps.count("replace/cordon"), steps.count("replace/drain")) == (1, 1), steps
+
+
+def test_reset_when_idle_waits_for_the_pods_to_leave(
+    sandbox: Sandbox,
+    namespace: str,
+    case: Callable[..., list[str]],
+    objects: Objects,
+    run_operator: Callable[..., OperatorProcess],
+) -> None:
+    core = sandbox.core_v1()
+    (node,) = case(1)
+    cid = case.case_id  # type: ignore[attr-defined]
+    objects.apply("remediationpolicies", policy(f"p-{cid}", f"{cid}-work",
+                                                 [cordon_only_rule(94, reset=True)]))  # fmt: skip
+    core.create_namespaced_pod(namespace, pod_on(node, "job", {"app": "j"}))
+    wait_for(lambda: core.read_namespaced_pod("job", namespace).status.phase == "Running", "pod")
+    run_operator()
+    simulate_xid(core, node, 94)
+    nrem = wait_for(
+        lambda: (o := objects.incident(node))
+        and (c := condition(o, "Blocked")) and c["reason"] == "WaitingForIdle" and o,
+        "reset waits for the node to be idle",
+    )  # fmt: skip
+    assert f"{namespace}/job" in condition(nrem, "Blocked")["message"]
+    core.delete_namespaced_pod("job", namespace, grace_period_seconds=0)
+    wait_for(lambda: (c := condition(objects.incident(node), "Reset")) and c["status"] == "True",
+             "reset once idle")  # fmt: skip
+
+
+def test_overlapping_policies_neither_acts_and_both_say_so(
+    sandbox: Sandbox,
+    case: Callable[..., list[str]],
+    objects: Objects,
+    run_operator: Callable[..., OperatorProcess],
+) -> None:
+    core = sandbox.core_v1()
+    (node,) = case(1)
+    cid = case.case_id  # type: ignore[attr-defined]
+    for name in (f"a-{cid}", f"b-{cid}"):
+        objects.apply("remediationpolicies", policy(name, f"{cid}-work", [cordon_only_rule(94)]))
+    run_operator()
+    for name, other in ((f"a-{cid}", f"b-{cid}"), (f"b-{cid}", f"a-{cid}")):
+        c = wait_for(
+            lambda name=name: (c := condition(objects.get("remediationpolicies", name),
+                                              "Overlapping")) and c["status"] == "True" and c,
+            f"{name} Overlapping",
+        )  # fmt: skip
+        assert other in c["message"]
+        assert node in c["message"]
+    simulate_xid(core, node, 94)
+    hold(lambda: objects.incident(node) is None and not objects.node(node).spec.unschedulable,
+         "no policy acts on a contested node", 3)  # fmt: skip

@@ -279,6 +279,14 @@ async def drain_pods(
 
 
 # ---- reset / reboot hooks ------------------------------------------------------------------
+async def busy_pods(kube: Kube, node: str) -> list[str]:
+    """Pods a reset would disturb (what a drain would evict), as namespace/name."""
+    return [
+        f"{p['metadata'].get('namespace')}/{p['metadata'].get('name')}"
+        for p in inc.pods_to_evict(await kube.pods_on_node(node))
+    ]
+
+
 async def run_hook(  # noqa: PLR0911
     kube: Kube,
     hook: HookSpec,

@@ -280,6 +280,7 @@ async def advance(rt: Runtime, name: str, attempt: int = 0) -> float | None:  # 
             "PoolNotFound",
             "HookUnavailable",
             "HookUnreachable",
+            "WaitingForIdle",
         ):
             await _block(rt, name, body, rec, result.reason, result.message)
         else:
@@ -302,7 +303,7 @@ async def advance(rt: Runtime, name: str, attempt: int = 0) -> float | None:  # 
     return None
 
 
-async def _execute(
+async def _execute(  # noqa: PLR0911
     rt: Runtime,
     nrem: NodeRemediation,
     rec: _Recorder,
@@ -336,6 +337,14 @@ async def _execute(
     if action in (Action.RESET, Action.REBOOT):
         opts = step.reset if action is Action.RESET else step.reboot
         cond = "Reset" if action is Action.RESET else "Rebooted"
+        if action is Action.RESET and opts.when_idle:
+            busy = await steps.busy_pods(kube, node)
+            if busy:
+                return steps.StepResult.wait(
+                    cond, "WaitingForIdle",
+                    f"reset when idle: {len(busy)} pod(s) still run on {node} "
+                    f"({', '.join(busy[:3])})", retry,
+                )  # fmt: skip
         return await steps.run_hook(
             kube,
             opts.hook,

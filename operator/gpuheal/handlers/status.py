@@ -15,6 +15,7 @@ from gpuheal import incident as inc
 from gpuheal import plan
 from gpuheal.api.remediationpolicy import (
     CIRCUIT_BREAKER_OPEN,
+    OVERLAPPING,
     PAUSED,
     READY,
     RemediationPolicy,
@@ -34,6 +35,11 @@ def _now() -> dt.datetime:
 def policy_status(rt: Runtime, policy: RemediationPolicy, now: dt.datetime) -> dict[str, Any]:
     name = policy.metadata.name
     selected = selected_nodes(rt, policy)
+    tied = sorted(
+        v.name
+        for v in rt.nodes.values()
+        if name in plan.choose_policy(rt.policies.values(), v.labels).overlapping
+    )
     unhealthy = sorted(v.name for v in selected if plan.unhealthy_reasons(policy, v))
     remediating = slot_holders(rt, name)
     allowed = plan.allowed_unhealthy(policy, len(selected))
@@ -45,6 +51,28 @@ def policy_status(rt: Runtime, policy: RemediationPolicy, now: dt.datetime) -> d
         status="True" if open_ else "False",
         reason="TooManyUnhealthy" if open_ else "WithinLimits",
         message=f"{len(remediating)} of {len(selected)} nodes out of service; {allowed} allowed",
+        now=now,
+        observed_generation=policy.metadata.generation,
+    )
+    others = sorted(
+        {
+            other
+            for v in tied[:50]
+            for other in plan.choose_policy(rt.policies.values(), rt.nodes[v].labels).overlapping
+        }
+        - {name}
+    )
+    conds = inc.set_condition(
+        conds,
+        type_=OVERLAPPING,
+        status="True" if tied else "False",
+        reason="NodesInOtherPolicies" if tied else "NoOverlap",
+        message=(
+            f"{len(tied)} node(s) also selected by {', '.join(others)} at the same priority; "
+            f"neither policy acts on them: {', '.join(tied[:10])}"
+            if tied
+            else ""
+        ),
         now=now,
         observed_generation=policy.metadata.generation,
     )
