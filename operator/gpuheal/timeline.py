@@ -201,16 +201,18 @@ def format_timeline(
     return "\n".join(lines)
 
 
-# ---- PNG ----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class LossSegment:
+    """One run's loss curve, time relative to the fault."""
 
-_COLORS = {
-    "fault": "#d62728",
-    LAST_CHECKPOINT: "#7f7f7f",
-    RESUMED: "#2ca02c",
-    TRAINING_AGAIN: "#2ca02c",
-    JOB_FINISHED: "#2ca02c",
-}
-_RUN_COLORS = ("#1f77b4", "#2ca02c", "#9467bd", "#8c564b")
+    run_index: int
+    label: str
+    xs: list[float]
+    losses: list[float]
+    #: mean of the last 10 steps, continued across a restart from the steps the resume kept
+    smooth: list[float]
+    #: per step: done after the last checkpoint before the fault, hence redone after it
+    lost: list[bool]
 
 
 def _rolling(values: list[float], k: int) -> list[float]:
@@ -221,6 +223,49 @@ def _rolling(values: list[float], k: int) -> list[float]:
             acc -= values[i - k]
         out.append(acc / min(i + 1, k))
     return out
+
+
+def loss_segments(records: list[Record], fault_at: float, window: int = 10) -> list[LossSegment]:
+    runs = split_runs(records)
+    hit, nxt = _runs_around(records, fault_at)
+    redo_from = nxt.resume_step if nxt is not None else None
+    segments = []
+    for i, run in enumerate(runs):
+        if not run.steps:
+            continue
+        is_hit = hit is not None and run.start is hit.start
+        is_next = nxt is not None and run.start is nxt.start
+        losses = [float(s["loss"]) for s in run.steps]
+        prefix: list[float] = []
+        if is_next and hit is not None:
+            kept = [float(s["loss"]) for s in hit.steps if int(s["step"]) <= run.resume_step]
+            prefix = kept[-(window - 1) :]
+        segments.append(
+            LossSegment(
+                run_index=i,
+                label=f"run {i} on {run.host} (restart {run.restart})",
+                xs=[float(s["time"]) - fault_at for s in run.steps],
+                losses=losses,
+                smooth=_rolling(prefix + losses, window)[len(prefix) :],
+                lost=[
+                    is_hit and redo_from is not None and int(s["step"]) > redo_from
+                    for s in run.steps
+                ],
+            )
+        )
+    return segments
+
+
+# ---- PNG ----------------------------------------------------------------------------------
+
+_COLORS = {
+    "fault": "#d62728",
+    LAST_CHECKPOINT: "#7f7f7f",
+    RESUMED: "#2ca02c",
+    TRAINING_AGAIN: "#2ca02c",
+    JOB_FINISHED: "#2ca02c",
+}
+_RUN_COLORS = ("#1f77b4", "#2ca02c", "#9467bd", "#8c564b")
 
 
 def render_png(
@@ -292,41 +337,29 @@ def _draw_steps(ax: Axes, tl: Timeline) -> None:
 
 
 def _draw_loss(ax: Axes, tl: Timeline, records: list[Record]) -> None:
-    runs = split_runs(records)
     t0 = tl.fault_at
-    hit, nxt = _runs_around(records, t0)
-    redo_from = nxt.resume_step if nxt is not None else None
-    for i, run in enumerate(runs):
-        if not run.steps:
-            continue
-        xs = [float(s["time"]) - t0 for s in run.steps]
-        ys = [float(s["loss"]) for s in run.steps]
-        color = _RUN_COLORS[i % len(_RUN_COLORS)]
-        label = f"run {i} on {run.host} (restart {run.restart})"
-        if run is hit and redo_from is not None:
-            kept = [j for j, s in enumerate(run.steps) if int(s["step"]) <= redo_from]
-            lost = [j for j, s in enumerate(run.steps) if int(s["step"]) > redo_from]
-        else:
-            kept, lost = list(range(len(xs))), []
-        ax.plot(xs, ys, ".", color=color, ms=2.5, alpha=0.35)
-        # smooth across the restart: a resumed run continues the window of the steps it kept
-        prefix = (
-            []
-            if run is not nxt or hit is None
-            else [float(s["loss"]) for s in hit.steps if int(s["step"]) <= run.resume_step][-9:]
-        )
-        smooth = _rolling(prefix + ys, 10)[len(prefix) :]
+    _, nxt = _runs_around(records, t0)
+    for seg in loss_segments(records, t0):
+        color = _RUN_COLORS[seg.run_index % len(_RUN_COLORS)]
+        ax.plot(seg.xs, seg.losses, ".", color=color, ms=2.5, alpha=0.35)
+        kept = [j for j, lost in enumerate(seg.lost) if not lost]
+        redone = [j for j, lost in enumerate(seg.lost) if lost]
         ax.plot(
-            [xs[j] for j in kept], [smooth[j] for j in kept], "-", color=color, lw=2, label=label
+            [seg.xs[j] for j in kept],
+            [seg.smooth[j] for j in kept],
+            "-",
+            color=color,
+            lw=2,
+            label=seg.label,
         )
-        if lost:
+        if redone:
             ax.plot(
-                [xs[j] for j in lost],
-                [smooth[j] for j in lost],
+                [seg.xs[j] for j in redone],
+                [seg.smooth[j] for j in redone],
                 "-",
                 color="#ff7f0e",
                 lw=2,
-                label=f"steps after its last checkpoint: lost, redone ({len(lost)})",
+                label=f"steps after its last checkpoint: lost, redone ({len(redone)})",
             )
     ax.axvline(0, color=_COLORS["fault"], lw=1.5, ls="--", label="fault")
     resumed = tl.offset(RESUMED)

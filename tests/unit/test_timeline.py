@@ -17,6 +17,7 @@ from gpuheal.timeline import (
     incident_report,
     job_events,
     job_summary,
+    loss_segments,
     missing_steps,
     render_png,
 )
@@ -138,6 +139,17 @@ def test_text_timeline() -> None:
         "  job: 1 restart(s), hosts gpu-node-1 -> gpu-node-2, resumed at step 40, "
         "3 step(s) lost, loss 1.990 -> 1.200, finished"
     )
+
+
+def test_loss_segments_mark_redone_steps_and_smooth_across_the_restart() -> None:
+    first, second = loss_segments(metrics(lost=3), T0)
+    assert [i for i, lost in enumerate(first.lost) if lost] == [40, 41, 42]  # steps 41..43
+    assert not any(second.lost)
+    assert second.label == "run 1 on gpu-node-2 (restart 1)"
+    # the resumed run's window starts with steps 32..40 of the first run, not from nothing
+    want = (sum(2.0 - s / 100 for s in range(32, 41)) + second.losses[0]) / 10
+    assert abs(second.smooth[0] - want) < 1e-12
+    assert first.xs[-1] < 0 < second.xs[0]
 
 
 def png_size(path: Path) -> tuple[int, int]:
