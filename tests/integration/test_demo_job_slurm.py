@@ -9,6 +9,7 @@ Timings are printed (``-s``), never asserted; ``bench/`` measures them.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -50,8 +51,6 @@ def reference_model(tmp_path: Path) -> dict[str, np.ndarray]:
 
 
 def _base_env() -> dict[str, str]:
-    import os
-
     return {k: v for k, v in os.environ.items() if not k.startswith("SLURM")}
 
 

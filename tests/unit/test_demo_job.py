@@ -21,7 +21,7 @@ from gpuheal.demo_job import (
     train,
 )
 from gpuheal.demo_job import checkpoint as ckpt
-from gpuheal.demo_job.metrics import parse_records
+from gpuheal.demo_job.metrics import MetricsTail, describe, parse_records
 from gpuheal.demo_job.model import batch_indices
 from gpuheal.demo_job.slurm import parse_job
 
@@ -190,6 +190,20 @@ def test_metrics_reader_skips_torn_lines_and_counts_lost_steps() -> None:
     runs = split_runs(parse_records(lines))
     assert [(r.host, r.resume_step, r.last_step) for r in runs] == [("a", 0, 2), ("b", 1, 2)]
     assert steps_lost(runs) == [1]
+
+
+def test_tail_returns_whole_new_records_only(tmp_path: Path) -> None:
+    path = tmp_path / "m.jsonl"
+    tail = MetricsTail(path)
+    assert tail.poll() == []
+    path.write_text('{"event":"start","time":1,"host":"a","restart":1,"resume_step":40}\n{"ev')
+    [start] = tail.poll()
+    assert describe(start) == "started from step 40 on a (restart 1)"
+    with path.open("a") as f:
+        f.write('ent":"step","time":2,"step":41,"loss":0.51234,"host":"a","restart":1}\n')
+    [step] = tail.poll()
+    assert describe(step) == "step 41 loss 0.512 on a (restart 1)"
+    assert tail.poll() == []
 
 
 def test_sbatch_script_execs_the_job(tmp_path: Path) -> None:

@@ -74,6 +74,45 @@ def read_records(path: Path) -> list[Record]:
     return parse_records(text.splitlines())
 
 
+class MetricsTail:
+    """Follow the metrics file: ``poll()`` returns the whole records appended since the last
+    call (a line still being written is kept for the next one). For live progress output."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._offset = 0
+        self._partial = b""
+
+    def poll(self) -> list[Record]:
+        try:
+            with self.path.open("rb") as f:
+                f.seek(self._offset)
+                chunk = f.read()
+        except FileNotFoundError:
+            return []
+        self._offset += len(chunk)
+        data = self._partial + chunk
+        lines = data.split(b"\n")
+        self._partial = lines.pop()  # b"" when the chunk ended with a newline
+        return parse_records(line.decode("utf-8", "replace") for line in lines)
+
+
+def describe(rec: Record) -> str:
+    """One line for a live display, e.g. ``step 120 loss 0.512 on gpu-node-1 (restart 0)``."""
+    where = f"on {rec.get('host')} (restart {rec.get('restart', 0)})"
+    ev = rec["event"]
+    resume = rec.get("resume_step") or 0
+    what = {
+        "step": lambda: f"step {rec['step']} loss {float(rec['loss']):.3f}",
+        "start": lambda: f"started from step {resume}" if resume else "started fresh",
+        "checkpoint": lambda: f"checkpoint at step {rec['step']} ({rec.get('reason')})",
+        "signal": lambda: f"got {rec.get('signal')} after step {rec.get('step')}",
+        "exit": lambda: f"exited on {rec.get('reason')} at step {rec.get('step')}",
+        "done": lambda: f"finished at step {rec['step']}, loss {float(rec.get('loss', 'nan')):.3f}",
+    }.get(ev, lambda: str(ev))
+    return f"{what()} {where}"
+
+
 @dataclass(frozen=True)
 class Run:
     """One process lifetime of the job (a ``start`` record and what followed it)."""
