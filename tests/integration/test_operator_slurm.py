@@ -12,6 +12,7 @@ import time
 import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -256,3 +257,94 @@ def test_xid94_bridge_down_then_back_returns_only_what_gpuheal_drained(  # noqa:
     finally:
         op.stop()
         objects.cleanup([ours, admins])
+
+
+def test_sigkill_at_each_held_step_of_an_xid79_repeats_nothing(  # noqa: PLR0917
+    sandbox: Sandbox,
+    namespace: str,
+    own_gpu_nodes: Callable[..., list[str]],
+    make_slurm_cluster: Callable[..., SlurmCluster],
+    bridge: Callable[..., tuple[str, Path, subprocess.Popen[bytes]]],
+    checkpoint_job: Path,
+    tmp_path: Path,
+    gpuheal_crds: None,
+) -> None:
+    """The operator is SIGKILLed while the incident waits at each step that can wait: Slurm
+    drain (bridge down), pod drain (PDB), replace (approval). Each time a new process picks
+    it up. In the end: one cordon, one requeue of the job, one spare claimed."""
+    from tests.integration.test_operator_k8s import _pdb_blocking, _release_pdb
+
+    core = sandbox.core_v1()
+    cid = os.urandom(3).hex()
+    broken, other = own_gpu_nodes(2, **{"gpuheal.io/case": f"{cid}-work"})
+    spares = own_gpu_nodes(2, **{"gpuheal.io/case": f"{cid}-spare"})
+    objects = Objects(sandbox.api_client())
+    cluster = make_slurm_cluster([broken, other, *spares], name="kill")
+    for n in (other, *spares):
+        cluster.run("scontrol", "update", f"NodeName={n}", "State=DRAIN", "Reason=hold")
+    ckpt, out = tmp_path / "ckpt.state", tmp_path / "ckpt.out"
+    job = cluster.run(
+        "sbatch", "--parsable", "-o", str(out), str(checkpoint_job), str(ckpt), "0.2"
+    ).stdout.strip()
+    wait_for(lambda: _job(cluster, job) == ("RUNNING", broken), f"job {job} on {broken}")
+    cluster.run("scontrol", "update", f"NodeName={other}", "State=RESUME")
+    pol = _pdb_blocking(sandbox, namespace, broken)
+    url, token_file, proc = bridge(cluster)
+    port = int(url.rsplit(":", 1)[1])
+    pool_manifest = pool(f"spares-{cid}", f"{cid}-spare")
+    pool_manifest["spec"]["promotion"]["slurm"] = {"resume": True}
+    objects.apply("reservepools", pool_manifest)
+    objects.apply(
+        "remediationpolicies",
+        policy(f"p-{cid}", f"{cid}-work", [xid79_rule(f"spares-{cid}")],
+               requireApproval=["replace"]),
+    )  # fmt: skip
+    op = OperatorProcess(
+        Path(sandbox.kubeconfig), tmp_path,
+        ["--bridge-url", url, "--bridge-token-file", str(token_file)],
+    ).start()  # fmt: skip
+
+    def blocked(reason: str) -> Callable[[], Any]:
+        return lambda: (
+            (c := condition(objects.incident(broken), "Blocked"))
+            and (c["status"] == "True" and c["reason"] == reason)
+        )
+
+    try:
+        proc.terminate()
+        proc.wait(timeout=10)
+        simulate_xid(core, broken, 79)
+        wait_for(blocked("BridgeUnavailable"), "Slurm step waits for the bridge", timeout=30)
+        name = objects.incident(broken)["metadata"]["name"]
+        cordoned_at = condition(objects.incident(broken), "Cordoned")["lastTransitionTime"]
+        op.kill()  # 1: in the Slurm step
+        bridge(cluster, port)
+        op.start()
+        wait_for(blocked("PodDisruptionBudget"), "drain held by the PDB", timeout=60)
+        assert condition(objects.incident(broken), "SlurmDrained")["reason"] == "Drained"
+        op.kill()  # 2: in the drain step
+        _release_pdb(pol, namespace)
+        op.start()
+        wait_for(blocked("ApprovalPending"), "replace waits for approval", timeout=60)
+        op.kill()  # 3: before replace
+        op.start()
+        objects.patch("noderemediations", name,
+                      {"metadata": {"annotations": {"gpuheal.io/approve": "replace"}}})  # fmt: skip
+        done = wait_for(lambda: completed(o := objects.incident(broken)) and o, "completed",
+                        timeout=90)  # fmt: skip
+        assert completed(done) == "Replaced", dump(done["status"])
+        assert len(objects.incidents(broken)) == 1
+        assert condition(done, "Cordoned")["lastTransitionTime"] == cordoned_at
+        steps = [e["step"] for e in done["status"]["timeline"]]
+        for step in ("replace/cordon", "replace/slurmDrain", "replace/drain", "replace/replace"):
+            assert steps.count(step) == 1, steps
+        claimed = [s for s in spares if objects.node(s).metadata.labels.get(
+            "gpuheal.io/claimed-by") == name]  # fmt: skip
+        assert claimed == [done["status"]["replacementNode"]]
+        assert [j["jobId"] for j in done["status"]["requeuedJobs"]] == [job]
+        wait_for(lambda: (s := _job(cluster, job))[0] == "RUNNING" and s[1] != broken,
+                 "job running elsewhere", timeout=60)  # fmt: skip
+        assert "Restarts=1" in cluster.run("scontrol", "show", "job", job).stdout
+    finally:
+        op.stop()
+        objects.cleanup([broken, other, *spares])
