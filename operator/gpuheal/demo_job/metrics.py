@@ -99,18 +99,23 @@ class MetricsTail:
 
 def describe(rec: Record) -> str:
     """One line for a live display, e.g. ``step 120 loss 0.512 on gpu-node-1 (restart 0)``."""
-    where = f"on {rec.get('host')} (restart {rec.get('restart', 0)})"
     ev = rec["event"]
     resume = rec.get("resume_step") or 0
-    what = {
-        "step": lambda: f"step {rec['step']} loss {float(rec['loss']):.3f}",
-        "start": lambda: f"started from step {resume}" if resume else "started fresh",
-        "checkpoint": lambda: f"checkpoint at step {rec['step']} ({rec.get('reason')})",
-        "signal": lambda: f"got {rec.get('signal')} after step {rec.get('step')}",
-        "exit": lambda: f"exited on {rec.get('reason')} at step {rec.get('step')}",
-        "done": lambda: f"finished at step {rec['step']}, loss {float(rec.get('loss', 'nan')):.3f}",
-    }.get(ev, lambda: str(ev))
-    return f"{what()} {where}"
+    if ev == "step":
+        what = f"step {rec['step']} loss {float(rec['loss']):.3f}"
+    elif ev == "start":
+        what = f"started from step {resume}" if resume else "started fresh"
+    elif ev == "checkpoint":
+        what = f"checkpoint at step {rec['step']} ({rec.get('reason')})"
+    elif ev == "signal":
+        what = f"got {rec.get('signal')} after step {rec.get('step')}"
+    elif ev == "exit":
+        what = f"exited on {rec.get('reason')} at step {rec.get('step')}"
+    elif ev == "done":
+        what = f"finished at step {rec['step']}, loss {float(rec.get('loss', 'nan')):.3f}"
+    else:
+        what = str(ev)
+    return f"{what} on {rec.get('host')} (restart {rec.get('restart', 0)})"
 
 
 @dataclass(frozen=True)
