@@ -454,6 +454,8 @@ def test_storm_breaker_stops_at_max_unhealthy(
     assert any(
         e.reason == "RemediationBlocked" and "CircuitBreakerOpen" in e.message for e in events
     )
+    policy_events = node_events(core, pname, "RemediationPolicy")
+    assert [e.reason for e in policy_events] == ["CircuitBreakerOpen"]
 
 
 def test_return_to_service_uncordons_only_what_gpuheal_cordoned(

@@ -380,7 +380,7 @@ def _started(rec: _Recorder, cond_type: str, now: dt.datetime) -> dt.datetime:
     return now
 
 
-async def _finish(  # noqa: PLR0911, PLR0917
+async def _finish(  # noqa: PLR0911, PLR0912, PLR0917
     rt: Runtime,
     name: str,
     body: dict[str, Any],
@@ -424,6 +424,8 @@ async def _finish(  # noqa: PLR0911, PLR0917
         await _block(rt, name, body, rec, "Paused", f"policy {policy.metadata.name} is paused")
         return retry
     reasons = ["node not seen"] if view is None else plan.unhealthy_reasons(policy, view)
+    if rt.blind:  # blind time is not healthy time
+        reasons.append(f"signal source(s) unreadable: {', '.join(sorted(rt.blind))}")
     healthy_since = (
         rec.since(RETURNED) if inc.condition_is(rec.conditions, RETURNED, "Unknown") else None
     )
@@ -563,6 +565,18 @@ async def _take_slot(
         )
         if blocked is not None:
             if blocked.gate is plan.Gate.CIRCUIT_BREAKER_OPEN:
+                if not rt.breaker_open.get(pname):
+                    await rt.require_kube().post_event(
+                        {
+                            "apiVersion": f"{inc.GROUP}/{inc.VERSION}",
+                            "kind": "RemediationPolicy",
+                            "metadata": {"name": pname, "uid": policy.metadata.uid},
+                        },
+                        reason=inc.EventReason.BREAKER_OPEN,
+                        message=blocked.message,
+                        type_="Warning",
+                        namespace=rt.config.namespace,
+                    )
                 rt.breaker_open[pname] = True
                 rt.metrics.breaker_open.labels(pname).set(1)
             return blocked

@@ -53,6 +53,7 @@ class Runtime:
     slots: dict[str, set[str]] = field(default_factory=dict)
     slot_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     breaker_open: dict[str, bool] = field(default_factory=dict)
+    blind: set[str] = field(default_factory=set)  # sources that cannot be read right now
     breaker_closed_at: dict[str, dt.datetime] = field(default_factory=dict)
     node_locks: dict[str, asyncio.Lock] = field(default_factory=dict)
     condition_timers: dict[tuple[str, str], asyncio.TimerHandle] = field(default_factory=dict)

@@ -70,6 +70,7 @@ async def watch_events(rt: Runtime) -> None:
                 for item in listing["items"]:
                     await handle_event(rt, item)
                 rt.metrics.source_up.labels("events").set(1)
+                rt.blind.discard("events")
             async for ev in kube.watch_node_events(rv):
                 kind = ev.get("type")
                 obj = ev.get("object") or {}
@@ -86,6 +87,7 @@ async def watch_events(rt: Runtime) -> None:
         except Exception as exc:  # any failure: blind for a while, never "healthy"
             rt.metrics.source_up.labels("events").set(0)
             rt.metrics.source_errors.labels("events").inc()
+            rt.blind.add("events")
             log.warning("Event watch failed (%s); retrying in %.0fs", exc, backoff)
             await asyncio.sleep(backoff)
             backoff = min(60.0, backoff * 2)
@@ -145,6 +147,10 @@ async def scrape_once(
             out.append((node, plan.Signal(source="dcgm", key=key, time=now, xid=xe.xid,
                                           gpu=xe.gpu_key, message=xe.message)))  # fmt: skip
     rt.metrics.source_up.labels("dcgm").set(1 if pods and not failed else 0)
+    if failed:
+        rt.blind.add("dcgm")
+    else:
+        rt.blind.discard("dcgm")
     return out
 
 
