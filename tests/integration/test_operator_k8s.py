@@ -674,3 +674,29 @@ def test_overlapping_policies_neither_acts_and_both_say_so(
     simulate_xid(core, node, 94)
     hold(lambda: objects.incident(node) is None and not objects.node(node).spec.unschedulable,
          "no policy acts on a contested node", 3)  # fmt: skip
+
+
+def test_no_api_writes_while_nothing_is_wrong(
+    sandbox: Sandbox,
+    case: Callable[..., list[str]],
+    objects: Objects,
+    run_operator: Callable[..., OperatorProcess],
+) -> None:
+    nodes = case(5)
+    cid = case.case_id  # type: ignore[attr-defined]
+    pname = f"p-{cid}"
+    objects.apply("remediationpolicies", policy(pname, f"{cid}-work", [cordon_only_rule(94)]))
+    run_operator()
+    wait_for(lambda: (objects.get("remediationpolicies", pname).get("status") or {}).get(
+        "selectedNodes") == 5, "first status write")  # fmt: skip
+
+    def versions() -> dict[str, str]:
+        out = {n: objects.node(n).metadata.resource_version for n in nodes}
+        out[pname] = objects.get("remediationpolicies", pname)["metadata"]["resourceVersion"]
+        return out
+
+    before = versions()
+    hold(lambda: versions() == before, "nodes and policy untouched", 8, every=1)
+    for n in nodes:
+        annotations = objects.node(n).metadata.annotations or {}
+        assert not [k for k in annotations if "kopf" in k or k.startswith("gpuheal.io/")]
