@@ -200,7 +200,7 @@ def machine_info() -> dict[str, Any]:
         "cpu_count": os.cpu_count(),
         "cpu_model": _proc_field("/proc/cpuinfo", "model name"),
         "memory_total_mib": int(mem.split()[0]) // 1024 if mem else None,
-        "load_avg_at_start": [round(x, 2) for x in os.getloadavg()],
+        "load_avg_at_start": [round(x, 2) for x in os.getloadavg()],  # per benchmark
         "kernel": platform.release(),
         "os": _os_name() or platform.platform(),
         "python": platform.python_version(),
@@ -286,6 +286,7 @@ def run_benchmarks(
         scratch = Path(tempfile.mkdtemp(prefix=f"ghb-{name[:8]}-"))
         ctx = Context(name, out_dir=out_dir, runs=runs, scratch=scratch, echo=echo)
         started, t0 = time.time(), time.monotonic()
+        load = [round(x, 2) for x in os.getloadavg()]
         try:
             result = bench.fn(ctx)
         except Exception as exc:  # report, keep going with the others
@@ -294,7 +295,9 @@ def run_benchmarks(
             failed.append(name)
             continue
         duration = time.monotonic() - t0
-        doc = result_document(bench, result, started, duration, machine)
+        doc = result_document(
+            bench, result, started, duration, {**machine, "load_avg_at_start": load}
+        )
         json_path = out_dir / f"{name}.json"
         json_path.write_text(json.dumps(doc, indent=2) + "\n")
         png_path = out_dir / f"{name}.png"
@@ -309,6 +312,50 @@ def run_benchmarks(
         docs.append(doc)
         if not keep_scratch:
             shutil.rmtree(scratch, ignore_errors=True)
+    summary = write_summary(out_dir)
+    echo(f"summary of every benchmark in {out_dir}: {summary}")
     if failed:
         echo(f"FAILED: {', '.join(failed)}")
     return docs
+
+
+def summary_markdown(docs: Sequence[dict[str, Any]]) -> str:
+    """A Markdown table per benchmark document: variant, n, median, p90, max (+ extras)."""
+    out = []
+    for doc in docs:
+        m = doc["machine"]
+        out.append(f"### {doc['title']} (`{doc['name']}`)\n")
+        out.append(
+            f"{doc['started_at']}, {m['nproc']} CPUs ({m.get('cpu_model')}), "
+            f"{m.get('memory_total_mib')} MiB, load at start {m.get('load_avg_at_start')}, "
+            f"Slurm {m['versions'].get('slurm')}, commit `{str(m.get('gpuheal_commit'))[:10]}`. "
+            f"Unit: {doc['unit']}.\n"
+        )
+        extras = list(doc.get("extra_series", {}))
+        head = ["variant", "n", "median", "p90", "max", *(f"{e} median" for e in extras)]
+        out.append("| " + " | ".join(head) + " |")
+        out.append("|" + "---|" * len(head))
+        for variant, s in doc["series"].items():
+            if not s.get("n"):
+                continue
+            row = [variant, str(s["n"]), f"{s['median']:.2f}", f"{s['p90']:.2f}", f"{s['max']:.2f}"]
+            for e in extras:
+                es = doc["extra_series"][e].get(variant, {})
+                row.append(f"{es['median']:.2f}" if es.get("n") else "")
+            out.append("| " + " | ".join(row) + " |")
+        out.append("")
+        out.extend(f"- {note}" for note in doc.get("notes", []))
+        out.append(f"\n![{doc['name']}](out/{doc['name']}.png)\n")
+    return "\n".join(out)
+
+
+def write_summary(out_dir: Path) -> Path:
+    """``<out_dir>/SUMMARY.md`` from every ``*.json`` result there."""
+    docs = []
+    for path in sorted(out_dir.glob("*.json")):
+        doc = json.loads(path.read_text())
+        if doc.get("schema") == SCHEMA:
+            docs.append(doc)
+    target = out_dir / "SUMMARY.md"
+    target.write_text("# Benchmark results\n\n" + summary_markdown(docs))
+    return target

@@ -59,6 +59,14 @@ def load_params(path: Path) -> dict[str, np.ndarray]:
         return {k: z[k].copy() for k in z.files if k != "meta"}
 
 
+def assert_checkpointed_on_usr1(recs: list[dict[str, object]]) -> None:
+    """The job got SIGUSR1 and a checkpoint of that very step exists (written for the signal,
+    or by the interval checkpoint just before it)."""
+    [sig] = [r for r in recs if r["event"] == "signal" and r["signal"] == "SIGUSR1"]
+    saved = {r["step"] for r in recs if r["event"] == "checkpoint"}
+    assert sig["step"] in saved
+
+
 def submit_demo_job(cluster: SlurmCluster, workdir: Path) -> tuple[int, JobInfo]:
     run = RunConfig(workdir=workdir, steps=STEPS, ckpt_every=CKPT_EVERY, step_seconds=STEP_S)
     script = write_sbatch(workdir / "job.sh", CFG, run, python=sys.executable)
@@ -136,7 +144,7 @@ def test_drain_requeue_by_scontrol_resumes_bit_identical(
     assert "Reason=gpuheal: it-demo xid=79" in node
     assert "DRAIN" in node
     recs = read_records(workdir / "metrics.jsonl")
-    assert any(r["event"] == "checkpoint" and "SIGUSR1" in r["reason"] for r in recs)
+    assert_checkpointed_on_usr1(recs)
     print(
         f"\nfault -> RUNNING again {times.running - times.fault:.2f}s "
         f"({'expedited' if expedite else 'cred_expire hold'})"
@@ -180,7 +188,7 @@ async def test_drain_requeue_through_bridge_resumes_bit_identical(
     assert info.batch_host not in (job.nodes_after or [])
     assert job_info(cluster, job_id).restarts == 1
     recs = read_records(workdir / "metrics.jsonl")
-    assert any(r["event"] == "checkpoint" and "SIGUSR1" in r["reason"] for r in recs)
+    assert_checkpointed_on_usr1(recs)
     print(
         f"\nbridge drain+requeue call {elapsed:.2f}s (grace 0.5s), requeue -> RUNNING "
         f"{job.requeue_to_running_seconds}s"
