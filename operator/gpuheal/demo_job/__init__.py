@@ -2,9 +2,10 @@
 
 It is the workload of ``make demo``, the end-to-end test and the recovery benchmarks: an MLP
 (16 -> 32 tanh -> 4, softmax) learning a synthetic dataset with SGD + momentum, in **NumPy on
-the CPU**. PyTorch would be the realistic choice, but it is a ~700 MiB download (CPU wheel plus
-dependencies) and takes seconds to import; on a fresh 2-core CI machine that costs more than the
-whole demo, and the story here is checkpoint/resume under Slurm, not the framework. The resume
+the CPU**. PyTorch would be the realistic choice, but it is a large download (hundreds of MiB for
+the CPU-only wheel, gigabytes with the default wheel's CUDA libraries) and slow to import; on a
+fresh 2-core CI machine that costs more than the whole demo, and the story here is
+checkpoint/resume under Slurm, not the framework. The resume
 logic imitates the usual PyTorch pattern (Crusoe's self-healing Slurm guide, KempnerForge's
 launch scripts): ``#SBATCH --requeue --open-mode=append``, resume from the newest checkpoint on
 start, ``SLURM_RESTART_COUNT`` logged, a signal handler that checkpoints before Slurm kills us.
