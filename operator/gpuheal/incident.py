@@ -8,6 +8,7 @@ import datetime as dt
 import enum
 import hashlib
 import re
+import sys
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -109,7 +110,8 @@ def node_view(body: Mapping[str, Any], keep: frozenset[str] = frozenset()) -> No
     spec = body.get("spec") or {}
     status = body.get("status") or {}
     annotations = meta.get("annotations") or {}
-    labels = dict(meta.get("labels") or {})
+    # Interned: thousands of nodes share the same label keys and mostly the same values.
+    labels = {sys.intern(str(k)): sys.intern(str(v)) for k, v in (meta.get("labels") or {}).items()}
     conds = []
     for c in status.get("conditions") or []:
         if not isinstance(c, Mapping):

@@ -56,12 +56,13 @@ async def startup(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
     settings.networking.request_timeout = 60
     settings.execution.max_workers = 4
 
-    rt.kube = Kube(await make_api_client(cfg.kubeconfig), component="gpuheal")
+    if rt.kube is None:
+        rt.kube = Kube(await make_api_client(cfg.kubeconfig), component="gpuheal")
     if cfg.lease_duration > 0 and rt.lease is None:
         rt.lease = Lease(rt.kube.api, cfg.namespace, duration=cfg.lease_duration)
         await rt.lease.acquire()  # a second copy waits here: nothing below runs in it
-        rt.tasks.append(asyncio.create_task(rt.lease.keep(_lost_lease), name="lease"))
-    if cfg.bridge_url:
+        _spawn(rt, "lease", rt.lease.keep(_lost_lease))
+    if cfg.bridge_url and rt.slurm is None:
         rt.slurm = BridgeSlurm.from_settings(
             cfg.bridge_url, cfg.bridge_token_file, cfg.bridge_ca_file
         )
@@ -69,11 +70,16 @@ async def startup(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
         start_http_server(cfg.metrics_port, registry=rt.metrics.registry)
         memo["metrics_up"] = True
     await _prefill(rt)
+    # Start-up may be retried by kopf (an error below): never start a task twice.
+    nodes_ready = asyncio.Event() if "nodes" not in _running(rt) else None
+    if nodes_ready is not None:
+        _spawn(rt, "nodes", sources.watch_nodes(rt, nodes_ready))
+        await asyncio.wait_for(nodes_ready.wait(), timeout=300)  # views before any signal
     if "events" in cfg.sources:
-        rt.tasks.append(asyncio.create_task(sources.watch_events(rt), name="events"))
+        _spawn(rt, "events", sources.watch_events(rt))
     if "dcgm" in cfg.sources:
-        rt.tasks.append(asyncio.create_task(sources.scrape_dcgm(rt), name="dcgm"))
-    rt.tasks.append(asyncio.create_task(status.report_forever(rt), name="status"))
+        _spawn(rt, "dcgm", sources.scrape_dcgm(rt))
+    _spawn(rt, "status", status.report_forever(rt))
     log.info("gpuheal started: sources=%s bridge=%s", ",".join(sorted(cfg.sources)), cfg.bridge_url)
 
 
@@ -95,6 +101,17 @@ async def _prefill(rt: Runtime) -> None:
     for item in await _list_retrying(rt, inc.NREM_PLURAL):
         if watch.set_incident(rt, None, item):
             remediation.ensure_driver(rt, item["metadata"]["name"])
+
+
+def _running(rt: Runtime) -> set[str]:
+    return {t.get_name() for t in rt.tasks if not t.done()}
+
+
+def _spawn(rt: Runtime, name: str, coro: Any) -> None:
+    if name in _running(rt):
+        coro.close()
+        return
+    rt.tasks.append(asyncio.create_task(coro, name=name))
 
 
 async def _list_retrying(rt: Runtime, plural: str, attempts: int = 30) -> list[dict[str, Any]]:

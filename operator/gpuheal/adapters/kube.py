@@ -360,13 +360,45 @@ class Kube:
     ) -> AsyncIterator[JSON]:
         """One watch request for Events about Nodes (server-side field selector: the Event
         firehose of pods never reaches us). Yields raw watch events; ends on timeout."""
-        resp = await self.core.list_event_for_all_namespaces(
+        async for ev in self._watch(
+            self.core.list_event_for_all_namespaces,
+            resource_version,
+            timeout_seconds,
             field_selector="involvedObject.kind=Node",
+        ):
+            yield ev
+
+    async def list_nodes_paged(self, *, limit: int = 500) -> AsyncIterator[tuple[list[JSON], str]]:
+        """LIST Nodes in pages (``limit``/``continue``): at most one page of full bodies is in
+        memory at a time. Yields (items, resourceVersion of the list)."""
+        token: str | None = None
+        while True:
+            kwargs: dict[str, Any] = {"limit": limit, "_preload_content": False}
+            if token:
+                kwargs["_continue"] = token
+            page = await _body(self.core.list_node(**kwargs))
+            meta = page.get("metadata") or {}
+            yield page["items"], str(meta.get("resourceVersion", ""))
+            token = meta.get("continue")
+            if not token:
+                return
+
+    async def watch_nodes(
+        self, resource_version: str, *, timeout_seconds: int = 300
+    ) -> AsyncIterator[JSON]:
+        async for ev in self._watch(self.core.list_node, resource_version, timeout_seconds):
+            yield ev
+
+    async def _watch(
+        self, call: Any, resource_version: str, timeout_seconds: int, **kwargs: Any
+    ) -> AsyncIterator[JSON]:
+        resp = await call(
             watch=True,
             allow_watch_bookmarks=True,
             resource_version=resource_version,
             timeout_seconds=timeout_seconds,
             _preload_content=False,
+            **kwargs,
         )
         if resp.status != 200:
             raw = await resp.read()

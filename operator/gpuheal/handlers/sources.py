@@ -94,6 +94,53 @@ async def watch_events(rt: Runtime) -> None:
             rv = None
 
 
+async def watch_nodes(rt: Runtime, ready: asyncio.Event | None = None) -> None:
+    """Keep ``rt.nodes`` (compact views) in sync with the cluster's Nodes, forever.
+
+    Paginated LIST, then watch from its resourceVersion (bookmarks keep it fresh); on 410
+    Gone or an error, LIST again and drop views of Nodes that disappeared meanwhile."""
+    from gpuheal.handlers.watch import node_changed
+
+    kube = rt.require_kube()
+    rv: str | None = None
+    backoff = 1.0
+    while True:
+        try:
+            if rv is None:
+                seen: set[str] = set()
+                async for items, list_rv in kube.list_nodes_paged():
+                    for item in items:
+                        seen.add(item["metadata"]["name"])
+                        node_changed(rt, "ADDED", item)
+                    rv = list_rv
+                for gone in set(rt.nodes) - seen:
+                    node_changed(rt, "DELETED", {"metadata": {"name": gone}})
+                rt.blind.discard("nodes")
+                if ready is not None:
+                    ready.set()
+            assert rv is not None
+            async for ev in kube.watch_nodes(rv):
+                kind = ev.get("type")
+                obj = ev.get("object") or {}
+                if kind == "ERROR":
+                    if obj.get("code") == 410:
+                        rv = None
+                    break
+                rv = (obj.get("metadata") or {}).get("resourceVersion", rv)
+                if kind in ("ADDED", "MODIFIED", "DELETED"):
+                    node_changed(rt, kind, obj)
+            backoff = 1.0
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            rt.blind.add("nodes")
+            rt.metrics.source_errors.labels("nodes").inc()
+            log.warning("Node watch failed (%s); retrying in %.0fs", exc, backoff)
+            await asyncio.sleep(backoff)
+            backoff = min(60.0, backoff * 2)
+            rv = None
+
+
 async def scrape_dcgm(rt: Runtime) -> None:
     """Every ``--dcgm-interval`` seconds, scrape each dcgm-exporter pod (found by label
     selector) and turn XID counter rises / gauge changes into signals on its node."""

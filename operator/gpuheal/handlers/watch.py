@@ -1,8 +1,11 @@
-"""kopf ``on.event`` handlers: keep the compact views and react to node conditions.
+"""Compact views (Nodes, policies, pools, incidents) and node-condition detection.
 
-``on.event`` handlers never write kopf bookkeeping to the object (no annotations on Nodes),
-and these make no API call at all while nothing is wrong: a Node event costs one dict
-reduction (`incident.node_view`) and a few comparisons.
+gpuheal's own objects come through kopf ``on.event`` handlers (they never write kopf
+bookkeeping). Nodes come through a watch of our own (`sources.watch_nodes`): paginated LIST,
+then a watch with bookmarks, so at most one page of full Node bodies is ever in memory;
+kopf's Node LIST is one un-paginated GET of every body. A Node event costs one dict
+reduction (`incident.node_view`) and a few comparisons, and no API call while nothing is
+wrong.
 """
 
 from __future__ import annotations
@@ -37,13 +40,12 @@ def _now() -> dt.datetime:
 
 
 # ---- Nodes -----------------------------------------------------------------------------
-@kopf.on.event("", "v1", "nodes")
-async def node_event(type: str | None, body: kopf.Body, memo: Any, **_: Any) -> None:
-    rt = _rt(memo)
-    name = body.get("metadata", {}).get("name")
+def node_changed(rt: Runtime, type_: str | None, body: dict[str, Any]) -> None:
+    """A Node was listed, added, modified or deleted (see `sources.watch_nodes`)."""
+    name = (body.get("metadata") or {}).get("name")
     if not name:
         return
-    if type == "DELETED":
+    if type_ == "DELETED":
         rt.nodes.pop(name, None)
         rt.metrics.nodes_watched.set(len(rt.nodes))
         return
