@@ -25,6 +25,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -48,7 +49,11 @@ from gpuheal.timeline import Timeline, build_timeline, incident_report, job_even
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "examples"
 GROUP, VERSION = "gpuheal.io", "v1alpha1"
-NAMESPACE = "gpuheal-system"  # the operator's own objects (Lease, Events)
+# The operator's own objects (Lease, Events). Not gpuheal-system, the operator's default: the
+# API server takes a core/v1 Event about a cluster-scoped object (a Node, a NodeRemediation)
+# only in "default" (legacy Event validation), so in any other namespace every Event the
+# operator posts is refused with 422 (reported; the operator's code is not the demo's).
+NAMESPACE = "default"
 WORKLOAD_NS = "default"
 POOL_LABEL = "gpuheal.io/pool"
 SPARE_TAINT = "gpuheal.io/spare"
@@ -387,13 +392,12 @@ class Demo:
         self.phase(2, "gpuheal: Slurm bridge, operator, policy, reserve pool")
         core, custom, _, _ = self.apis()
         self.sb.kubectl("apply", "-f", str(REPO / "crds"))
-        for plural in ("noderemediations", "remediationpolicies", "reservepools"):
-            self.sb.kubectl(
-                "wait", "--for=condition=Established", f"crd/{plural}.gpuheal.io", "--timeout=60s"
-            )
-        core.create_namespace({"metadata": {"name": NAMESPACE}})
+        crds = [f"crd/{p}.gpuheal.io" for p in ("noderemediations", "remediationpolicies",
+                                                "reservepools")]  # fmt: skip
+        self.sb.kubectl("wait", "--for=condition=Established", *crds, "--timeout=60s")
+        # Both start at once (Python start-up is the slow part on a busy machine).
         self._start_bridge()
-        self._start_operator()
+        health = self._start_operator()
         self._prepare_spare(core)
         for path, plural in ((self.settings.pool, "reservepools"),
                              (self.settings.policy, "remediationpolicies")):  # fmt: skip
@@ -402,6 +406,15 @@ class Demo:
             self.say(
                 f"  applied {path.relative_to(REPO)} ({body['kind']} {body['metadata']['name']})"
             )
+        self._wait_http(f"{self.bridge_url}/readyz", "bridge", 90)
+        self._wait_http(f"http://127.0.0.1:{health}/healthz", "operator", 120)
+        _wait(
+            lambda: "gpuheal started" in self._log("operator"),
+            "operator start-up",
+            60,
+            self._check_procs,
+        )
+        self.say(f"  bridge and operator up ({time.monotonic() - self.t_start:.0f} s)")
         self.say(
             "  policy: XID 79 -> cordon, Slurm drain + requeue (USR1 checkpoint signal, 2 s grace),"
         )
@@ -428,10 +441,10 @@ class Demo:
         ]  # fmt: skip
         env = self.slurm.subprocess_env(dict(os.environ))
         self.procs["bridge"] = spawn(argv, self.logs / "bridge.log", env)
-        self._wait_http(f"{self.bridge_url}/readyz", "bridge", 60)
         self.say(f"  Slurm bridge   {self.bridge_url} (bearer token, CLI backend)")
 
-    def _start_operator(self) -> None:
+    def _start_operator(self) -> int:
+        """Start ``gpuheal run``; returns its health port."""
         metrics, health = free_tcp_ports(2)
         argv = [
             *_console("gpuheal", "gpuheal.cli"), "run",
@@ -443,16 +456,14 @@ class Demo:
             "--log-format", "plain",
         ]  # fmt: skip
         self.procs["operator"] = spawn(argv, self.logs / "operator.log", dict(os.environ))
-        self._wait_http(f"http://127.0.0.1:{health}/healthz", "operator", 90)
-        _wait(
-            lambda: "gpuheal started" in self._log("operator"),
-            "operator start-up",
-            60,
-            self._check_procs,
+        self.say(
+            f"  operator       gpuheal run --bridge-url {self.bridge_url} --bridge-token-file ..."
         )
-        shown = [Path(argv[0]).name, *argv[1:]]
-        self.say(f"  operator       {' '.join(shown[:2])} --bridge-url {self.bridge_url} ...")
-        self.say(f"                 (metrics :{metrics}, log {self.logs / 'operator.log'})")
+        self.say(
+            "                 --sources events,conditions --retry-interval"
+            f" {self.settings.operator_retry_interval:g} --namespace {NAMESPACE}"
+        )
+        return health
 
     def _prepare_spare(self, core: Any) -> None:
         """The spare waits as a site keeps spares: tainted in Kubernetes (the pool's promotion
@@ -721,6 +732,13 @@ class Demo:
             ["kubectl", "get", "pods", "-l", f"app={TRAINER}", "-o",
              "custom-columns=NAME:.metadata.name,STATUS:.status.phase,NODE:.spec.nodeName"],
         )  # fmt: skip
+        self._show(
+            "kubectl get events --field-selector source=gpuheal,reason!=RemediationStep",
+            ["kubectl", "get", "events", "-n", NAMESPACE,
+             "--field-selector", "source=gpuheal,reason!=RemediationStep",
+             "--sort-by=.lastTimestamp",
+             "-o", "custom-columns=REASON:.reason,OBJECT:.involvedObject.name,MESSAGE:.message"],
+        )  # fmt: skip
         self._show('sinfo -N -o "%N %T %E"', ["sinfo", "-N", "-o", "%N %T %E"])
 
     def _show(self, title: str, argv: list[str]) -> None:
@@ -796,7 +814,11 @@ class Demo:
     # -- teardown --------------------------------------------------------------------------
     def close(self) -> None:
         """Stop what this demo started: operator, bridge, then the sandbox (Slurm cancels its
-        jobs and kills their processes). Safe to call twice."""
+        jobs and kills their processes). Safe to call twice. A second Ctrl-C waits for it."""
+        with _shielded():
+            self._close()
+
+    def _close(self) -> None:
         for name in ("operator", "bridge"):
             proc = self.procs.pop(name, None)
             if proc is None or proc.poll() is not None:
@@ -911,6 +933,21 @@ def demo_root(root: Path) -> Path:
 
 
 @contextlib.contextmanager
+def _shielded() -> Iterator[None]:
+    """Ignore Ctrl-C and SIGTERM meanwhile (a teardown cut short leaves processes behind)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    sigs = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    old = {s: signal.signal(s, signal.SIG_IGN) for s in sigs}
+    try:
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
+@contextlib.contextmanager
 def _signals_raise() -> Iterator[None]:
     """SIGTERM/SIGHUP end the demo like Ctrl-C does: through the teardown."""
 
@@ -943,8 +980,8 @@ def run_demo(root: Path) -> int:
                 finally:
                     print(f"\ntearing down ({time.monotonic() - t0:.0f} s) ...", flush=True)
         except KeyboardInterrupt:
-            print("interrupted: everything stopped", flush=True)
-            return 130
+            print("interrupted", flush=True)
+            rc = 130
         except Exception as exc:  # report, after the teardown, and exit non-zero
             what = str(exc) if isinstance(exc, DemoFailed) else f"{type(exc).__name__}: {exc}"
             print(f"\nDEMO FAILED: {what}", flush=True)
@@ -953,7 +990,7 @@ def run_demo(root: Path) -> int:
     print(f"stopped: operator, bridge, Slurm, Kubernetes; processes left: {len(left)}")
     for line in left:
         print(f"  {line}")
-    if result is not None:
+    if result is not None and rc != 130:
         ok = result.ok and not left
         rc = 0 if ok else 1
         verdict = "story complete" if ok else f"story INCOMPLETE (missing: {result.missing})"
