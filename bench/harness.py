@@ -215,7 +215,23 @@ def machine_info() -> dict[str, Any]:
         },
         "gpuheal_commit": commit,
         "bench_dirty": bool(dirty),
+        # uncommitted changes to the code under test (others work in the same tree)
+        "operator_dirty": _dirty_paths("operator", "slurm-bridge"),
     }
+
+
+def _dirty_paths(*paths: str) -> list[str]:
+    try:
+        out = subprocess.run(
+            ["git", "-C", str(REPO), "status", "--porcelain", "--", *paths],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=False,
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return [line[3:] for line in out.splitlines() if line.strip()]
 
 
 def _os_name() -> str | None:

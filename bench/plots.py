@@ -128,3 +128,111 @@ def recovery_plot(doc: dict[str, Any], path: Path) -> None:
     _titles(fig, ax, doc)
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def _target(ax: Axes, y: float, text: str, x: float = -0.45) -> None:
+    ax.axhline(y, color="#d62728", ls=":", lw=1.2)
+    ax.text(x, y * 1.06, text, color="#d62728", fontsize=8, va="bottom")
+
+
+def latency_plot(doc: dict[str, Any], path: Path) -> None:
+    """Each latency series as dots (log scale) with p50 bar, p99 marked, and the targets."""
+    series = doc["series"]
+    names = list(series)
+    fig, ax = plt.subplots(figsize=(10.0, 5.8), layout="constrained")
+    for i, name in enumerate(names):
+        vals = series[name].get("samples", [])
+        _strip(ax, i, vals, COLORS[i % len(COLORS)], None, half=0.3)
+        if vals:
+            p99 = series[name]["p99"]
+            ax.hlines(p99, i - 0.3, i + 0.3, color="black", lw=1, ls="--", zorder=5)
+            ax.annotate(f"p99 {p99:.2f}", (i - 0.31, p99), va="bottom", ha="right", fontsize=8)
+    ax.set_yscale("log")
+    ax.yaxis.set_major_locator(FixedLocator([0.02, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 60]))
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:g}"))
+    ax.yaxis.set_minor_formatter(NullFormatter())
+    _target(ax, 0.25, "target: cordon p99 <= 0.25 s")
+    _target(ax, 1.0, "target: Slurm drain + requeue p99 <= 1 s")
+    labels = [f"{n}\n(n={series[n]['n']}, p50 {series[n].get('median', 0):.2f} s)" for n in names]
+    ax.set_xticks(range(len(names)), labels, fontsize=9)
+    ax.set_xlim(-0.6, len(names) - 0.4)
+    ax.set_ylabel("seconds from the XID Event (log scale)")
+    ax.grid(axis="y", alpha=0.3, which="both")
+    _titles(fig, ax, doc)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def scale_plot(doc: dict[str, Any], path: Path) -> None:
+    """Left: RSS steady/peak of gpuheal vs the plain kopf baseline per node count.
+    Right: p99 node-event lag against the achieved churn rate."""
+    results = doc["params"]["results"]
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(13.0, 5.6), layout="constrained")
+    width = 0.2
+    for j, r in enumerate(results):
+        bars = [
+            ("gpuheal steady", r.get("rss_steady_mib"), "#1f77b4"),
+            ("gpuheal peak", r.get("rss_peak_mib"), "#aec7e8"),
+            ("kopf baseline steady", r.get("baseline_rss_steady_mib"), "#ff7f0e"),
+            ("kopf baseline peak", r.get("baseline_rss_peak_mib"), "#ffbb78"),
+        ]
+        for k, (label, value, color) in enumerate(bars):
+            x = j + (k - 1.5) * width
+            ax.bar(x, value or 0, width, color=color, label=label if j == 0 else None)
+            if value:
+                ax.text(x, value, f"{value:.0f}", ha="center", va="bottom", fontsize=8)
+    ax.axhline(150, color="#d62728", ls=":", lw=1.2)
+    ax.text(-0.45, 153, "target: 5,000 nodes <= 150 MiB steady", color="#d62728", fontsize=8)
+    ax.set_xticks(
+        range(len(results)),
+        [
+            f"{r['nodes']} nodes\nview complete {r.get('startup_to_full_view_s', 0):.1f} s "
+            f"(kopf {r.get('baseline_full_view_s', 0):.1f} s)"
+            for r in results
+        ],
+        fontsize=9,
+    )
+    ax.set_ylabel("RSS (MiB)")
+    ax.legend(fontsize=8, loc="upper left")
+    ax.grid(axis="y", alpha=0.3)
+    _titles(fig, ax, doc)
+    for j, r in enumerate(results):
+        lv = r.get("churn_levels", [])
+        xs = [x["achieved_rate"] for x in lv]
+        ax2.plot(xs, [x["lag_p99"] for x in lv], "o-", color=COLORS[j], label=f"{r['nodes']} p99")
+        ax2.plot(xs, [x["lag_p50"] for x in lv], "o--", color=COLORS[j], alpha=0.5,
+                 label=f"{r['nodes']} p50")  # fmt: skip
+    ax2.axhline(1.0, color="#d62728", ls=":", lw=1.2)
+    ax2.set_yscale("log")
+    ax2.set_xlabel("node events/s (churn patches achieved)")
+    ax2.set_ylabel("lag: node change -> operator's view (s, log)")
+    ax2.set_title("event lag under node churn", fontsize=10, loc="left")
+    ax2.legend(fontsize=8)
+    ax2.grid(alpha=0.3, which="both")
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def storm_plot(doc: dict[str, Any], path: Path) -> None:
+    """Cumulative nodes cordoned after the first XID, the limit, the breaker opening."""
+    p = doc["params"]
+    times = doc["series"]["cordon times after the first XID"].get("samples", [])
+    fig, ax = plt.subplots(figsize=(10.0, 5.4), layout="constrained")
+    ax.axvspan(0, p["send_seconds"], color="#dddddd", alpha=0.5,
+               label=f"{p['xids_sent']} XIDs being sent")  # fmt: skip
+    if times:
+        ax.step([0, *times], range(len(times) + 1), where="post", color="#1f77b4",
+                label=f"nodes cordoned ({len(times)})")  # fmt: skip
+    limit = int(str(p["max_unhealthy"]).split("=")[-1])
+    ax.axhline(limit, color="#d62728", ls=":", lw=1.2, label=f"maxUnhealthy {p['max_unhealthy']}")
+    if p.get("breaker_open_after_s") is not None:
+        ax.axvline(p["breaker_open_after_s"], color="#2ca02c", ls="--",
+                   label=f"breaker open at {p['breaker_open_after_s']:.2f} s")  # fmt: skip
+    ax.set_xlabel("seconds after the first XID")
+    ax.set_ylabel("nodes cordoned")
+    ax.set_ylim(0, max(limit, len(times)) * 1.3 + 1)
+    ax.legend(fontsize=8.5, loc="lower right")
+    ax.grid(alpha=0.3)
+    _titles(fig, ax, doc)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -1,0 +1,861 @@
+"""The operator's benchmarks on the sandbox: detection and action latency, scale, storm.
+
+The operator runs as its own process (``gpuheal run``, the flags the integration tests use,
+production intervals) through ``bench.api_count`` (counts its API requests); the Slurm
+bridge runs as its own process against a real sandbox Slurm cluster. The benchmark side
+watches with raw streaming HTTP (JSON lines, no client models) so that it stays cheap next to
+the operator on a shared 2-core machine; all times are ``time.time()`` on this machine.
+"""
+
+from __future__ import annotations
+
+import atexit
+import datetime as dt
+import json
+import shutil
+import statistics
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from bench.harness import Context, Result, benchmark
+from bench.opkit import (
+    Churn,
+    KubeAccess,
+    Measured,
+    RssSampler,
+    Watcher,
+    apply_crds,
+    baseline_process,
+    bench_policy,
+    chunks,
+    create_policy,
+    first_at_least,
+    list_custom,
+    loadavg,
+    metric_sum,
+    node_uids,
+    operator_process,
+    post_xid_event,
+    start_bridge,
+    sustained_rate,
+    wait_until,
+)
+from bench.plots import latency_plot, scale_plot, storm_plot
+
+ISOLATED = "isolated (1 per 3 s)"
+PACED = "paced (2 per s)"
+CATCH_UP_S = 240.0
+TOKEN = "bench-operator-token-0123456789abcdef"
+NS = "bench"
+
+
+def _ts(value: str | None) -> float | None:
+    if not value:
+        return None
+    return dt.datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+
+
+_SHARED: dict[int, Any] = {}
+
+
+def _sandbox(ctx: Context, nodes: int, *, shared: bool = True) -> Any:
+    """A sandbox with ``nodes`` kwok GPU nodes (no Slurm: benchmarks start their own). With
+    ``shared``, one per node count for the whole ``python -m bench`` run (bringing 1,000 nodes
+    up costs ~1 min on a loaded 2-core machine), reset between benchmarks (see ``_reset``) and
+    stopped at exit; its root is outside the per-benchmark scratch directory."""
+    from gpuheal.sandbox import Sandbox, SandboxConfig
+    from gpuheal.sandbox.nodes import create_gpu_nodes, wait_nodes_ready
+
+    if shared and nodes in _SHARED:
+        sb = _SHARED[nodes]
+        _reset(ctx, sb)
+        return sb
+    t0 = time.monotonic()
+    ctx.progress(f"sandbox: control plane + {nodes} kwok GPU nodes ...")
+    root = Path(tempfile.mkdtemp(prefix=f"ghb-sb{nodes}-")) if shared else ctx.tmpdir("sb")
+    # The nodes are created here, not by Sandbox.up: its Ready wait gives up after 120 s, and
+    # 5,000 nodes on a loaded 2-core machine take longer.
+    sb = Sandbox.up(SandboxConfig(root=root, gpu_nodes=0, spare_nodes=0, slurm=False))
+    try:
+        apply_crds(sb)
+        core = sb.core_v1()
+        for part in chunks(_names(nodes), 1000):
+            create_gpu_nodes(core, part, workers=8)
+            ctx.progress(f"  {part[-1]} created ({time.monotonic() - t0:.0f} s)")
+        wait_nodes_ready(core, _names(nodes), timeout=900)
+    except BaseException:
+        sb.down()
+        raise
+    if shared:
+        _SHARED[nodes] = sb
+
+        def down() -> None:
+            sb.down()
+            shutil.rmtree(root, ignore_errors=True)
+
+        atexit.register(down)
+    ctx.progress(
+        f"sandbox up in {time.monotonic() - t0:.1f} s ({nodes} nodes Ready), load {loadavg()}"
+    )
+    return sb
+
+
+def _names(nodes: int) -> list[str]:
+    return [f"gpu-node-{i}" for i in range(nodes)]
+
+
+def _release(sb: Any) -> None:
+    """Stop a sandbox unless it is shared (then the next benchmark resets it)."""
+    if sb not in _SHARED.values():
+        _release(sb)
+
+
+def _reset(ctx: Context, sb: Any) -> None:
+    """Undo what a benchmark left: incidents, policies, Events, pods, probe nodes, cordons,
+    Slurm/gpuheal marks on nodes; so that the next operator starts on a clean cluster."""
+    access = KubeAccess.from_kubeconfig(Path(sb.kubeconfig))
+    with access.client() as http:
+        for plural in ("noderemediations", "remediationpolicies", "reservepools"):
+            http.delete(f"/apis/gpuheal.io/v1alpha1/{plural}")
+        http.delete("/api/v1/namespaces/default/events")
+        http.delete(f"/api/v1/namespaces/{NS}/pods", params={"gracePeriodSeconds": "0"})
+        nodes = http.get("/api/v1/nodes").json()["items"]
+        undone = 0
+        for node in nodes:
+            name = node["metadata"]["name"]
+            if name.startswith("lagprobe-"):
+                http.delete(f"/api/v1/nodes/{name}")
+                continue
+            ann = node["metadata"].get("annotations") or {}
+            ours = {k: None for k in ann if k.startswith(("gpuheal.io/", "bench.gpuheal.io/"))}
+            if (node.get("spec") or {}).get("unschedulable") or ours:
+                body = {"metadata": {"annotations": ours}, "spec": {"unschedulable": None}}
+                http.patch(
+                    f"/api/v1/nodes/{name}",
+                    content=json.dumps(body),
+                    headers={"Content-Type": "application/merge-patch+json"},
+                ).raise_for_status()
+                undone += 1
+
+        def clean() -> bool:
+            left = sum(
+                len(list_custom(http, p)) for p in ("noderemediations", "remediationpolicies")
+            )
+            pods = http.get(f"/api/v1/namespaces/{NS}/pods").json().get("items", [])
+            return left == 0 and not pods
+
+        wait_until(clean, "sandbox reset", timeout=60, every=0.5)
+    ctx.progress(f"shared sandbox reset ({undone} nodes uncordoned/unmarked), load {loadavg()}")
+
+
+def _api_requests(op: Measured) -> dict[str, float]:
+    m = op.metrics("gpuheal_bench_api_requests_total")
+    out: dict[str, float] = {}
+    for key, value in m.items():
+        labels = key.partition("{")[2].rstrip("}")
+        parts = dict(p.split("=", 1) for p in labels.split(",") if "=" in p)
+        name = f"{parts.get('verb', '').strip(chr(34))} {parts.get('resource', '').strip(chr(34))}"
+        out[name] = out.get(name, 0.0) + value
+    return out
+
+
+def _delta(after: dict[str, float], before: dict[str, float]) -> dict[str, float]:
+    keys = set(after) | set(before)
+    d = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in keys}
+    return {k: v for k, v in sorted(d.items()) if v}
+
+
+def _wait_started(op: Measured, timeout: float = 300) -> float:
+    """Seconds from process start to the "gpuheal started" line (logged once the node view
+    is complete: start-up waits for the paginated node LIST before any source runs)."""
+
+    def started() -> bool:
+        op.check_alive()
+        return "gpuheal started" in op.log()
+
+    wait_until(started, "operator start-up", timeout=timeout, every=0.05)
+    return time.monotonic() - op.started_mono
+
+
+def _pods(http: Any, nodes: list[str]) -> None:
+    http.post("/api/v1/namespaces", json={"metadata": {"name": NS}})
+    for node in nodes:
+        body = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": f"train-{node}", "namespace": NS, "labels": {"app": "train"}},
+            "spec": {
+                "nodeName": node,
+                "terminationGracePeriodSeconds": 1,
+                "containers": [{"name": "train", "image": "example.invalid/train:1"}],
+            },
+        }
+        http.post(f"/api/v1/namespaces/{NS}/pods", json=body).raise_for_status()
+
+    def running() -> bool:
+        items = http.get(f"/api/v1/namespaces/{NS}/pods").json()["items"]
+        return sum(1 for p in items if (p.get("status") or {}).get("phase") == "Running") >= len(
+            nodes
+        )
+
+    wait_until(running, f"{len(nodes)} kwok pods Running", timeout=120, every=0.5)
+
+
+# ---- 2. scale -------------------------------------------------------------------------------
+
+
+def watched(op: Measured) -> float:
+    return metric_sum(op.metrics("gpuheal_nodes_watched"), "gpuheal_nodes_watched")
+
+
+def _lag_probe(http: Any, op: Measured, base: int, k: int) -> tuple[float, float]:
+    """Create node ``lagprobe-k`` (not a kwok node), time until the operator's
+    ``gpuheal_nodes_watched`` shows it; delete it and time until it is gone again."""
+    from gpuheal.sandbox.nodes import gpu_node_manifest
+
+    body = gpu_node_manifest(f"lagprobe-{k}")
+    body["metadata"]["annotations"] = {}
+    out = []
+    for want, method, path in (
+        (base + 1, "POST", "/api/v1/nodes"),
+        (base, "DELETE", f"/api/v1/nodes/lagprobe-{k}"),
+    ):
+        t0 = time.time()
+        resp = http.request(method, path, json=body if method == "POST" else None)
+        resp.raise_for_status()
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if watched(op) == want:
+                break
+            time.sleep(0.02)
+        out.append(time.time() - t0)
+    return out[0], out[1]
+
+
+def _scale_one(
+    ctx: Context, nodes: int, idle_s: float, levels: list[float], level_s: float
+) -> dict[str, Any]:
+    sb = _sandbox(ctx, nodes)
+    access = KubeAccess.from_kubeconfig(Path(sb.kubeconfig))
+    res: dict[str, Any] = {"nodes": nodes, "load_avg_start": loadavg()}
+    op: Measured | None = None
+    base: Measured | None = None
+    try:
+        with access.client() as http:
+            create_policy(
+                http, bench_policy("bench-scale", [{"action": "cordon"}], max_unhealthy="10%")
+            )
+        op = operator_process(Path(sb.kubeconfig), ctx.tmpdir("op") / "operator.log").start()
+        opp = op
+        with RssSampler(op, every=0.25) as rss:
+            startup = _wait_started(op)
+            full = wait_until(
+                lambda: watched(opp) >= nodes,
+                "nodes_watched", 60, every=0.05)  # fmt: skip
+            s0 = op.sample()
+            ctx.progress(
+                f"{nodes} nodes: operator view complete {startup:.2f} s after start "
+                f"(RSS {s0['rss_mib']:.0f} MiB, peak {s0['hwm_mib']:.0f} MiB, "
+                f"CPU {s0['cpu_s']:.1f} s)"
+            )
+            assert full
+            time.sleep(3)
+            api0, cpu0, t_idle0 = _api_requests(op), op.sample()["cpu_s"], time.monotonic()
+            ctx.progress(f"idle {idle_s:.0f} s (no churn, no faults) ...")
+            time.sleep(idle_s)
+            api1, cpu1, t_idle1 = _api_requests(op), op.sample()["cpu_s"], time.monotonic()
+            idle_rss = rss.between(t_idle0, t_idle1)
+            idle = _delta(api1, api0)
+            res.update(
+                startup_to_full_view_s=round(startup, 3),
+                cpu_s_startup=round(s0["cpu_s"], 2),
+                rss_after_start_mib=round(s0["rss_mib"], 1),
+                rss_steady_mib=round(statistics.median(idle_rss), 1) if idle_rss else None,
+                idle_window_s=idle_s,
+                idle_api_requests=idle,
+                idle_api_requests_per_min=round(sum(idle.values()) * 60 / idle_s, 2),
+                idle_api_writes_per_min=round(
+                    sum(
+                        v
+                        for k, v in idle.items()
+                        if k.split()[0] in ("post", "put", "patch", "delete")
+                    )
+                    * 60
+                    / idle_s,
+                    2,
+                ),
+                idle_cpu_s_per_min=round((cpu1 - cpu0) * 60 / idle_s, 3),
+            )
+            ctx.progress(
+                f"idle: {res['idle_api_requests_per_min']} API requests/min "
+                f"({res['idle_api_writes_per_min']} writes), RSS {res['rss_steady_mib']} MiB, "
+                f"CPU {res['idle_cpu_s_per_min']} s/min"
+            )
+            # sustained node events/s: churn levels, lag probes through the nodes_watched gauge
+            names = _names(nodes)
+            out_levels: list[dict[str, Any]] = []
+            with Churn(access, names, 0.0) as churn, access.client() as http:
+                k = 0
+                for rate in levels:
+                    churn.set_rate(rate)
+                    time.sleep(1.0)
+                    sent0, c0, t0 = churn.sent, op.sample()["cpu_s"], time.monotonic()
+                    lags: list[float] = []
+                    while time.monotonic() - t0 < level_s and len(lags) < 400:
+                        k += 1
+                        a, d = _lag_probe(http, op, nodes, k)
+                        lags += [a, d]
+                    dt_ = time.monotonic() - t0
+                    achieved = (churn.sent - sent0) / dt_
+                    lvl: dict[str, Any] = {
+                        "target_rate": rate,
+                        "achieved_rate": round(achieved, 1),
+                        "lag_n": len(lags),
+                        "lag_p50": round(statistics.median(lags), 4),
+                        "lag_p99": round(
+                            sorted(lags)[min(len(lags) - 1, int(0.99 * len(lags)))], 4
+                        ),
+                        "lag_max": round(max(lags), 4),
+                        "lags": [round(x, 4) for x in lags],
+                        "operator_cpu_fraction": round((op.sample()["cpu_s"] - c0) / dt_, 2),
+                        "load_avg": loadavg(),
+                        "churn_errors": churn.errors,
+                    }
+                    out_levels.append(lvl)
+                    ctx.progress(
+                        f"churn {rate:.0f}/s (achieved {achieved:.0f}/s): lag p50 "
+                        f"{lvl['lag_p50'] * 1000:.0f} ms p99 {lvl['lag_p99'] * 1000:.0f} ms "
+                        f"(n={len(lags)}), operator CPU {lvl['operator_cpu_fraction']:.0%}"
+                    )
+                    if lvl["lag_p99"] > 1.0 or achieved < 0.7 * rate:
+                        break
+                churn.set_rate(0)
+            s_end = op.sample()
+        res.update(
+            churn_levels=out_levels,
+            sustained_events_per_s=sustained_rate(out_levels),
+            rss_peak_mib=round(s_end["hwm_mib"], 1),
+            rss_end_mib=round(s_end["rss_mib"], 1),
+            cpu_s_total=round(s_end["cpu_s"], 2),
+        )
+        op.stop()
+        op = None
+        # the baseline: plain kopf over full Node bodies
+        base = baseline_process(
+            Path(sb.kubeconfig), ctx.tmpdir("base") / "baseline.log", nodes
+        ).start()
+        with RssSampler(base, every=0.25) as brss:
+            wait_until(lambda: base.check_alive() or "baseline: saw" in base.log(),  # type: ignore[func-returns-value]
+                       "baseline saw every node", 300, every=0.05)  # fmt: skip
+            b_start = time.monotonic() - base.started_mono
+            time.sleep(8)
+            t1 = time.monotonic()
+            time.sleep(10)
+            b_idle = brss.between(t1, time.monotonic())
+            b = base.sample()
+        res.update(
+            baseline_full_view_s=round(b_start, 3),
+            baseline_rss_steady_mib=round(statistics.median(b_idle), 1) if b_idle else None,
+            baseline_rss_peak_mib=round(b["hwm_mib"], 1),
+            baseline_cpu_s=round(b["cpu_s"], 2),
+        )
+        ctx.progress(
+            f"baseline kopf on.event('nodes'): saw {nodes} nodes after {b_start:.2f} s, RSS "
+            f"{res['baseline_rss_steady_mib']} MiB, peak {res['baseline_rss_peak_mib']} MiB"
+        )
+    finally:
+        for p in (op, base):
+            if p is not None:
+                p.stop()
+        _release(sb)
+    res["load_avg_end"] = loadavg()
+    return res
+
+
+@benchmark(
+    "operator_scale",
+    title="Operator at 1,000 and 5,000 kwok nodes: memory, CPU, start-up, event rate, API",
+    budget_s=420,
+    plot=scale_plot,
+    needs=("kube",),
+)
+def operator_scale(ctx: Context) -> Result:
+    """Per node count: the operator from process start to its node view complete (the
+    "gpuheal started" log line, after its paginated node LIST; cross-checked with
+    gpuheal_nodes_watched), RSS (VmRSS median over an idle window = steady; VmHWM = peak),
+    CPU seconds, API requests while idle (client-side count by bench.api_count), then node
+    churn at rising rates with lag probes (a node created/deleted -> gpuheal_nodes_watched
+    reflects it) until p99 lag > 1 s or the generator cannot keep up; then the baseline,
+    a plain kopf on.event('nodes') handler over full Node bodies, on the same cluster."""
+    # 5,000 first on its own sandbox (stopped after), then 1,000 on the shared one: the big
+    # sandbox's kwok and apiserver never run next to another benchmark.
+    plan = [
+        (5000, 30.0, [100.0, 200.0, 400.0, 800.0], 8.0),
+        (1000, 60.0, [100.0, 200.0, 400.0, 800.0], 10.0),
+    ]
+    results = []
+    for nodes, idle_s, levels, level_s in plan:
+        results.append(_scale_one(ctx, nodes, idle_s, levels, level_s))
+    results.sort(key=lambda r: int(r["nodes"]))
+    series: dict[str, list[float]] = {}
+    extra: dict[str, dict[str, list[float]]] = {"lag_p99_s": {}, "rss_peak_mib": {}}
+    for r in results:
+        key = f"{r['nodes']} nodes"
+        series[f"gpuheal steady RSS, {key}"] = [r["rss_steady_mib"]]
+        series[f"gpuheal peak RSS, {key}"] = [r["rss_peak_mib"]]
+        series[f"kopf baseline steady RSS, {key}"] = [r["baseline_rss_steady_mib"]]
+        series[f"kopf baseline peak RSS, {key}"] = [r["baseline_rss_peak_mib"]]
+    notes = [
+        "RSS in MiB from /proc/PID/status: steady = median VmRSS over the idle window, peak = "
+        "VmHWM at the end of the run (includes the churn phase).",
+        "Event lag = a probe Node created (or deleted) -> the operator's gpuheal_nodes_watched "
+        "gauge shows it (polled every 20 ms, so +0-20 ms), measured while churn patches "
+        "random nodes at the level's rate; the operator handles each churn patch as a full "
+        "Node event. Sustained rate = highest achieved churn rate with p99 lag <= 1 s; when "
+        "the generator itself cannot reach a level (2 shared cores, the apiserver and kwok "
+        "are on them too) the run stops there and the number is a lower bound.",
+        "API requests counted client-side in the operator process (bench.api_count); "
+        "the apiserver's apiserver_request_total has no user label.",
+    ]
+    for r in results:
+        if r.get("rss_steady_mib") and r["rss_steady_mib"] > 150 and r["nodes"] == 5000:
+            notes.append(f"5,000 nodes: steady RSS {r['rss_steady_mib']} MiB > 150 MiB target")
+    return Result(
+        series=series,
+        unit="MiB",
+        params={
+            "results": results,
+            "targets": {"rss_5000_steady_mib": 150, "idle_writes_per_min": 0},
+        },
+        runs=results,
+        notes=notes,
+        extra_series=extra,
+    )
+
+
+# ---- 3. storm -------------------------------------------------------------------------------
+
+
+@benchmark(
+    "xid_storm",
+    title="Storm: XIDs on 40% of 1,000 nodes within 10 s vs maxUnhealthy",
+    budget_s=120,
+    plot=storm_plot,
+    needs=("kube",),
+)
+def xid_storm(ctx: Context) -> Result:
+    """XID 79 Events on 400 of 1,000 kwok nodes within 10 s (40/s, concurrent POSTs); policy
+    maxUnhealthy 5% (= 50 nodes), rate limit generous. Counts nodes cordoned (our watch) until
+    the operator has taken in every signal (gpuheal_signals_total) plus 10 s, incidents, and
+    how many wait with Blocked=CircuitBreakerOpen; time from the first XID to
+    gpuheal_breaker_open == 1 (metrics polled every 50 ms) and the policy's condition."""
+    total, storm, limit_pct = 1000, 400, 5
+    limit = total * limit_pct // 100
+    sb = _sandbox(ctx, total)
+    access = KubeAccess.from_kubeconfig(Path(sb.kubeconfig))
+    names = _names(total)
+    targets = names[:storm]
+    op: Measured | None = None
+    try:
+        with access.client() as http:
+            create_policy(
+                http,
+                bench_policy(
+                    "bench-storm",
+                    [{"action": "cordon"}, {"action": "drain", "drain": {"timeout": "5m"}}],
+                    max_unhealthy=f"{limit_pct}%",
+                    return_to_service=True,
+                ),
+            )
+            uids = node_uids(http)
+        op = operator_process(Path(sb.kubeconfig), ctx.tmpdir("op") / "operator.log").start()
+        startup = _wait_started(op)
+        ctx.progress(f"operator started in {startup:.1f} s")
+        time.sleep(2)
+        cordoned: dict[str, float] = {}
+        breaker: list[tuple[float, float]] = []
+        stop = threading.Event()
+
+        def on_node(_type: str, obj: dict[str, Any], t: float) -> None:
+            name = obj["metadata"]["name"]
+            if name not in cordoned and (obj.get("spec") or {}).get("unschedulable"):
+                cordoned[name] = t
+
+        def poll_breaker() -> None:
+            end = time.monotonic() + 120
+            while not stop.is_set() and time.monotonic() < end:
+                try:
+                    m = op.metrics("gpuheal_breaker_open")
+                    breaker.append(
+                        (time.time(), metric_sum(m, "gpuheal_breaker_open", policy="bench-storm"))
+                    )
+                except OSError:
+                    pass
+                time.sleep(0.05)
+
+        poller = threading.Thread(target=poll_breaker, daemon=True)
+        sent: dict[str, float] = {}
+        load0 = loadavg()
+        with Watcher(access, "/api/v1/nodes", on_node), access.client() as http:
+            poller.start()
+            start = time.monotonic()
+            spacing = 10.0 / storm
+
+            def send(i: int) -> None:
+                node = targets[i]
+                delay = start + i * spacing - time.monotonic()
+                if delay > 0:
+                    time.sleep(delay)
+                sent[node] = post_xid_event(http, node, uids[node])
+
+            # concurrent POSTs: one at a time, a loaded apiserver would stretch 10 s to a minute
+            with ThreadPoolExecutor(max_workers=16) as pool:
+                list(pool.map(send, range(storm)))
+            send_s = time.monotonic() - start
+            ctx.progress(f"{storm} XIDs sent in {send_s:.1f} s; cordoned so far {len(cordoned)}")
+
+            def taken_in() -> bool:
+                seen = metric_sum(op.metrics("gpuheal_signals_total"), "gpuheal_signals_total")
+                return seen >= storm
+
+            try:
+                wait_until(taken_in, f"the operator to take in {storm} signals", 150, every=0.5)
+            except TimeoutError:
+                ctx.progress(f"the operator had not taken in all {storm} signals after 150 s")
+            intake_s = time.monotonic() - start
+            taken = metric_sum(op.metrics("gpuheal_signals_total"), "gpuheal_signals_total")
+            ctx.progress(f"operator took in {taken:.0f} signals {intake_s:.1f} s after the first")
+            time.sleep(10)
+            stop.set()
+            poller.join(5)
+            items = list_custom(http, "noderemediations")
+            pol = http.get("/apis/gpuheal.io/v1alpha1/remediationpolicies/bench-storm").json()
+        first = min(sent.values())
+        t_open = first_at_least(breaker, 1.0)
+        pconds = {c["type"]: c for c in (pol.get("status") or {}).get("conditions") or []}
+        blocked = sum(
+            1
+            for i in items
+            if any(
+                c["type"] == "Blocked"
+                and c["status"] == "True"
+                and c.get("reason") == "CircuitBreakerOpen"
+                for c in (i.get("status") or {}).get("conditions") or []
+            )
+        )
+        cordon_times = sorted(t - first for t in cordoned.values())
+        cond = pconds.get("CircuitBreakerOpen") or {}
+        result = {
+            "xids_sent": storm,
+            "send_seconds": round(send_s, 2),
+            "operator_intake_seconds": round(intake_s, 2),
+            "signals_taken_in": taken,
+            "max_unhealthy": f"{limit_pct}% = {limit}",
+            "cordoned": len(cordoned),
+            "cordoned_of_targets": len(set(cordoned) & set(targets)),
+            "incidents": len(items),
+            "blocked_circuit_breaker": blocked,
+            "breaker_open_after_s": round(t_open - first, 3) if t_open else None,
+            "policy_condition_CircuitBreakerOpen": cond,
+            "policy_status_unhealthy": (pol.get("status") or {}).get("remediatingNodes"),
+            "last_cordon_after_s": round(cordon_times[-1], 3) if cordon_times else None,
+            "load_avg": [load0, loadavg()],
+        }
+        ctx.progress(
+            f"cordoned {len(cordoned)} (limit {limit}), incidents {len(items)}, "
+            f"blocked by breaker {blocked}, breaker open after {result['breaker_open_after_s']} s"
+        )
+    finally:
+        if op is not None:
+            op.stop()
+        _release(sb)
+    return Result(
+        series={"cordon times after the first XID": cordon_times},
+        unit="s",
+        params={
+            **result,
+            "kwok_nodes": total,
+            "operator_startup_s": round(startup, 2),
+            "policy": "cordon, drain; maxUnhealthy 5%; returnToService on (healthyFor 1h)",
+        },
+        runs=[{"breaker_samples": [(round(t - first, 3), v) for t, v in breaker]}],
+        notes=[
+            f"cordoned {len(cordoned)} nodes against a limit of {limit} "
+            + ("(equal: the breaker held)" if len(cordoned) == limit else "(NOT equal)"),
+            "breaker open time from gpuheal_breaker_open polled every 50 ms (+0-50 ms).",
+        ],
+    )
+
+
+# ---- 1. detection and action latency --------------------------------------------------------
+
+
+@benchmark(
+    "xid_latency",
+    title="XID -> cordon, Slurm drain + requeue, pod evicted (1,000 kwok nodes, churn)",
+    budget_s=200,
+    plot=latency_plot,
+    needs=("kube", "slurm"),
+)
+def xid_latency(ctx: Context) -> Result:
+    """Per fault (XID 79 Event on a distinct node, one kwok pod and one running Slurm job on
+    it): from just before the Event is POSTed to (a) spec.unschedulable seen in our own node
+    watch, (b) the operator's timeline entry for the Slurm drain + requeue (recorded when the
+    bridge answered: node DRAIN with gpuheal's reason, job requeued in the real Slurm), (c) the
+    pod's deletionTimestamp (eviction accepted) seen in our pod watch. 1,000 kwok GPU nodes,
+    background churn (annotation patches on random nodes), faults spaced so that several
+    overlap; policy breaker/rate limit generous so that none is held back."""
+    from gpuheal.sandbox.slurm import SlurmCluster
+
+    total = ctx.runs(200)
+    iso, iso_spacing = max(5, total // 5), 3.0
+    n = total - iso
+    total_nodes, churn_rate, spacing = 1000, 20.0, 0.5
+    catch_up: dict[str, float] = {}
+    sb = _sandbox(ctx, total_nodes)
+    access = KubeAccess.from_kubeconfig(Path(sb.kubeconfig))
+    names = _names(total_nodes)
+    faulted = names[: n + iso]
+    cluster: SlurmCluster | None = None
+    op: Measured | None = None
+    bridge = None
+    rows: list[dict[str, Any]] = []
+    try:
+        t0 = time.monotonic()
+        cluster = SlurmCluster(ctx.tmpdir("slurm"), faulted, cred_expire=5).start()
+        cluster.run("sbatch", "--parsable", "--requeue", "--exclusive", "-o", "/dev/null",
+                    f"--array=0-{n - 1}", "--wrap", "sleep 900")  # fmt: skip
+
+        def jobs_running() -> bool:
+            out = cluster.run("squeue", "-h", "-t", "R", "-o", "%N").stdout.split()
+            return len(set(out)) >= n
+
+        wait_until(jobs_running, f"{n} Slurm jobs running", timeout=120, every=0.5)
+        ctx.progress(f"Slurm: {n} nodes (subset of the kwok nodes), one job running on each, "
+                     f"{time.monotonic() - t0:.1f} s")  # fmt: skip
+        bridge = start_bridge(cluster, ctx.tmpdir("bridge"), TOKEN)
+        with access.client() as http:
+            _pods(http, faulted)
+            ctx.progress(f"{n} kwok pods Running (one per node to fault)")
+            create_policy(
+                http,
+                bench_policy(
+                    "bench-latency",
+                    [
+                        {"action": "cordon"},
+                        {"action": "slurmDrain", "slurmDrain": {"requeue": "requeue"}},
+                        {"action": "drain", "drain": {"timeout": "5m", "onTimeout": "Force"}},
+                    ],
+                ),
+            )
+            uids = node_uids(http)
+        op = operator_process(
+            Path(sb.kubeconfig),
+            ctx.tmpdir("op") / "operator.log",
+            bridge_url=bridge.url,
+            bridge_token_file=bridge.token_file,
+        ).start()
+        startup = _wait_started(op)
+        ctx.progress(f"operator started in {startup:.1f} s (node view complete)")
+
+        cordoned: dict[str, float] = {}
+        evicted: dict[str, float] = {}
+        faulted_set = set(faulted)
+
+        def on_node(_type: str, obj: dict[str, Any], t: float) -> None:
+            name = obj["metadata"]["name"]
+            if (
+                name in faulted_set
+                and name not in cordoned
+                and (obj.get("spec") or {}).get("unschedulable")
+            ):
+                cordoned[name] = t
+
+        def on_pod(_type: str, obj: dict[str, Any], t: float) -> None:
+            node = (obj.get("spec") or {}).get("nodeName")
+            if (
+                node
+                and node not in evicted
+                and (_type == "DELETED" or obj["metadata"].get("deletionTimestamp"))
+            ):
+                evicted[node] = t
+
+        sent: dict[str, float] = {}
+        post_s: dict[str, float] = {}
+        phase_of: dict[str, str] = {}
+        time.sleep(2)
+        api0 = _api_requests(op)
+        cpu0 = op.sample()["cpu_s"]
+        load0 = loadavg()
+        phases = [
+            (ISOLATED, faulted[:iso], iso_spacing),
+            (PACED, faulted[iso:], spacing),
+        ]
+        with (
+            Watcher(access, "/api/v1/nodes", on_node),
+            Watcher(access, f"/api/v1/namespaces/{NS}/pods", on_pod),
+            Churn(access, names[len(faulted) :], churn_rate) as churn,
+            access.client() as http,
+        ):
+            ctx.progress(f"churn {churn_rate:.0f} node patches/s on the other nodes")
+            for phase, nodes_, every in phases:
+                ctx.progress(f"{phase}: {len(nodes_)} XIDs, one every {every} s")
+                start = time.monotonic()
+                for i, node in enumerate(nodes_):
+                    delay = start + i * every - time.monotonic()
+                    if delay > 0:
+                        time.sleep(delay)
+                    sent[node] = post_xid_event(http, node, uids[node])
+                    post_s[node] = time.time() - sent[node]
+                    phase_of[node] = phase
+                    if (i + 1) % 50 == 0 or i + 1 == len(nodes_):
+                        ctx.progress(
+                            f"{phase}: {i + 1}/{len(nodes_)} XIDs sent; cordons seen "
+                            f"{len(cordoned)}, evictions seen {len(evicted)}"
+                        )
+                t_wait = time.monotonic()
+                try:
+                    wait_until(
+                        lambda: len(cordoned) >= len(sent) and len(evicted) >= len(sent),
+                        "every cordon and eviction",
+                        timeout=CATCH_UP_S,
+                        every=0.5,
+                    )
+                except TimeoutError:
+                    ctx.progress(f"{phase}: not every cordon/eviction after {CATCH_UP_S} s")
+                catch_up[phase] = round(time.monotonic() - t_wait, 1)
+                ctx.progress(f"{phase}: all seen {catch_up[phase]} s after the last XID")
+
+            def slurm_done() -> list[dict[str, Any]] | None:
+                items = list_custom(http, "noderemediations")
+                done = [
+                    i
+                    for i in items
+                    if any(
+                        c["type"] == "SlurmDrained" and c["status"] == "True"
+                        for c in (i.get("status") or {}).get("conditions") or []
+                    )
+                ]
+                return items if len(done) >= len(faulted) else None
+
+            try:
+                items = wait_until(slurm_done, "SlurmDrained everywhere", CATCH_UP_S, every=1.0)
+            except TimeoutError:
+                items = list_custom(http, "noderemediations")
+            churned = churn.sent
+        api1 = _api_requests(op)
+        cpu1 = op.sample()["cpu_s"]
+        load1 = loadavg()
+        by_node = {i["spec"]["nodeName"]: i for i in items}
+        for node in faulted:
+            nrem = by_node.get(node) or {}
+            status = nrem.get("status") or {}
+            timeline = status.get("timeline") or []
+            drain_t = next(
+                (_ts(e.get("time")) for e in timeline if "slurm" in str(e.get("step", "")).lower()),
+                None,
+            )
+            conds = {c["type"]: c for c in status.get("conditions") or []}
+            t0_ = sent[node]
+            rows.append(
+                {
+                    "node": node,
+                    "phase": phase_of.get(node),
+                    "cordon_s": round(cordoned[node] - t0_, 4) if node in cordoned else None,
+                    "slurm_drain_requeue_s": round(drain_t - t0_, 4) if drain_t else None,
+                    "evicted_s": round(evicted[node] - t0_, 4) if node in evicted else None,
+                    "slurm_reason": conds.get("SlurmDrained", {}).get("reason"),
+                    "jobs_requeued": conds.get("JobsRequeued", {}).get("reason"),
+                    "requeued_jobs": [j.get("jobId") for j in status.get("requeuedJobs") or []],
+                    "event_post_s": round(post_s[node], 4),
+                    "timeline": [
+                        (e.get("step"), round((_ts(e.get("time")) or t0_) - t0_, 4))
+                        for e in timeline
+                    ],
+                }
+            )
+        # Slurm's own view of a few drained nodes, as a cross-check
+        reasons = cluster.run("sinfo", "-h", "-R", "-o", "%n|%E").stdout.splitlines()
+    finally:
+        if op is not None:
+            op.stop()
+        if bridge is not None:
+            bridge.proc.stop()
+        if cluster is not None:
+            cluster.stop()
+        _release(sb)
+
+    def col(key: str, phase: str | None = None) -> list[float]:
+        return [
+            float(r[key])
+            for r in rows
+            if r[key] is not None and (phase is None or r["phase"] == phase)
+        ]
+
+    d_api = _delta(api1, api0)
+    api_total = sum(d_api.values())
+    series = {
+        f"{what}, {phase}": col(key, phase)
+        for phase in (ISOLATED, PACED)
+        for what, key in (
+            ("cordon", "cordon_s"),
+            ("Slurm drain+requeue", "slurm_drain_requeue_s"),
+            ("pod evicted", "evicted_s"),
+        )
+    }
+    requeued = sum(1 for r in rows if r["jobs_requeued"] == "Requeued")
+    ours = sum(1 for line in reasons if "gpuheal" in line)
+    return Result(
+        series=series,
+        unit="s",
+        extra_series={"apiserver": {"Event POST (bench side)": col("event_post_s")}},
+        params={
+            "kwok_nodes": total_nodes,
+            "faults": len(faulted),
+            "faults_per_phase": {ISOLATED: iso, PACED: n},
+            "fault_spacing_s": {ISOLATED: iso_spacing, PACED: spacing},
+            "catch_up_after_last_xid_s": catch_up,
+            "churn_patches_per_s": churn_rate,
+            "churn_patches_sent": churned,
+            "slurm_nodes": len(faulted),
+            "slurm": "sandbox Slurm 22.05, one slurmd per faulted node, one `sleep` job each "
+            "(--exclusive), munge cred_expire=5",
+            "bridge": "gpuheal-slurm-bridge process, CLI backend",
+            "policy": "cordon, slurmDrain(requeue), drain(Force after 5m); maxUnhealthy 100%",
+            "operator_flags": "--sources conditions,events, production intervals",
+            "operator_startup_s": round(startup, 2),
+            "load_avg_before_faults": load0,
+            "load_avg_after_faults": load1,
+            "operator_cpu_s_during_faults": round(cpu1 - cpu0, 2),
+            "api_requests_during_faults": d_api,
+            "api_requests_per_fault": round(api_total / len(faulted), 2),
+            "jobs_requeued": requeued,
+            "slurm_nodes_with_gpuheal_reason": ours,
+            "targets": {"cordon_p99_s": 0.25, "slurm_drain_requeue_p99_s": 1.0},
+        },
+        runs=rows,
+        notes=[
+            "Start of every interval: just before the Event POST (includes the POST itself).",
+            "Cordon and eviction are seen in this benchmark's own watches (receive time); the "
+            "Slurm drain + requeue time is the operator's timeline entry for the slurmDrain step "
+            "(written when the bridge answered that the node is DRAIN with gpuheal's reason and "
+            "the job was requeued and is PENDING), ms precision, same machine clock.",
+            f"{requeued}/{len(faulted)} incidents report JobsRequeued=Requeued; Slurm shows "
+            f"{ours} nodes drained with a gpuheal reason.",
+            f"Missing samples (not seen within {CATCH_UP_S:.0f} s of the last XID): "
+            + ", ".join(
+                f"{k} {len(faulted) - len(col(k))}"
+                for k in ("cordon_s", "evicted_s", "slurm_drain_requeue_s")
+            ),
+            f"{ISOLATED}: faults far enough apart not to queue; {PACED}: {n} faults at 2/s, "
+            "more than the operator takes in on this machine, so later faults queue behind "
+            "earlier ones (see catch_up_after_last_xid_s).",
+            f"API requests per fault: {api_total / len(faulted):.1f} (client-side count, "
+            "includes the operator's periodic requests during the run: "
+            "api_requests_during_faults).",
+        ],
+    )

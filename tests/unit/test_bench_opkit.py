@@ -1,0 +1,101 @@
+"""Pure helpers of the operator benchmarks (bench/opkit.py): parsing and statistics."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from bench.opkit import (
+    classify_request,
+    first_at_least,
+    metric_sum,
+    parse_proc_stat_cpu,
+    parse_proc_status,
+    parse_prometheus,
+    pstats,
+    sustained_rate,
+)
+
+PROM = """\
+# HELP gpuheal_breaker_open 1 while open
+# TYPE gpuheal_breaker_open gauge
+gpuheal_breaker_open{policy="a"} 1.0
+gpuheal_breaker_open{policy="b"} 0.0
+gpuheal_nodes_watched 1000.0
+gpuheal_bench_api_requests_total{resource="nodes",verb="watch"} 2.0
+gpuheal_bench_api_requests_total{resource="leases",verb="put"} 5.0
+process_cpu_seconds_total 3.5
+"""
+
+
+def test_parse_prometheus_and_sum_by_labels() -> None:
+    m = parse_prometheus(PROM, "gpuheal_")
+    assert "process_cpu_seconds_total" not in m
+    assert m["gpuheal_nodes_watched"] == 1000.0
+    assert metric_sum(m, "gpuheal_breaker_open", policy="a") == 1.0
+    assert metric_sum(m, "gpuheal_breaker_open") == 1.0
+    assert metric_sum(m, "gpuheal_bench_api_requests_total") == 7.0
+    assert metric_sum(m, "gpuheal_bench_api_requests_total", verb="put") == 5.0
+    assert metric_sum(m, "gpuheal_breaker") == 0.0  # exact names only
+
+
+def test_proc_status_and_stat() -> None:
+    status = "Name:\tpython\nVmHWM:\t  204800 kB\nVmRSS:\t  102400 kB\nThreads:\t4\n"
+    assert parse_proc_status(status) == {"VmHWM": 204800, "VmRSS": 102400}
+    # comm with a space and a parenthesis; utime=7, stime=3 are fields 14 and 15
+    stat = "123 (py (x) y) S 1 2 3 4 5 6 7 8 9 10 7 3 0 0 20 0 4 0 100"
+    assert parse_proc_stat_cpu(stat) == 10.0
+
+
+@pytest.mark.parametrize(
+    ("method", "url", "expected"),
+    [
+        ("GET", "https://h/api/v1/nodes?limit=500", ("list", "nodes")),
+        ("GET", "https://h/api/v1/nodes?watch=true&resourceVersion=5", ("watch", "nodes")),
+        ("GET", "https://h/api/v1/nodes/gpu-node-1", ("get", "nodes")),
+        ("PATCH", "https://h/api/v1/nodes/gpu-node-1", ("patch", "nodes")),
+        ("POST", "https://h/api/v1/namespaces/bench/pods/p/eviction", ("post", "pods/eviction")),
+        ("GET", "https://h/api/v1/namespaces/ns/events?watch=1", ("watch", "events")),
+        ("GET", "https://h/api/v1/events?fieldSelector=x", ("list", "events")),
+        (
+            "PUT",
+            "https://h/apis/coordination.k8s.io/v1/namespaces/d/leases/gpuheal-operator",
+            ("put", "leases"),
+        ),
+        (
+            "PATCH",
+            "https://h/apis/gpuheal.io/v1alpha1/noderemediations/n/status",
+            ("patch", "noderemediations/status"),
+        ),
+        (
+            "GET",
+            "https://h/apis/gpuheal.io/v1alpha1/remediationpolicies",
+            ("list", "remediationpolicies"),
+        ),
+    ],
+)
+def test_classify_request(method: str, url: str, expected: tuple[str, str]) -> None:
+    assert classify_request(method, url) == expected
+
+
+def test_sustained_rate_stops_at_first_level_over_the_limit() -> None:
+    levels = [
+        {"achieved_rate": 100.0, "lag_p99": 0.05},
+        {"achieved_rate": 198.0, "lag_p99": 0.4},
+        {"achieved_rate": 390.0, "lag_p99": 1.7},
+        {"achieved_rate": 700.0, "lag_p99": 0.2},  # after a failure: not counted
+    ]
+    assert sustained_rate(levels) == 198.0
+    assert sustained_rate(levels[2:]) is None
+    assert sustained_rate([]) is None
+
+
+def test_first_at_least_and_pstats() -> None:
+    assert first_at_least([(1.0, 0.0), (2.0, 1.0), (3.0, 1.0)], 1.0) == 2.0
+    assert first_at_least([(1.0, 0.0)], 1.0) is None
+    s = pstats([0.1, 0.2, 0.3, 0.4])
+    assert s["n"] == 4
+    assert s["max"] == 0.4
+    assert s["p50"] is not None
+    assert math.isclose(s["p50"], 0.25)
+    assert pstats([])["p50"] is None
