@@ -107,8 +107,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
     args = build_parser().parse_args(argv)
+    if args.command != "run":  # `run` sets up kopf's logging (plain or JSON) itself
+        logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
         rc: int = args.func(args)
     except SandboxError as exc:

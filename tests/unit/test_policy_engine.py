@@ -216,9 +216,9 @@ def test_healthy_condition_is_not_a_trigger() -> None:
         (SPEC, ClusterCounts(selected=100, unhealthy=10, remediating=10), r.REASON_MAX_UNHEALTHY),
         (
             SPEC,
-            ClusterCounts(selected=5, unhealthy=1, remediating=0),
+            ClusterCounts(selected=5, unhealthy=2, remediating=0),
             r.REASON_BREAKER_OPEN,
-        ),  # 10% of 5 = 0
+        ),  # 10% of 5 rounds to 0, floored at 1
         (
             SPEC,
             ClusterCounts(selected=100, unhealthy=1, remediating=0, breaker_closed_at=T0 - 5 * MIN),
@@ -293,6 +293,10 @@ def test_blind_source_starts_nothing() -> None:
         (None, 40, 45, 5),
         (None, "100%", 9, 0),
         (50, None, 10, 10),
+        ("10%", None, 5, 1),  # a non-zero percent never rounds a small group down to 0
+        ("0%", None, 5, 0),
+        (0, None, 5, 0),
+        ("10%", None, 0, 0),
     ],
 )
 def test_allowed_unhealthy(

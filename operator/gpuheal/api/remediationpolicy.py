@@ -352,7 +352,8 @@ class Safety(Model):
     max_unhealthy: IntOrPercent | None = Field(
         default=None,
         description="Most selected nodes that may be unhealthy/remediated at once "
-        "(count or percent, rounded down); beyond it the circuit breaker opens.",
+        "(count or percent, rounded down but at least 1 for a non-zero percent); beyond it "
+        "the circuit breaker opens.",
     )
     min_healthy: IntOrPercent | None = Field(
         default=None,

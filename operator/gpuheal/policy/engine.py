@@ -91,14 +91,26 @@ class Trigger:
 
 
 def allowed_unhealthy(safety: Safety, selected: int) -> int:
-    """maxUnhealthy (rounded down) or selected - minHealthy (rounded up), never below 0."""
+    """maxUnhealthy (rounded down, but at least 1 for a non-zero percent) or selected -
+    minHealthy (rounded up), never below 0.
+
+    The floor: "10%" of a 5-node group rounds down to 0, which would silently turn a policy
+    that plainly means "heal, a few at a time" into one that never heals small groups.
+    A count, "0%" or minHealthy say exactly what they mean and get no floor.
+    """
     if safety.max_unhealthy is not None:
         allowed = scaled_value(safety.max_unhealthy, selected, round_up=False)
+        if allowed == 0 and selected > 0 and _nonzero_percent(safety.max_unhealthy):
+            allowed = 1
     elif safety.min_healthy is not None:
         allowed = selected - scaled_value(safety.min_healthy, selected, round_up=True)
     else:  # unreachable for validated policies; be safe rather than permissive
         allowed = 0
     return max(0, min(allowed, selected))
+
+
+def _nonzero_percent(value: int | str) -> bool:
+    return isinstance(value, str) and value.endswith("%") and int(value[:-1]) > 0
 
 
 def breaker_open(safety: Safety, counts: ClusterCounts) -> bool:
