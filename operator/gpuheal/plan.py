@@ -22,9 +22,9 @@ from gpuheal.api.remediationpolicy import (
     EscalationScope,
     RemediationPolicy,
     Rule,
-    Step,
 )
-from gpuheal.incident import NodeView
+from gpuheal.incident import NodeView, parse_time
+from gpuheal.policy.types import ALWAYS
 from gpuheal.xid.catalogue import lookup
 from gpuheal.xid.types import RecoveryAction
 
@@ -120,10 +120,6 @@ def rung_for(rule: Rule, count: int) -> int:
     return min(count // occ, len(rule.ladder) - 1)
 
 
-def alert_only(rule: Rule, rung: int) -> bool:
-    return all(s.action is Action.ALERT for s in rule.ladder[rung].steps)
-
-
 def observation(signal: Signal) -> engine.Observation:
     return engine.Observation(
         time=signal.time,
@@ -159,27 +155,8 @@ def trigger_for(
     return trigger
 
 
-# ---- where an incident stands ----------------------------------------------------------
-@dataclass(frozen=True, slots=True)
-class Position:
-    rung: int
-    index: int
-    step: Step | None  # None: every step of the rung is done
-
-
-def position(ladder: Sequence[Any], rung: int, next_step: int) -> Position:
-    """``ladder`` is the incident's list of Rungs."""
-    rung = max(0, min(rung, len(ladder) - 1))
-    steps = ladder[rung].steps
-    return Position(rung, next_step, steps[next_step] if next_step < len(steps) else None)
-
-
 def completed(conditions: Sequence[Mapping[str, Any]]) -> bool:
     return any(c.get("type") == COMPLETED and c.get("status") == "True" for c in conditions)
-
-
-def rung_replaces(ladder: Sequence[Any], rung: int) -> bool:
-    return any(s.action is Action.REPLACE for s in ladder[rung].steps)
 
 
 # ---- safety gates ----------------------------------------------------------------------
@@ -201,38 +178,6 @@ class Blocked:
 def allowed_unhealthy(policy: RemediationPolicy, selected: int) -> int:
     """maxUnhealthy (rounded down) or selected - minHealthy (rounded up) as a node count."""
     return engine.allowed_unhealthy(policy.spec.safety, selected)
-
-
-def approved(annotations: Mapping[str, str], action: Action, key: str) -> bool:
-    value = annotations.get(key, "")
-    return action.value in {v.strip() for v in value.split(",")} or value.strip() == "*"
-
-
-def gate(
-    policy: RemediationPolicy,
-    action: Action,
-    *,
-    node: NodeView | None,
-    incident_annotations: Mapping[str, str],
-    approve_key: str,
-) -> Blocked | None:
-    """Gates that do not need cluster counts (those are checked where slots are taken)."""
-    safety = policy.spec.safety
-    if safety.paused:
-        return Blocked(Gate.PAUSED, f"policy {policy.metadata.name} is paused")
-    if node is not None and safety.opt_out_label in node.labels:
-        return Blocked(
-            Gate.OPTED_OUT, f"node {node.name} carries the opt-out label {safety.opt_out_label}"
-        )
-    if action in safety.require_approval and not approved(
-        incident_annotations, action, approve_key
-    ):
-        return Blocked(
-            Gate.APPROVAL_PENDING,
-            f"{action.value} needs approval: annotate this NodeRemediation "
-            f"{approve_key}={action.value}",
-        )
-    return None
 
 
 def slot_gate(
@@ -299,3 +244,86 @@ def held_for(policy: RemediationPolicy, type_: str, status: str) -> dt.timedelta
         if c.type == type_ and c.status.value == status
     ]
     return min(fors) if fors else None
+
+
+# ---- an open incident, step by step: the policy engine decides ---------------------------
+def _done_actions(timeline: Sequence[Mapping[str, Any]]) -> tuple[frozenset[Action], Any]:
+    """Actions recorded as done (timeline entries ``<rung>/<action>``) and when the last was."""
+    done: set[Action] = set()
+    last = None
+    for entry in timeline:
+        _, sep, action = str(entry.get("step", "")).partition("/")
+        if sep and action in Action.__members__.values():
+            done.add(Action(action))
+            last = entry.get("time")
+    return frozenset(done), last
+
+
+def decide_open(  # noqa: PLR0917
+    policy: RemediationPolicy,
+    nrem: Any,
+    status: Mapping[str, Any],
+    conditions: Sequence[Mapping[str, Any]],
+    node: NodeView | None,
+    history: Sequence[Signal],
+    now: dt.datetime,
+    *,
+    blind: bool,
+    approve_key: str,
+) -> engine.Decision:
+    """`gpuheal.policy.decide` for an open NodeRemediation (``nrem``: the parsed model).
+
+    The incident's own snapshot decides dry run (``spec.dryRun``), so editing the policy
+    does not flip a running incident. Signals recorded on the incident count as history,
+    so escalation survives a restart even after the Events expired."""
+    spec = nrem.spec
+    done, last = _done_actions(status.get("timeline") or [])
+    detected = next((c for c in conditions if c.get("type") == "Detected"), None)
+    started = parse_time(detected.get("lastTransitionTime")) if detected else None
+    ownership = status.get("ownership") or {}
+    approvals = {
+        Action(v.strip())
+        for v in (nrem.metadata.annotations.get(approve_key, "")).split(",")
+        if v.strip() in Action.__members__.values()
+    }
+    first = spec.signals[0]
+    incident = engine.IncidentView(
+        rule=spec.rule,
+        ladder=spec.ladder,
+        rung=int(status.get("rung", 0)),
+        started_at=started or now,
+        done=done,
+        last_step_at=parse_time(last),
+        approved=frozenset(approvals),
+        cordoned_by_us=bool(ownership.get("cordoned")),
+        slurm_drained_by_us=bool(ownership.get("slurmDrained")),
+        trigger_xid=first.xid,
+        trigger_gpu=first.gpu_uuid or first.pci_bus_id,
+    )
+    seen = set()
+    observations = []
+    recorded = [
+        engine.Observation(time=s.observed_at, xid=s.xid, gpu=s.gpu_uuid or s.pci_bus_id,
+                           recovery_action=s.recovery_action, event_reason=s.event_reason,
+                           message=s.message)
+        for s in spec.signals if s.condition_type is None
+    ]  # fmt: skip
+    for obs in [*recorded, *(observation(s) for s in history if s.condition_type is None)]:
+        key = (obs.time, obs.xid, obs.gpu, obs.event_reason)
+        if key not in seen:
+            seen.add(key)
+            observations.append(obs)
+    view = engine.NodeView(
+        name=spec.node_name,
+        labels=dict(node.labels) if node else {},
+        conditions=[engine.NodeCondition(c.type, c.status, c.since or now) for c in node.conditions]
+        if node
+        else [],
+        sources_readable_since=None if blind or node is None else ALWAYS,
+    )
+    safety = policy.spec.safety.model_copy(update={"dry_run": spec.dry_run})
+    pspec = policy.spec.model_copy(update={"safety": safety})
+    counts = engine.ClusterCounts(selected=0, unhealthy=0, remediating=0)
+    return engine.decide(
+        pspec, view, engine.History(observations=observations, incident=incident), counts, now
+    )

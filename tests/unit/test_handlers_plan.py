@@ -127,33 +127,6 @@ def test_repeats_on_the_same_gpu_within_the_window_climb_the_ladder() -> None:
     assert plan.occurrences(rule, sig("3"), other_gpu, NOW) == 1
 
 
-def test_application_faults_alert_first_and_act_on_repeats() -> None:
-    app = make_policy().spec.rules[1]
-    assert plan.alert_only(app, plan.rung_for(app, 1))
-    assert not plan.alert_only(app, plan.rung_for(app, 2))
-
-
-def test_gates_pause_opt_out_and_approval() -> None:
-    p = make_policy(paused=True)
-    blocked = plan.gate(p, Action.CORDON, node=view(), incident_annotations={},
-                        approve_key="gpuheal.io/approve")  # fmt: skip
-    assert blocked is not None
-    assert blocked.gate is plan.Gate.PAUSED
-    p = make_policy(requireApproval=["replace"])
-    opted = view(labels={"pool": "train", "gpuheal.io/opt-out": ""})
-    assert (
-        plan.gate(p, Action.CORDON, node=opted, incident_annotations={}, approve_key="a").gate
-        is plan.Gate.OPTED_OUT
-    )  # type: ignore[union-attr]
-    pending = plan.gate(p, Action.REPLACE, node=view(), incident_annotations={}, approve_key="a")
-    assert pending is not None
-    assert pending.gate is plan.Gate.APPROVAL_PENDING
-    assert "a=replace" in pending.message
-    ok = plan.gate(p, Action.REPLACE, node=view(), incident_annotations={"a": "reset,replace"},
-                   approve_key="a")  # fmt: skip
-    assert ok is None
-
-
 @pytest.mark.parametrize(
     ("safety", "selected", "allowed"),
     [
@@ -208,17 +181,6 @@ def test_health_for_return_to_service() -> None:
     assert plan.held_for(p, "GpuDegraded", "False") is None
 
 
-def test_position_walks_the_rungs() -> None:
-    ladder = make_policy().spec.rules[0].ladder
-    first = plan.position(ladder, 0, 0)
-    assert first.step is not None
-    assert first.step.action is Action.CORDON
-    assert plan.position(ladder, 0, 1).step is None
-    assert plan.position(ladder, 1, 1).step.action is Action.RESET  # type: ignore[union-attr]
-    assert plan.position(ladder, 7, 0).rung == 1  # clamped
-    assert not plan.rung_replaces(ladder, 1)
-
-
 def test_detection_goes_through_the_engine_with_first_sight_guards() -> None:
     p = make_policy(
         rules=[
@@ -247,3 +209,59 @@ def test_detection_goes_through_the_engine_with_first_sight_guards() -> None:
     assert app is not None
     assert [s.action for s in app.steps] == [Action.ALERT]  # an application fault, once
     assert plan.trigger_for(p, view(), sig("d", xid=999), []) is None
+
+
+def _incident(policy: RemediationPolicy, *, dry_run: bool = False, annotations: Any = None) -> Any:
+    from gpuheal.api.noderemediation import NodeRemediation
+
+    rule = policy.spec.rules[0]
+    return NodeRemediation.model_validate(
+        {
+            "metadata": {"name": "nrem-1", "annotations": annotations or {}},
+            "spec": {
+                "nodeName": "n1",
+                "policyRef": {"name": policy.metadata.name},
+                "rule": rule.name,
+                "signals": [{"source": "Event", "observedAt": NOW.isoformat(), "xid": 94,
+                             "pciBusId": "0000:3b:00"}],
+                "ladder": [r.to_k8s() for r in rule.ladder],
+                "dryRun": dry_run,
+            },
+        }
+    )  # fmt: skip
+
+
+def _decide(policy: RemediationPolicy, nrem: Any, timeline: list[dict[str, str]],
+            rung: int = 0, **kw: Any) -> Any:  # fmt: skip
+    status = {"rung": rung, "timeline": timeline, "ownership": {"cordoned": True}}
+    conds = [{"type": "Detected", "status": "True", "lastTransitionTime": "2026-11-22T06:00:00Z"}]
+    return plan.decide_open(policy, nrem, status, conds, view(), [], NOW, blind=False,
+                            approve_key="gpuheal.io/approve", **kw)  # fmt: skip
+
+
+def test_open_incident_steps_come_from_the_engine() -> None:
+    from gpuheal import policy as engine
+
+    p = make_policy(requireApproval=["reset"])
+    nrem = _incident(p)
+    first = _decide(p, nrem, [], rung=1)
+    assert isinstance(first, engine.Act)
+    assert first.step.action is Action.CORDON  # type: ignore[union-attr]
+    done = [{"time": "2026-11-22T06:00:00.100Z", "step": "reset/cordon"}]
+    held = _decide(p, nrem, done, rung=1)
+    assert isinstance(held, engine.Blocked)
+    assert held.reason == "ApprovalPending"
+    ok = _decide(p, _incident(p, annotations={"gpuheal.io/approve": "reset"}), done, rung=1)
+    assert isinstance(ok, engine.Act)
+    assert ok.step.action is Action.RESET  # type: ignore[union-attr]
+    dry = _decide(p, _incident(p, dry_run=True), [], rung=0)
+    assert isinstance(dry, engine.Blocked)
+    assert dry.reason == "DryRun"
+    assert dry.would is not None
+    assert dry.would.step.action is Action.CORDON  # type: ignore[union-attr]
+    blind = plan.decide_open(p, nrem, {"rung": 0, "timeline": [
+        {"time": "2026-11-22T06:00:00.100Z", "step": "requeue/cordon"}],
+        "ownership": {"cordoned": True}}, [], view(), [], NOW, blind=True,
+        approve_key="a")  # fmt: skip
+    assert isinstance(blind, engine.Blocked)
+    assert blind.reason == "SignalSourceBlind"

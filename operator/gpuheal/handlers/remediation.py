@@ -20,9 +20,10 @@ from pydantic import ValidationError
 
 from gpuheal import incident as inc
 from gpuheal import plan
+from gpuheal import policy as engine
 from gpuheal.adapters import steps
 from gpuheal.adapters.kube import Conflict
-from gpuheal.api.meta import APPROVE_ANNOTATION, parse_duration
+from gpuheal.api.meta import APPROVE_ANNOTATION
 from gpuheal.api.noderemediation import (
     BLOCKED,
     COMPLETED,
@@ -34,6 +35,7 @@ from gpuheal.api.noderemediation import (
 )
 from gpuheal.api.remediationpolicy import DISRUPTIVE_ACTIONS, Action, RemediationPolicy
 from gpuheal.handlers.runtime import Runtime
+from gpuheal.policy import types as reasons
 
 log = logging.getLogger("gpuheal.remediation")
 
@@ -200,16 +202,58 @@ async def advance(rt: Runtime, name: str, attempt: int = 0) -> float | None:  # 
         )
         return retry
 
-    rung_i = int(rec.status.get("rung", 0))
-    next_i = int(rec.status.get("nextStep", 0))
-    pos = plan.position(spec.ladder, rung_i, next_i)
+    decision = plan.decide_open(
+        policy,
+        nrem,
+        rec.status,
+        rec.conditions,
+        view,
+        list(rt.history.get(node, ())),
+        now,
+        blind=bool(rt.blind),
+        approve_key=APPROVE_ANNOTATION,
+    )
+    if isinstance(decision, engine.Blocked) and decision.reason == reasons.REASON_DRY_RUN:
+        would = decision.would
+        if would is None or would.step is None:
+            await _complete(
+                rt, name, body, rec, "DryRun", "dry run: plan recorded, nothing changed"
+            )
+            return None
+        act_rung, index = int(would.rung or 0), int(would.step_index or 0)
+        label = f"{spec.ladder[act_rung].name}/{would.step.action.value}"
+        cond = _CONDITION_OF[would.step.action]
+        rec.condition(cond, "False", "DryRun", f"dry run: would {would.step.action.value} {node}")
+        rec.event(label, f"dry run: would {would.step.action.value}")
+        rec.set(rung=act_rung, nextStep=index + 1)
+        await _write(rt, name, rec)
+        rt.metrics.blocked.labels("DryRun").inc()
+        return 0.0
+    if isinstance(decision, engine.Blocked):
+        message = decision.message
+        if decision.reason == reasons.REASON_APPROVAL_PENDING and decision.would is not None:
+            message += (
+                f": a person approves with `kubectl annotate nrem {name} "
+                f"{APPROVE_ANNOTATION}={decision.would.operation.value}`"
+            )
+        await _block(rt, name, body, rec, decision.reason, message)
+        return retry
+    if (
+        not isinstance(decision, engine.Act)
+        or decision.step is None
+        or decision.operation in (engine.Operation.CLOSE, engine.Operation.RETURN_TO_SERVICE)
+    ):
+        return await _finish(rt, name, body, rec, nrem, decision, view)
 
-    if pos.step is None:
-        return await _finish(rt, name, body, rec, nrem, policy, view)
-
-    action = pos.step.action
-    cond_type = _CONDITION_OF[action]
-    label = f"{spec.ladder[pos.rung].name}/{action.value}"
+    step = decision.step
+    action = step.action
+    act_rung, next_i = int(decision.rung or 0), int(decision.step_index or 0)
+    label = f"{spec.ladder[act_rung].name}/{action.value}"
+    if decision.reason == reasons.REASON_ESCALATED and act_rung != int(rec.status.get("rung", 0)):
+        rec.set(rung=act_rung, nextStep=next_i)
+        rec.event("Escalated", decision.message)
+        await _write(rt, name, rec)
+        return 0.0
 
     if action is Action.ALERT:
         await kube.post_event(
@@ -220,33 +264,18 @@ async def advance(rt: Runtime, name: str, attempt: int = 0) -> float | None:  # 
             namespace=rt.config.namespace,
         )
         rec.event(label, "alert raised")
-        rec.set(nextStep=next_i + 1)
+        rec.set(rung=act_rung, nextStep=next_i + 1)
         await _write(rt, name, rec)
         return 0.0
 
-    if spec.dry_run:
-        rec.condition(cond_type, "False", "DryRun", f"dry run: would {action.value} {node}")
-        rec.event(label, f"dry run: would {action.value}")
-        rec.set(nextStep=next_i + 1)
-        await _write(rt, name, rec)
-        rt.metrics.blocked.labels("DryRun").inc()
-        return 0.0
-
-    blocked = plan.gate(
-        policy,
-        action,
-        node=view,
-        incident_annotations=nrem.metadata.annotations,
-        approve_key=APPROVE_ANNOTATION,
-    )
-    if blocked is None and action in DISRUPTIVE_ACTIONS:
+    if action in DISRUPTIVE_ACTIONS:
         blocked = await _take_slot(rt, name, policy, now)
-    if blocked is not None:
-        await _block(rt, name, body, rec, blocked.gate.value, blocked.message)
-        return retry
+        if blocked is not None:
+            await _block(rt, name, body, rec, blocked.gate.value, blocked.message)
+            return retry
 
     started = time.monotonic()
-    result = await _execute(rt, nrem, rec, action, pos.step, now=now, attempt=attempt)
+    result = await _execute(rt, nrem, rec, action, step, now=now, attempt=attempt)
     rt.metrics.step_duration.labels(action.value).observe(time.monotonic() - started)
     rt.metrics.steps.labels(action.value, result.kind).inc()
 
@@ -255,7 +284,7 @@ async def advance(rt: Runtime, name: str, attempt: int = 0) -> float | None:  # 
     if result.kind == "done":
         rec.condition(result.condition, "True", result.reason, result.message)
         rec.clear_blocked()
-        rec.set(**result.status, nextStep=next_i + 1)
+        rec.set(**result.status, rung=act_rung, nextStep=next_i + 1)
         rec.event(label, result.message)
         await _write(rt, name, rec)
         detected_at = rec.since(DETECTED)
@@ -380,91 +409,61 @@ def _started(rec: _Recorder, cond_type: str, now: dt.datetime) -> dt.datetime:
     return now
 
 
-async def _finish(  # noqa: PLR0911, PLR0912, PLR0917
+async def _finish(  # noqa: PLR0911, PLR0917
     rt: Runtime,
     name: str,
     body: dict[str, Any],
     rec: _Recorder,
     nrem: NodeRemediation,
-    policy: RemediationPolicy,
+    decision: engine.Decision,
     view: inc.NodeView | None,
 ) -> float | None:
-    """All steps of the current rung done: replaced (retire), or return to service."""
+    """Every step of the rung is done; the engine says: close, return, or wait."""
     kube = rt.require_kube()
     spec = nrem.spec
     node = spec.node_name
-    rung_i = int(rec.status.get("rung", 0))
     retry = rt.config.retry_interval
     if spec.dry_run:
         await _complete(rt, name, body, rec, "DryRun", "dry run: plan recorded, nothing changed")
         return None
-    if plan.rung_replaces(spec.ladder, rung_i):
-        spare = rec.status.get("replacementNode")
-        await _complete(
-            rt,
-            name,
-            body,
-            rec,
-            "Replaced",
-            f"{node} replaced by {spare}; {node} stays cordoned for repair",
-        )
+    if isinstance(decision, engine.Act) and decision.operation is engine.Operation.CLOSE:
+        if decision.reason == reasons.REASON_REPLACED:
+            spare = rec.status.get("replacementNode")
+            message = f"{node} replaced by {spare}; {node} stays cordoned for repair"
+            await _complete(rt, name, body, rec, "Replaced", message)
+            return None
+        if decision.reason == reasons.REASON_NOTHING_OWNED:
+            message = f"{node} healthy; gpuheal had cordoned/drained nothing to undo"
+            rec.condition(RETURNED, "True", "NothingToUndo", message)
+            await _complete(rt, name, body, rec, "Returned", message)
+            return None
+        await _complete(rt, name, body, rec, decision.reason, decision.message)
         return None
-    rts = policy.spec.return_to_service
-    if not rts.enabled:
-        await _complete(
-            rt,
-            name,
-            body,
-            rec,
-            "Remediated",
-            "steps done; return to service is disabled by the policy",
-        )
+    if isinstance(decision, engine.Act):  # RETURN_TO_SERVICE
+        messages = []
+        if decision.uncordon:
+            messages.append(await steps.uncordon(kube, node, name))
+        else:
+            messages.append(f"{node}: cordon was not gpuheal's, left as it is")
+        if decision.resume_slurm:
+            messages.append(await steps.slurm_resume(rt.slurm, node, name))
+        message = "; ".join(messages)
+        rec.condition(RETURNED, "True", "ReturnedToService", message)
+        await _complete(rt, name, body, rec, "Returned", message)
         return None
-    if policy.spec.safety.paused:
-        await _block(rt, name, body, rec, "Paused", f"policy {policy.metadata.name} is paused")
-        return retry
-    reasons = ["node not seen"] if view is None else plan.unhealthy_reasons(policy, view)
-    if rt.blind:  # blind time is not healthy time
-        reasons.append(f"signal source(s) unreadable: {', '.join(sorted(rt.blind))}")
-    healthy_since = (
-        rec.since(RETURNED) if inc.condition_is(rec.conditions, RETURNED, "Unknown") else None
-    )
-    last_signal = max(s.observed_at for s in spec.signals)
-    if healthy_since is not None and last_signal > healthy_since:
-        reasons.append(f"new signal at {inc.rfc3339(last_signal)}")
-    if reasons:
-        if rec.reason(RETURNED) != "NotHealthy" or not inc.condition_is(
-            rec.conditions, RETURNED, "False"
-        ):
-            rec.condition(RETURNED, "False", "NotHealthy", "; ".join(reasons))
+    if isinstance(decision, engine.Idle) and decision.reason == reasons.REASON_RETURN_DISABLED:
+        await _complete(rt, name, body, rec, "Remediated", decision.message)
+        return None
+    if isinstance(decision, engine.Wait):
+        status = "Unknown" if decision.reason == reasons.REASON_HYSTERESIS_PENDING else "False"
+        if rec.reason(RETURNED) != decision.reason:
+            rec.condition(RETURNED, status, decision.reason, decision.message)
+            rec.event(RETURNED, f"{decision.reason}: {decision.message}")
             await _write(rt, name, rec)
-        return retry
-    if not inc.condition_is(rec.conditions, RETURNED, "Unknown"):
-        rec.condition(
-            RETURNED,
-            "Unknown",
-            "HealthyWaiting",
-            f"healthy; returning after {rts.healthy_for} without a new signal",
-        )
-        rec.event(RETURNED, f"healthy; hysteresis {rts.healthy_for} started")
-        await _write(rt, name, rec)
-        return retry
-    since = rec.since(RETURNED) or rec.now
-    window = parse_duration(rts.healthy_for)
-    if rec.now - since < window:
-        return min(retry, max(0.5, (since + window - rec.now).total_seconds()))
-    ownership = rec.status.get("ownership") or {}
-    messages = []
-    if ownership.get("cordoned"):
-        messages.append(await steps.uncordon(kube, node, name))
-    else:
-        messages.append(f"{node}: cordon was not gpuheal's, left as it is")
-    if rts.resume_slurm and ownership.get("slurmDrained"):
-        messages.append(await steps.slurm_resume(rt.slurm, node, name))
-    message = "; ".join(messages)
-    rec.condition(RETURNED, "True", "ReturnedToService", message)
-    await _complete(rt, name, body, rec, "Returned", message)
-    return None
+        return max(0.2, min(retry, (decision.until - rec.now).total_seconds()))
+    rec.condition(RETURNED, "False", decision.reason, decision.message)
+    await _write(rt, name, rec)
+    return retry
 
 
 async def _complete(  # noqa: PLR0917
