@@ -77,6 +77,7 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from gpuheal.inspect import add_explain_parser, add_status_parser
     from gpuheal.operator import add_run_parser
     from gpuheal.simulate import add_simulate_parser
     from gpuheal.xid.cli import add_parser as add_xid_parser
@@ -86,6 +87,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_run_parser(sub)
     add_simulate_parser(sub)
     add_xid_parser(sub)
+    add_status_parser(sub)
+    add_explain_parser(sub)
 
     sandbox = sub.add_parser("sandbox", help="local Kubernetes (kwok GPU nodes) + Slurm")
     sandbox_sub = sandbox.add_subparsers(dest="action", required=True)

@@ -319,8 +319,12 @@ def test_rbac_is_least_privilege(helm: Helm, values: Path) -> None:
     assert {name for _, name, _ in rules} <= {
         "r-gpuheal-kopf",
         "r-gpuheal-operator",
+        "r-gpuheal-operator-events",  # events create in `default` only (checked below)
         "r-gpuheal-job-hooks",
     }
+    for kind, name, rule in rules:
+        if name == "r-gpuheal-operator-events":
+            assert (kind, rule["resources"], rule["verbs"]) == ("Role", ["events"], ["create"])
     values_doc = yaml.safe_load(values.read_text()) or {}
     force = values_doc.get("rbac", {}).get("forceDrain", True)
     for kind, name, rule in rules:
@@ -640,7 +644,8 @@ OPERATOR_NEEDS = [
     ("get", "poddisruptionbudgets.policy", "team-a"),
     ("list", "events", None),
     ("watch", "events.events.k8s.io", None),
-    ("create", "events", "$ns"),
+    ("create", "events", "$ns"),  # kopf's own Events
+    ("create", "events", "default"),  # gpuheal's Events about Nodes and NodeRemediations
     ("delete", "pods", "team-a"),  # rbac.forceDrain (on by default)
     ("create", "jobs.batch", "$ns"),  # rbac.jobHookNamespaces
     ("get", "jobs.batch/status", "$ns"),

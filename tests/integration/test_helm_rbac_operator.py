@@ -284,3 +284,13 @@ def test_operator_runs_an_xid79_incident_with_only_the_charts_rbac(
         "metadata"
     ]["labels"]
     assert spare_labels.get("gpuheal.io/promoted") == "true"
+    # gpuheal's Events about the Node were accepted (the apiserver takes Events about
+    # cluster-scoped objects only in `default`, and the chart must allow that namespace).
+    assert "could not post Event" not in log_text, tail
+    events = json.loads(
+        sandbox.kubectl(
+            "get", "events", "-n", "default", "-o", "json",
+            f"--field-selector=involvedObject.kind=Node,involvedObject.name={broken}",
+        ).stdout
+    )["items"]  # fmt: skip
+    assert [e for e in events if e.get("source", {}).get("component") == "gpuheal"], events

@@ -314,12 +314,16 @@ class Kube:
         reason: str,
         message: str,
         type_: str = "Normal",
-        namespace: str = "default",
     ) -> None:
-        """Record a core/v1 Event about ``involved`` (a Node or NodeRemediation, both
-        cluster-scoped, so the Event lives in ``namespace``). Failures are logged, not raised:
-        an Event is a courtesy, never a reason for a step to fail."""
+        """Record a core/v1 Event about ``involved``. Failures are logged, not raised: an Event
+        is a courtesy, never a reason for a step to fail.
+
+        The Event lives in the object's namespace, or in ``default`` for cluster-scoped objects
+        (Nodes, NodeRemediations): the apiserver rejects any other namespace for those (422),
+        and ``default`` is where the kubelet puts Node Events and ``kubectl describe`` looks.
+        """
         meta = involved.get("metadata", {})
+        namespace = meta.get("namespace") or "default"
         now = _rfc3339(_now())
         event = {
             "apiVersion": "v1",

@@ -108,7 +108,6 @@ async def _observe(rt: Runtime, node: str, signal: plan.Signal, *, stale: bool) 
             type_="Warning",
             message=f"{_what(signal)} matched rule {rule.name}, but the node "
             f"opted out ({policy.spec.safety.opt_out_label})",
-            namespace=rt.config.namespace,
         )
         rt.metrics.blocked.labels("OptedOut").inc()
         return "blocked"
@@ -123,7 +122,6 @@ async def _observe(rt: Runtime, node: str, signal: plan.Signal, *, stale: bool) 
                 reason=inc.EventReason.DETECTED,
                 type_="Warning",
                 message=f"{_what(signal)} (rule {rule.name}, occurrence {count}): alert only",
-                namespace=rt.config.namespace,
             )
             return "alerted"
         name = inc.incident_name(node, signal.key)
@@ -173,7 +171,6 @@ async def _observe(rt: Runtime, node: str, signal: plan.Signal, *, stale: bool) 
         type_="Warning",
         message=f"{_what(signal)}: NodeRemediation {name} (rule {rule.name}, "
         f"rung {rule.ladder[rung].name})",
-        namespace=rt.config.namespace,
     )
     from gpuheal.handlers.remediation import ensure_driver
 
@@ -206,7 +203,6 @@ async def _attach(rt: Runtime, active: IncidentView, signal: plan.Signal, rung: 
         reason=inc.EventReason.SIGNAL_ATTACHED,
         message=f"{_what(signal)} attached"
         + (f"; escalated to rung {rung}" if rung > int(status.get("rung", 0)) else ""),
-        namespace=rt.config.namespace,
     )
 
 

@@ -261,7 +261,6 @@ async def advance(rt: Runtime, name: str, attempt: int = 0) -> float | None:  # 
             reason=inc.EventReason.DETECTED,
             message=f"{name}: {spec.signals[-1].message or spec.rule}",
             type_="Warning",
-            namespace=rt.config.namespace,
         )
         rec.event(label, "alert raised")
         rec.set(rung=act_rung, nextStep=next_i + 1)
@@ -297,7 +296,6 @@ async def advance(rt: Runtime, name: str, attempt: int = 0) -> float | None:  # 
             body,
             reason=inc.EventReason.STEP_DONE,
             message=f"{label}: {result.message}",
-            namespace=rt.config.namespace,
         )
         return 0.0
     if result.kind == "wait":
@@ -327,7 +325,6 @@ async def advance(rt: Runtime, name: str, attempt: int = 0) -> float | None:  # 
         reason=inc.EventReason.STEP_FAILED,
         message=f"{label}: {result.message}",
         type_="Warning",
-        namespace=rt.config.namespace,
     )
     return None
 
@@ -479,7 +476,7 @@ async def _complete(  # noqa: PLR0917
         "Returned": inc.EventReason.RETURNED,
     }.get(reason, inc.EventReason.STEP_DONE)
     await rt.require_kube().post_event(
-        body, reason=event_reason, message=message, namespace=rt.config.namespace
+        body, reason=event_reason, message=message
     )
 
 
@@ -497,7 +494,6 @@ async def _block(  # noqa: PLR0917
             reason=inc.EventReason.STEP_BLOCKED,
             message=f"{reason}: {message}",
             type_="Warning",
-            namespace=rt.config.namespace,
         )
     await _write(rt, name, rec)
 
@@ -574,7 +570,6 @@ async def _take_slot(
                         reason=inc.EventReason.BREAKER_OPEN,
                         message=blocked.message,
                         type_="Warning",
-                        namespace=rt.config.namespace,
                     )
                 rt.breaker_open[pname] = True
                 rt.metrics.breaker_open.labels(pname).set(1)
