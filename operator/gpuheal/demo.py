@@ -49,10 +49,7 @@ from gpuheal.timeline import Timeline, build_timeline, incident_report, job_even
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "examples"
 GROUP, VERSION = "gpuheal.io", "v1alpha1"
-# The operator's own objects (Lease, Events). Not gpuheal-system, the operator's default: the
-# API server takes a core/v1 Event about a cluster-scoped object (a Node, a NodeRemediation)
-# only in "default" (legacy Event validation), so in any other namespace every Event the
-# operator posts is refused with 422 (reported; the operator's code is not the demo's).
+# The operator's own objects (its Lease); the sandbox has no gpuheal-system namespace.
 NAMESPACE = "default"
 WORKLOAD_NS = "default"
 POOL_LABEL = "gpuheal.io/pool"
