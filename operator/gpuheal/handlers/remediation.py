@@ -475,9 +475,7 @@ async def _complete(  # noqa: PLR0917
         "Replaced": inc.EventReason.REPLACED,
         "Returned": inc.EventReason.RETURNED,
     }.get(reason, inc.EventReason.STEP_DONE)
-    await rt.require_kube().post_event(
-        body, reason=event_reason, message=message
-    )
+    await rt.require_kube().post_event(body, reason=event_reason, message=message)
 
 
 async def _block(  # noqa: PLR0917
