@@ -123,7 +123,7 @@ async def run_backend(ctx: Context, kind: str, n: int) -> list[dict[str, Any]]:
 @benchmark(
     "bridge_drain_requeue",
     title="Slurm bridge: drain + requeue call, and requeue -> RUNNING (3-node sandbox Slurm)",
-    budget_s=150,
+    budget_s=100,
     needs=("slurm",),
 )
 def bridge_drain_requeue(ctx: Context) -> Result:

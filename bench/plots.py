@@ -139,7 +139,7 @@ def latency_plot(doc: dict[str, Any], path: Path) -> None:
     """Each latency series as dots (log scale) with p50 bar, p99 marked, and the targets."""
     series = doc["series"]
     names = list(series)
-    fig, ax = plt.subplots(figsize=(10.0, 5.8), layout="constrained")
+    fig, ax = plt.subplots(figsize=(13.0, 6.2), layout="constrained")
     for i, name in enumerate(names):
         vals = series[name].get("samples", [])
         _strip(ax, i, vals, COLORS[i % len(COLORS)], None, half=0.3)
@@ -148,13 +148,18 @@ def latency_plot(doc: dict[str, Any], path: Path) -> None:
             ax.hlines(p99, i - 0.3, i + 0.3, color="black", lw=1, ls="--", zorder=5)
             ax.annotate(f"p99 {p99:.2f}", (i - 0.31, p99), va="bottom", ha="right", fontsize=8)
     ax.set_yscale("log")
-    ax.yaxis.set_major_locator(FixedLocator([0.02, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 60]))
+    ax.yaxis.set_major_locator(
+        FixedLocator([0.02, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 60, 120, 300])
+    )
     ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:g}"))
     ax.yaxis.set_minor_formatter(NullFormatter())
     _target(ax, 0.25, "target: cordon p99 <= 0.25 s")
     _target(ax, 1.0, "target: Slurm drain + requeue p99 <= 1 s")
-    labels = [f"{n}\n(n={series[n]['n']}, p50 {series[n].get('median', 0):.2f} s)" for n in names]
-    ax.set_xticks(range(len(names)), labels, fontsize=9)
+    labels = [
+        n.replace(", ", "\n") + f"\n(n={series[n]['n']}, p50 {series[n].get('median', 0):.2f} s)"
+        for n in names
+    ]
+    ax.set_xticks(range(len(names)), labels, fontsize=8.5)
     ax.set_xlim(-0.6, len(names) - 0.4)
     ax.set_ylabel("seconds from the XID Event (log scale)")
     ax.grid(axis="y", alpha=0.3, which="both")
@@ -167,7 +172,8 @@ def scale_plot(doc: dict[str, Any], path: Path) -> None:
     """Left: RSS steady/peak of gpuheal vs the plain kopf baseline per node count.
     Right: p99 node-event lag against the achieved churn rate."""
     results = doc["params"]["results"]
-    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(13.0, 5.6), layout="constrained")
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(13.0, 6.0))
+    fig.subplots_adjust(top=0.84, bottom=0.16, left=0.06, right=0.98, wspace=0.22)
     width = 0.2
     for j, r in enumerate(results):
         bars = [
@@ -181,21 +187,24 @@ def scale_plot(doc: dict[str, Any], path: Path) -> None:
             ax.bar(x, value or 0, width, color=color, label=label if j == 0 else None)
             if value:
                 ax.text(x, value, f"{value:.0f}", ha="center", va="bottom", fontsize=8)
-    ax.axhline(150, color="#d62728", ls=":", lw=1.2)
-    ax.text(-0.45, 153, "target: 5,000 nodes <= 150 MiB steady", color="#d62728", fontsize=8)
+    ax.axhline(150, color="#d62728", ls=":", lw=1.2, label="target: 5,000 nodes <= 150 MiB")
     ax.set_xticks(
         range(len(results)),
         [
-            f"{r['nodes']} nodes\nview complete {r.get('startup_to_full_view_s', 0):.1f} s "
-            f"(kopf {r.get('baseline_full_view_s', 0):.1f} s)"
+            f"{r['nodes']} nodes\nview complete {r.get('startup_to_full_view_s', 0):.1f} s\n"
+            f"(kopf baseline {r.get('baseline_full_view_s', 0):.1f} s)"
             for r in results
         ],
-        fontsize=9,
+        fontsize=8.5,
     )
     ax.set_ylabel("RSS (MiB)")
+    ax.set_ylim(0, max([150.0] + [b for r in results for b in (
+        r.get("baseline_rss_peak_mib") or 0, r.get("rss_peak_mib") or 0)]) * 1.25)  # fmt: skip
     ax.legend(fontsize=8, loc="upper left")
     ax.grid(axis="y", alpha=0.3)
-    _titles(fig, ax, doc)
+    ax.set_title("operator RSS vs a plain kopf handler", fontsize=10, loc="left")
+    fig.suptitle(doc["title"], fontsize=11.5, fontweight="bold", x=0.01, ha="left")
+    fig.text(0.01, 0.925, _machine_line(doc), fontsize=7.5, color="#555555", ha="left")
     for j, r in enumerate(results):
         lv = r.get("churn_levels", [])
         xs = [x["achieved_rate"] for x in lv]
@@ -228,6 +237,12 @@ def storm_plot(doc: dict[str, Any], path: Path) -> None:
     if p.get("breaker_open_after_s") is not None:
         ax.axvline(p["breaker_open_after_s"], color="#2ca02c", ls="--",
                    label=f"breaker open at {p['breaker_open_after_s']:.2f} s")  # fmt: skip
+    if p.get("operator_intake_seconds"):
+        ax.set_xlim(-1, float(p["operator_intake_seconds"]) + 12)
+        ax.text(float(p["operator_intake_seconds"]), limit * 0.5,
+                f"{p.get('signals_taken_in', 0):.0f} of {p['xids_sent']} signals taken in\n"
+                f"{p.get('blocked_circuit_breaker')} incidents waiting (breaker)",
+                ha="right", fontsize=8.5)  # fmt: skip
     ax.set_xlabel("seconds after the first XID")
     ax.set_ylabel("nodes cordoned")
     ax.set_ylim(0, max(limit, len(times)) * 1.3 + 1)
