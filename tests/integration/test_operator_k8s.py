@@ -458,6 +458,39 @@ def test_storm_breaker_stops_at_max_unhealthy(
     assert [e.reason for e in policy_events] == ["CircuitBreakerOpen"]
 
 
+def test_breaker_counts_nodes_kept_cordoned_after_their_incident_closed(
+    sandbox: Sandbox,
+    case: Callable[..., list[str]],
+    objects: Objects,
+    run_operator: Callable[..., OperatorProcess],
+) -> None:
+    """With return to service off, a cordon-only incident closes at once but its node stays
+    out of service: it must keep counting against maxUnhealthy (a storm once cordoned 179
+    nodes against a limit of 50 this way, one closed incident at a time)."""
+    core = sandbox.core_v1()
+    nodes = case(10)
+    cid = case.case_id  # type: ignore[attr-defined]
+    pname = f"p-{cid}"
+    body = policy(pname, f"{cid}-work", [cordon_only_rule(94)], max_unhealthy=2)
+    body["spec"]["returnToService"] = {"enabled": False, "healthyFor": "1h"}
+    objects.apply("remediationpolicies", body)
+    run_operator()
+    struck = nodes[:4]
+    for n in struck:
+        simulate_xid(core, n, 94)
+    wait_for(lambda: all(objects.incident(n) for n in struck), "4 incidents")
+
+    def cordoned() -> list[str]:
+        return [n for n in nodes if objects.node(n).spec.unschedulable]
+
+    wait_for(lambda: len(cordoned()) == 2, "2 nodes cordoned")
+    done = wait_for(
+        lambda: [n for n in struck if completed(objects.incident(n))], "an incident closed"
+    )
+    assert set(done) <= set(cordoned())
+    hold(lambda: len(cordoned()) == 2, "no more than maxUnhealthy kept out of service", 6)
+
+
 def test_return_to_service_uncordons_only_what_gpuheal_cordoned(
     sandbox: Sandbox,
     case: Callable[..., list[str]],

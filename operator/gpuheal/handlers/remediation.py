@@ -14,6 +14,7 @@ import asyncio
 import datetime as dt
 import logging
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from pydantic import ValidationError
@@ -523,13 +524,18 @@ def selected_nodes(rt: Runtime, policy: RemediationPolicy) -> list[inc.NodeView]
     return chosen
 
 
-def slot_holders(rt: Runtime, policy_name: str) -> set[str]:
+def slot_holders(rt: Runtime, policy_name: str, selected: Sequence[inc.NodeView]) -> set[str]:
+    """Incidents that count against maxUnhealthy: open ones holding a slot, and those whose
+    node gpuheal still keeps cordoned after the incident closed (a replaced node waiting for
+    repair, or return to service turned off). Counting open incidents alone let a storm
+    cordon far more nodes than the policy allows, one closed incident at a time."""
     held = {
         i.name
         for i in rt.incidents.values()
         if i.policy == policy_name and i.active and i.holds_slot
     }
-    return held | rt.slots.setdefault(policy_name, set())
+    kept_out = {v.cordoned_by for v in selected if v.unschedulable and v.cordoned_by}
+    return held | kept_out | rt.slots.setdefault(policy_name, set())
 
 
 async def _take_slot(
@@ -542,7 +548,8 @@ async def _take_slot(
     """
     pname = policy.metadata.name
     async with rt.slot_lock:
-        holders = slot_holders(rt, pname)
+        selected = selected_nodes(rt, policy)
+        holders = slot_holders(rt, pname, selected)
         if name in holders:
             return None
         started = [
@@ -550,7 +557,7 @@ async def _take_slot(
         ]
         blocked = plan.slot_gate(
             policy,
-            selected=len(selected_nodes(rt, policy)),
+            selected=len(selected),
             taken=len(holders),
             started_in_window=started,
             breaker_closed_at=rt.breaker_closed_at.get(pname),
@@ -577,7 +584,7 @@ async def _take_slot(
             rt.breaker_closed_at[pname] = now
             cooldown = plan.slot_gate(
                 policy,
-                selected=len(selected_nodes(rt, policy)),
+                selected=len(selected),
                 taken=len(holders),
                 started_in_window=started,
                 breaker_closed_at=now,

@@ -41,7 +41,7 @@ def policy_status(rt: Runtime, policy: RemediationPolicy, now: dt.datetime) -> d
         if name in plan.choose_policy(rt.policies.values(), v.labels).overlapping
     )
     unhealthy = sorted(v.name for v in selected if plan.unhealthy_reasons(policy, v))
-    remediating = slot_holders(rt, name)
+    remediating = slot_holders(rt, name, selected)
     allowed = plan.allowed_unhealthy(policy, len(selected))
     open_ = rt.breaker_open.get(name, False)
     conds: list[dict[str, Any]] = [c.to_k8s() for c in policy.status.conditions]
