@@ -11,9 +11,8 @@ import json
 import os
 import re
 import subprocess
-import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -86,17 +85,6 @@ def _container(deployment: dict[str, Any]) -> dict[str, Any]:
     containers = deployment["spec"]["template"]["spec"]["containers"]
     assert len(containers) == 1
     return dict(containers[0])
-
-
-def _wait(check: Callable[[], Any], what: str, timeout: float = 90) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}; last: {value!r}")
-        time.sleep(0.5)
 
 
 @pytest.fixture(scope="module")

@@ -4,7 +4,6 @@ RBAC, CEL validation, ServiceAccount tokens, version stamping."""
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -13,19 +12,9 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from gpuheal.sandbox import Sandbox
+from tests.integration.operator_harness import wait_for
 
 pytestmark = pytest.mark.integration
-
-
-def _wait(check: Callable[[], Any], what: str, timeout: float = 60) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}; last: {value!r}")
-        time.sleep(0.2)
 
 
 def _gpu_pod(name: str, labels: dict[str, str], node_selector: dict[str, str]) -> dict[str, Any]:
@@ -90,7 +79,7 @@ def test_deployment_pods_are_scheduled_on_gpu_nodes_and_run(
         ok = [p for p in pods if p.status.phase == "Running" and p.spec.node_name]
         return ok if len(ok) == 3 else []
 
-    pods = _wait(running, "3 Running pods")
+    pods = wait_for(running, "3 Running pods")
     gpu_nodes = {
         n.metadata.name for n in core.list_node(label_selector="nvidia.com/gpu.present=true").items
     }
@@ -113,7 +102,7 @@ def test_scheduler_honours_cordon(
         pods = core.list_namespaced_pod(namespace, label_selector="app=c").items
         return pods if all(p.spec.node_name for p in pods) and len(pods) == 4 else []
 
-    pods = _wait(scheduled, "4 scheduled pods")
+    pods = wait_for(scheduled, "4 scheduled pods")
     assert {p.spec.node_name for p in pods} == {open_node}
 
 
@@ -126,7 +115,7 @@ def test_eviction_respects_pod_disruption_budget(
     core.create_namespaced_pod(
         namespace, _gpu_pod("victim", {"app": "pdb"}, {"kubernetes.io/hostname": node})
     )
-    _wait(
+    wait_for(
         lambda: core.read_namespaced_pod("victim", namespace).status.phase == "Running",
         "victim Running",
     )
@@ -140,7 +129,7 @@ def test_eviction_respects_pod_disruption_budget(
         },
     )
     # The disruption controller must have computed the PDB's status before it can block.
-    _wait(
+    wait_for(
         lambda: (
             policy.read_namespaced_pod_disruption_budget("keep", namespace).status.current_healthy
             == 1
@@ -154,7 +143,7 @@ def test_eviction_respects_pod_disruption_budget(
     assert "disruption budget" in blocked.value.body
 
     policy.patch_namespaced_pod_disruption_budget("keep", namespace, {"spec": {"minAvailable": 0}})
-    _wait(
+    wait_for(
         lambda: (
             policy.read_namespaced_pod_disruption_budget(
                 "keep", namespace
@@ -172,7 +161,7 @@ def test_eviction_respects_pod_disruption_budget(
             return exc.status == 404
         return False
 
-    _wait(gone, "evicted pod deleted (kwok completes the graceful deletion)")
+    wait_for(gone, "evicted pod deleted (kwok completes the graceful deletion)")
 
 
 def test_rbac_denies_until_granted(sandbox: Sandbox, namespace: str) -> None:
@@ -189,7 +178,7 @@ def test_rbac_denies_until_granted(sandbox: Sandbox, namespace: str) -> None:
     sandbox.kubectl(
         "create", "rolebinding", "alice-reads", "--role=pod-reader", "--user=alice", "-n", namespace
     )
-    _wait(lambda: alice.list_namespaced_pod(namespace).items == [], "alice may list pods")
+    wait_for(lambda: alice.list_namespaced_pod(namespace).items == [], "alice may list pods")
     with pytest.raises(ApiException) as still_denied:
         alice.list_node()
     assert still_denied.value.status == 403
@@ -215,7 +204,9 @@ def test_service_account_token_is_minted_and_rbac_applies(sandbox: Sandbox, name
         f"--serviceaccount={namespace}:op",
     )
     try:
-        names = _wait(lambda: [n.metadata.name for n in sa.list_node().items], "SA may list nodes")
+        names = wait_for(
+            lambda: [n.metadata.name for n in sa.list_node().items], "SA may list nodes"
+        )
         assert "gpu-node-0" in names
     finally:
         sandbox.kubectl("delete", "clusterrolebinding", f"{namespace}-nodes", check=False)
@@ -251,7 +242,7 @@ spec:
 
 def test_crd_cel_rule_rejects_bad_object(sandbox: Sandbox, namespace: str) -> None:
     sandbox.kubectl("apply", "-f", "-", input=CEL_CRD)
-    _wait(
+    wait_for(
         lambda: (
             sandbox.kubectl(
                 "wait", "--for=condition=Established", "crd/widgets.sandbox.test", check=False
@@ -263,7 +254,7 @@ def test_crd_cel_rule_rejects_bad_object(sandbox: Sandbox, namespace: str) -> No
     head = "apiVersion: sandbox.test/v1\nkind: Widget\n"
     good = head + "metadata: {name: good}\nspec: {maxUnhealthy: 1}\n"
     bad = head + "metadata: {name: bad}\nspec: {maxUnhealthy: 1, minHealthy: 2}\n"
-    _wait(
+    wait_for(
         lambda: (
             sandbox.kubectl("apply", "-n", namespace, "-f", "-", input=good, check=False).returncode
             == 0
