@@ -26,7 +26,7 @@ if [ ${#missing[@]} -eq 0 ]; then
   echo "$OUT"
   exit 0
 fi
-log "building ${missing[*]} into $OUT (cold build: ~25 min on 2 cores)"
+log "building ${missing[*]} into $OUT (cold build: ~11 min on 2 cores)"
 mkdir -p "$OUT"
 TMP=$(mktemp -d "$OUT/.tmp.XXXX")
 trap 'rm -rf "$TMP"' EXIT
