@@ -9,6 +9,7 @@ UV := $(CACHE)/uv-$(UV_VERSION)/bin/uv
 VENV := .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
+export UV  # the packaging test builds the wheel with this exact uv
 
 .PHONY: help venv lint types unit bins system-deps integration kind test demo bench clean
 help:

