@@ -21,7 +21,7 @@ $(UV):
 	python3 -m venv $(CACHE)/uv-$(UV_VERSION)
 	$(CACHE)/uv-$(UV_VERSION)/bin/pip install -q uv==$(UV_VERSION)
 
-$(VENV)/.synced: $(UV) pyproject.toml uv.lock
+$(VENV)/.synced: $(UV) pyproject.toml slurm-bridge/pyproject.toml devtools/pyproject.toml uv.lock
 	$(UV) sync --frozen --quiet
 	touch $@
 
@@ -56,7 +56,7 @@ kind: venv
 test: lint types unit kind integration
 
 demo: venv bins system-deps
-	$(VENV)/bin/gpuheal demo
+	$(VENV)/bin/gpuheal-dev demo
 
 bench: venv bins system-deps
 	$(PY) -m bench

@@ -61,12 +61,12 @@ def serve(backend: Any, state: Path) -> Iterator[str]:
 
 
 async def run_backend(ctx: Context, kind: str, n: int) -> list[dict[str, Any]]:
-    from gpuheal.sandbox.slurm import SlurmCluster
     from gpuheal_bridge.api.models import RequeueOptions
     from gpuheal_bridge.backends.base import Backend
     from gpuheal_bridge.backends.cli import CliBackend
     from gpuheal_bridge.backends.rest import RestBackend
     from gpuheal_bridge.client import BridgeClient
+    from gpuheal_dev.sandbox.slurm import SlurmCluster
 
     cluster = SlurmCluster(ctx.tmpdir(f"br{kind}"), NODES, restd=kind == "rest").start()
     rows: list[dict[str, Any]] = []

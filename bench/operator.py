@@ -69,8 +69,8 @@ def _sandbox(ctx: Context, nodes: int, *, shared: bool = True) -> Any:
     ``shared``, one per node count for the whole ``python -m bench`` run (bringing 1,000 nodes
     up costs ~1 min on a loaded 2-core machine), reset between benchmarks (see ``_reset``) and
     stopped at exit; its root is outside the per-benchmark scratch directory."""
-    from gpuheal.sandbox import Sandbox, SandboxConfig
-    from gpuheal.sandbox.nodes import create_gpu_nodes
+    from gpuheal_dev.sandbox import Sandbox, SandboxConfig
+    from gpuheal_dev.sandbox.nodes import create_gpu_nodes
 
     if shared and nodes in _SHARED:
         sb = _SHARED[nodes]
@@ -244,7 +244,7 @@ def watched(op: Measured) -> float:
 def _lag_probe(http: Any, op: Measured, base: int, k: int) -> tuple[float, float]:
     """Create node ``lagprobe-k`` (not a kwok node), time until the operator's
     ``gpuheal_nodes_watched`` shows it; delete it and time until it is gone again."""
-    from gpuheal.sandbox.nodes import gpu_node_manifest
+    from gpuheal_dev.sandbox.nodes import gpu_node_manifest
 
     body = gpu_node_manifest(f"lagprobe-{k}")
     body["metadata"]["annotations"] = {}
@@ -642,7 +642,7 @@ def xid_latency(ctx: Context) -> Result:
     pod's deletionTimestamp (eviction accepted) seen in our pod watch. 1,000 kwok GPU nodes,
     background churn (annotation patches on random nodes), faults spaced so that several
     overlap; policy breaker/rate limit generous so that none is held back."""
-    from gpuheal.sandbox.slurm import SlurmCluster
+    from gpuheal_dev.sandbox.slurm import SlurmCluster
 
     total = ctx.runs(200)
     iso, iso_spacing = max(5, total // 5), 3.0

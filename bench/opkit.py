@@ -149,7 +149,7 @@ def proc_sample(pid: int) -> dict[str, float]:
 
 
 def free_port() -> int:
-    from gpuheal.sandbox._proc import free_tcp_ports
+    from gpuheal_dev.sandbox._proc import free_tcp_ports
 
     [port] = free_tcp_ports(1)
     return port

@@ -1,6 +1,6 @@
 """Fault -> job training again from its checkpoint, on the Slurm sandbox, without the operator.
 
-What is timed, per run: a fresh demo job (``gpuheal.demo_job``: checkpoints every 10 steps,
+What is timed, per run: a fresh demo job (``gpuheal_dev.demo_job``: checkpoints every 10 steps,
 a step every 50 ms) runs on the sandbox's real Slurm; once it has checkpointed, a "fault" on its
 node is handled the way gpuheal's Slurm side does it: drain the node with our reason, requeue the
 job (Slurm sends SIGTERM; the job checkpoints at once and exits), optionally expedite
@@ -26,9 +26,9 @@ from typing import Any
 
 from bench.harness import Context, Result, benchmark
 from bench.plots import recovery_plot
-from gpuheal.demo_job import ModelConfig, RunConfig, write_sbatch
-from gpuheal.demo_job.metrics import split_runs, steps_lost
-from gpuheal.demo_job.slurm import (
+from gpuheal_dev.demo_job import ModelConfig, RunConfig, write_sbatch
+from gpuheal_dev.demo_job.metrics import split_runs, steps_lost
+from gpuheal_dev.demo_job.slurm import (
     job_info,
     last_checkpoint_step,
     resume_node,
@@ -39,7 +39,7 @@ from gpuheal.demo_job.slurm import (
     wait_records,
     wait_until,
 )
-from gpuheal.sandbox.slurm import SlurmCluster
+from gpuheal_dev.sandbox.slurm import SlurmCluster
 
 NODES = ("gpu-node-0", "gpu-node-1", "gpu-node-2")
 TOKEN = "bench-token-0123456789abcdef0123"

@@ -19,9 +19,14 @@ WORKDIR /src
 COPY pyproject.toml uv.lock README.md ./
 COPY operator/ operator/
 COPY slurm-bridge/ slurm-bridge/
-# Runtime dependencies exactly as locked (hashes checked), then our wheel without deps.
-RUN uv export --frozen --no-dev --no-emit-project --format requirements-txt > /tmp/requirements.txt \
-    && uv build --wheel --out-dir /tmp/dist \
+# The tooling's manifest only: uv reads every workspace member's pyproject.toml; no tooling code.
+COPY devtools/pyproject.toml devtools/
+# The operator's runtime dependencies exactly as locked (hashes checked), then two wheels without
+# deps: the operator and the bridge's base (API models + client; not its server).
+RUN uv export --frozen --no-dev --no-emit-workspace --package gpuheal --format requirements-txt \
+        > /tmp/requirements.txt \
+    && uv build --wheel --package gpuheal --out-dir /tmp/dist \
+    && uv build --wheel --package gpuheal-slurm-bridge --out-dir /tmp/dist \
     && uv venv /opt/gpuheal \
     && uv pip install --python /opt/gpuheal/bin/python --require-hashes -r /tmp/requirements.txt \
     && uv pip install --python /opt/gpuheal/bin/python --no-deps /tmp/dist/*.whl

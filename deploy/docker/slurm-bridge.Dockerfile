@@ -17,11 +17,15 @@ ENV PIP_NO_CACHE_DIR=1 \
     UV_PYTHON_DOWNLOADS=never
 RUN pip install "uv==${UV_VERSION}"
 WORKDIR /src
-COPY pyproject.toml uv.lock README.md ./
-COPY operator/ operator/
+# The workspace manifests (uv reads every member's pyproject.toml) and the bridge's code only:
+# no operator or tooling code, and neither kopf nor a Kubernetes client in the image.
+COPY pyproject.toml uv.lock ./
+COPY devtools/pyproject.toml devtools/
 COPY slurm-bridge/ slurm-bridge/
-RUN uv export --frozen --no-dev --no-emit-project --format requirements-txt > /tmp/requirements.txt \
-    && uv build --wheel --out-dir /tmp/dist \
+# gpuheal-slurm-bridge[server]'s dependencies exactly as locked (hashes checked), then its wheel.
+RUN uv export --frozen --no-dev --no-emit-workspace --package gpuheal-slurm-bridge --extra server \
+        --format requirements-txt > /tmp/requirements.txt \
+    && uv build --wheel --package gpuheal-slurm-bridge --out-dir /tmp/dist \
     && uv venv /opt/gpuheal \
     && uv pip install --python /opt/gpuheal/bin/python --require-hashes -r /tmp/requirements.txt \
     && uv pip install --python /opt/gpuheal/bin/python --no-deps /tmp/dist/*.whl

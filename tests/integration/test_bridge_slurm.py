@@ -29,13 +29,13 @@ import httpx
 import pytest
 import uvicorn
 
-from gpuheal.sandbox.slurm import SANDBOX_ENV_MARKER, SlurmCluster
 from gpuheal_bridge.api.models import CheckpointSignal, RequeueMode, RequeueOptions
 from gpuheal_bridge.backends.base import Unsupported
 from gpuheal_bridge.backends.cli import CliBackend
 from gpuheal_bridge.backends.rest import RestBackend
 from gpuheal_bridge.client import BridgeClient, BridgeConflict
 from gpuheal_bridge.server.app import BridgeSettings, create_app
+from gpuheal_dev.sandbox.slurm import SANDBOX_ENV_MARKER, SlurmCluster
 
 pytestmark = pytest.mark.integration
 

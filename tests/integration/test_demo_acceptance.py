@@ -1,6 +1,6 @@
 """End-to-end acceptance (issue 7): the `make demo` story, automated and checked.
 
-The test drives :class:`gpuheal.demo.Demo`, the code `make demo` runs: its own sandbox
+The test drives :class:`gpuheal_dev.demo.Demo`, the code `make demo` runs: its own sandbox
 (4 GPU nodes + 1 spare, Slurm with the same node names), the bridge and the operator as
 processes, the demo policy and ReservePool from ``examples/``, the NumPy training job under
 sbatch, training pods with a PDB, an XID 79 on the job's node. Then it checks the outcome in
@@ -24,11 +24,11 @@ import numpy as np
 import pytest
 import yaml
 
-from gpuheal.demo import Demo, DemoResult, DemoSettings
-from gpuheal.demo_job import METRICS_FILE, MODEL_FILE, RunConfig, job_argv, read_records
-from gpuheal.demo_job.metrics import split_runs, steps_lost
 from gpuheal.incident import CLAIMED_BY_LABEL, CORDONED_BY_ANNOTATION, REPLACES_ANNOTATION
-from gpuheal.timeline import STORY
+from gpuheal_dev.demo import Demo, DemoResult, DemoSettings
+from gpuheal_dev.demo_job import METRICS_FILE, MODEL_FILE, RunConfig, job_argv, read_records
+from gpuheal_dev.demo_job.metrics import split_runs, steps_lost
+from gpuheal_dev.timeline import STORY
 
 pytestmark = pytest.mark.integration
 

@@ -19,9 +19,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gpuheal.demo_job import ModelConfig, RunConfig, read_records, split_runs, steps_lost
-from gpuheal.demo_job.sbatch import job_argv, write_sbatch
-from gpuheal.demo_job.slurm import (
+from gpuheal_dev.demo_job import ModelConfig, RunConfig, read_records, split_runs, steps_lost
+from gpuheal_dev.demo_job.sbatch import job_argv, write_sbatch
+from gpuheal_dev.demo_job.slurm import (
     JobInfo,
     job_info,
     last_checkpoint_step,
@@ -31,7 +31,7 @@ from gpuheal.demo_job.slurm import (
     wait_job,
     wait_records,
 )
-from gpuheal.sandbox.slurm import SlurmCluster
+from gpuheal_dev.sandbox.slurm import SlurmCluster
 
 pytestmark = pytest.mark.integration
 

@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 import yaml
 
-from gpuheal.sandbox import Sandbox
-from gpuheal.sandbox.kube import cluster_bin_dir
+from gpuheal_dev.sandbox import Sandbox
+from gpuheal_dev.sandbox.kube import cluster_bin_dir
 
 pytestmark = pytest.mark.integration
 
@@ -438,7 +438,7 @@ def sandbox_helm(helm_bin: Path, sandbox: Sandbox, tmp_path: Path) -> Helm:
 @pytest.fixture
 def system_node(sandbox: Sandbox) -> Iterator[str]:
     """A Ready non-GPU node (kwok), where the operator's default affinity lets it run."""
-    from gpuheal.sandbox.nodes import create_gpu_nodes, delete_nodes, wait_nodes_ready
+    from gpuheal_dev.sandbox.nodes import create_gpu_nodes, delete_nodes, wait_nodes_ready
 
     core = sandbox.core_v1()
     name = f"t-system-{uuid.uuid4().hex[:6]}"

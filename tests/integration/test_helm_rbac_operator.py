@@ -22,8 +22,8 @@ from typing import Any
 import pytest
 import yaml
 
-from gpuheal.sandbox import Sandbox
-from gpuheal.sandbox.kube import cluster_bin_dir
+from gpuheal_dev.sandbox import Sandbox
+from gpuheal_dev.sandbox.kube import cluster_bin_dir
 
 pytestmark = pytest.mark.integration
 

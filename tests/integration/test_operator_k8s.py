@@ -15,8 +15,8 @@ import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from gpuheal.sandbox import Sandbox
 from gpuheal.simulate import simulate_condition, simulate_xid
+from gpuheal_dev.sandbox import Sandbox
 from tests.integration.operator_harness import (
     REPO,
     Objects,

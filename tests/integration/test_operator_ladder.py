@@ -11,8 +11,8 @@ from typing import Any, ClassVar
 
 import pytest
 
-from gpuheal.sandbox import Sandbox
 from gpuheal.simulate import simulate_xid
+from gpuheal_dev.sandbox import Sandbox
 from tests.integration.operator_harness import (
     Objects,
     OperatorProcess,

@@ -16,9 +16,9 @@ from typing import Any
 
 import pytest
 
-from gpuheal.sandbox import Sandbox
-from gpuheal.sandbox.slurm import SlurmCluster
 from gpuheal.simulate import simulate_xid
+from gpuheal_dev.sandbox import Sandbox
+from gpuheal_dev.sandbox.slurm import SlurmCluster
 from tests.integration.operator_harness import (
     REPO,
     Objects,

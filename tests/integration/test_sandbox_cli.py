@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuheal.sandbox._proc import pid_alive
+from gpuheal_dev.sandbox._proc import pid_alive
 
 pytestmark = pytest.mark.integration
 

@@ -11,7 +11,7 @@ import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from gpuheal.sandbox import Sandbox
+from gpuheal_dev.sandbox import Sandbox
 from tests.integration.operator_harness import wait_for
 
 pytestmark = pytest.mark.integration

@@ -14,9 +14,9 @@ from typing import TypeVar
 
 import pytest
 
-from gpuheal.sandbox import _proc
-from gpuheal.sandbox import slurm as slurm_mod
-from gpuheal.sandbox.slurm import SlurmCluster, SlurmCommandError, SlurmSandboxError
+from gpuheal_dev.sandbox import _proc
+from gpuheal_dev.sandbox import slurm as slurm_mod
+from gpuheal_dev.sandbox.slurm import SlurmCluster, SlurmCommandError, SlurmSandboxError
 from tests.fixtures.slurm import SLURM_TEST_NODES
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]

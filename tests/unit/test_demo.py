@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from gpuheal.demo import (
+from gpuheal_dev.demo import (
     MILESTONES,
     NodeFacts,
     PodFacts,
@@ -16,8 +16,8 @@ from gpuheal.demo import (
     job_milestone,
     trainer_manifests,
 )
-from gpuheal.demo_job.slurm import JobInfo
-from gpuheal.timeline import STORY
+from gpuheal_dev.demo_job.slurm import JobInfo
+from gpuheal_dev.timeline import STORY
 
 SCENE = Scene(broken="gpu-node-0", spare="gpu-spare-0", job_id=1, pods_on_broken=frozenset({"p0"}))
 NREM = "nrem-gpu-node-0-abc"

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gpuheal.demo_job import (
+from gpuheal_dev.demo_job import (
     CheckpointMismatch,
     ModelConfig,
     Outcome,
@@ -20,10 +20,10 @@ from gpuheal.demo_job import (
     steps_lost,
     train,
 )
-from gpuheal.demo_job import checkpoint as ckpt
-from gpuheal.demo_job.metrics import MetricsTail, describe, parse_records
-from gpuheal.demo_job.model import batch_indices
-from gpuheal.demo_job.slurm import parse_job
+from gpuheal_dev.demo_job import checkpoint as ckpt
+from gpuheal_dev.demo_job.metrics import MetricsTail, describe, parse_records
+from gpuheal_dev.demo_job.model import batch_indices
+from gpuheal_dev.demo_job.slurm import parse_job
 
 CFG = ModelConfig(seed=3, n_samples=512, hidden=16)
 
@@ -213,7 +213,7 @@ def test_sbatch_script_execs_the_job(tmp_path: Path) -> None:
         assert f"#SBATCH {directive}\n" in text
     assert f"#SBATCH --output={tmp_path}/slurm-%j.out" in text
     last = text.strip().splitlines()[-1]
-    assert last.startswith("exec /venv/bin/python -m gpuheal.demo_job --workdir ")
+    assert last.startswith("exec /venv/bin/python -m gpuheal_dev.demo_job --workdir ")
     assert "--step-seconds 0.15" in last
     assert "--seed 5" in last
     assert "--lr" not in last  # defaults are left out

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from gpuheal.sandbox import _proc
-from gpuheal.sandbox.slurm import (
+from gpuheal_dev.sandbox import _proc
+from gpuheal_dev.sandbox.slurm import (
     SlurmCluster,
     SlurmCommandError,
     SlurmConfig,

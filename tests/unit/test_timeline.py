@@ -5,8 +5,8 @@ from __future__ import annotations
 import struct
 from pathlib import Path
 
-from gpuheal.demo_job.metrics import Record
-from gpuheal.timeline import (
+from gpuheal_dev.demo_job.metrics import Record
+from gpuheal_dev.timeline import (
     JOB_FINISHED,
     LAST_CHECKPOINT,
     RESUMED,

@@ -26,9 +26,9 @@ from typing import Any
 
 import numpy as np
 
-from gpuheal.demo_job.model import PARAM_NAMES, Array, ModelConfig
+from gpuheal_dev.demo_job.model import PARAM_NAMES, Array, ModelConfig
 
-log = logging.getLogger("gpuheal.demo_job")
+log = logging.getLogger("gpuheal_dev.demo_job")
 
 FORMAT_VERSION = 1
 _NAME_RE = re.compile(r"^step-(\d{8})\.npz$")

@@ -15,12 +15,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpuheal.sandbox.kube import ControlPlane, cluster_bin_dir
-from gpuheal.sandbox.process import SandboxError
+from gpuheal_dev.sandbox.kube import ControlPlane, cluster_bin_dir
+from gpuheal_dev.sandbox.process import SandboxError
 
 __all__ = ["Sandbox", "SandboxConfig", "SandboxError", "default_root"]
 
-log = logging.getLogger("gpuheal.sandbox")
+log = logging.getLogger("gpuheal_dev.sandbox")
 
 
 def default_root() -> Path:
@@ -49,7 +49,7 @@ class SandboxConfig:
 class Sandbox:
     config: SandboxConfig
     control_plane: ControlPlane
-    slurm: Any = None  # gpuheal.sandbox.slurm.SlurmCluster when config.slurm
+    slurm: Any = None  # gpuheal_dev.sandbox.slurm.SlurmCluster when config.slurm
     started_at: float = 0.0
     timings: dict[str, float] = field(default_factory=dict)
 
@@ -80,7 +80,7 @@ class Sandbox:
     @classmethod
     def up(cls, config: SandboxConfig | None = None) -> Sandbox:
         """Start everything, create the GPU nodes, return when all are ready."""
-        from gpuheal.sandbox.nodes import create_gpu_nodes, wait_nodes_ready
+        from gpuheal_dev.sandbox.nodes import create_gpu_nodes, wait_nodes_ready
 
         config = config or SandboxConfig()
         t0 = time.monotonic()
@@ -105,7 +105,7 @@ class Sandbox:
                 len(config.spare_names),
             )
             if config.slurm:
-                from gpuheal.sandbox.slurm import SlurmCluster
+                from gpuheal_dev.sandbox.slurm import SlurmCluster
 
                 sandbox.slurm = SlurmCluster(
                     config.root / "slurm",
@@ -133,7 +133,7 @@ class Sandbox:
         config = SandboxConfig(root=root, **data.get("config", {}))
         sandbox = cls(config=config, control_plane=cp, started_at=data.get("started_at", 0.0))
         if config.slurm and (root / "slurm").exists():
-            from gpuheal.sandbox.slurm import SlurmCluster
+            from gpuheal_dev.sandbox.slurm import SlurmCluster
 
             sandbox.slurm = SlurmCluster.attach(root / "slurm")
         return sandbox

@@ -21,11 +21,11 @@ from typing import Any
 
 import yaml
 
-from gpuheal.sandbox._proc import free_tcp_ports, pid_alive, stop_pid
-from gpuheal.sandbox.pki import Pki, create_pki, issue_client_cert
-from gpuheal.sandbox.process import SandboxError, spawn, wait_ready
+from gpuheal_dev.sandbox._proc import free_tcp_ports, pid_alive, stop_pid
+from gpuheal_dev.sandbox.pki import Pki, create_pki, issue_client_cert
+from gpuheal_dev.sandbox.process import SandboxError, spawn, wait_ready
 
-log = logging.getLogger("gpuheal.sandbox")
+log = logging.getLogger("gpuheal_dev.sandbox")
 
 # Nodes carrying this annotation are the ones kwok acts as kubelet for.
 KWOK_NODE_ANNOTATION = "kwok.x-k8s.io/node"

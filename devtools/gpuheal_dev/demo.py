@@ -36,15 +36,15 @@ from typing import Any
 
 import yaml
 
-from gpuheal.demo_job import METRICS_FILE, ModelConfig, RunConfig, write_sbatch
-from gpuheal.demo_job.metrics import MetricsTail, Record, describe, read_records
-from gpuheal.demo_job.slurm import JobInfo, job_info, submit
 from gpuheal.incident import CLAIMED_BY_LABEL, CORDONED_BY_ANNOTATION
-from gpuheal.sandbox import Sandbox, SandboxConfig
-from gpuheal.sandbox._proc import free_tcp_ports, pid_alive
-from gpuheal.sandbox.process import spawn
 from gpuheal.simulate import kernel_line, simulate_xid
-from gpuheal.timeline import Timeline, build_timeline, incident_report, job_events, render_png
+from gpuheal_dev.demo_job import METRICS_FILE, ModelConfig, RunConfig, write_sbatch
+from gpuheal_dev.demo_job.metrics import MetricsTail, Record, describe, read_records
+from gpuheal_dev.demo_job.slurm import JobInfo, job_info, submit
+from gpuheal_dev.sandbox import Sandbox, SandboxConfig
+from gpuheal_dev.sandbox._proc import free_tcp_ports, pid_alive
+from gpuheal_dev.sandbox.process import spawn
+from gpuheal_dev.timeline import Timeline, build_timeline, incident_report, job_events, render_png
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "examples"
@@ -235,7 +235,7 @@ def _completed(s: Snapshot, sc: Scene) -> str | None:
     return f"Completed={c.get('reason')}, replacement {inc['status'].get('replacementNode')}"
 
 
-#: What the demo waits to see after the fault, in story order (names as gpuheal.timeline's).
+#: What the demo waits to see after the fault, in story order (names as gpuheal_dev.timeline's).
 MILESTONES: tuple[tuple[str, Check, str], ...] = (  # (name, check, what it reads)
     ("detected", _detected, "incidents"),
     ("cordoned", _cordoned, "nodes"),
@@ -366,7 +366,7 @@ class Demo:
                 stale.unlink()
         self.logs.mkdir(parents=True, exist_ok=True)
         self.say("  starting etcd, kube-apiserver, controller-manager, scheduler, kwok, Slurm ...")
-        quiet = logging.getLogger("gpuheal.sandbox")
+        quiet = logging.getLogger("gpuheal_dev.sandbox")
         level = quiet.level
         quiet.setLevel(logging.WARNING)
         try:
@@ -919,7 +919,7 @@ def _wait(
 def demo_root(root: Path) -> Path:
     """``root``, or a short temporary directory when ``root`` is too deep for Slurm's unix
     sockets (``check_socket_paths``)."""
-    from gpuheal.sandbox.slurm import SlurmLayout, check_socket_paths
+    from gpuheal_dev.sandbox.slurm import SlurmLayout, check_socket_paths
 
     names = [*SandboxConfig().node_names, *SandboxConfig().spare_names]
     try:

@@ -10,20 +10,20 @@ logic imitates the usual PyTorch pattern (Crusoe's self-healing Slurm guide, Kem
 launch scripts): ``#SBATCH --requeue --open-mode=append``, resume from the newest checkpoint on
 start, ``SLURM_RESTART_COUNT`` logged, a signal handler that checkpoints before Slurm kills us.
 
-    python -m gpuheal.demo_job --workdir DIR --steps 300 --ckpt-every 20 --step-seconds 0.15
-    python -m gpuheal.demo_job --workdir DIR ... --sbatch > job.sh   # the batch script
+    python -m gpuheal_dev.demo_job --workdir DIR --steps 300 --ckpt-every 20 --step-seconds 0.15
+    python -m gpuheal_dev.demo_job --workdir DIR ... --sbatch > job.sh   # the batch script
 
 Files in ``DIR``: ``ckpt/step-NNNNNNNN.npz`` (atomic; newest two kept), ``metrics.jsonl``
-(JSON lines, see :mod:`gpuheal.demo_job.metrics`), ``model.npz`` (final), ``slurm-<job>.out``.
+(JSON lines, see :mod:`gpuheal_dev.demo_job.metrics`), ``model.npz`` (final), ``slurm-<job>.out``.
 Determinism: data order is a function of (seed, step), the augmentation RNG's state is in the
 checkpoint, so a resumed run ends with a model bit-identical to an uninterrupted one.
 """
 
-from gpuheal.demo_job.checkpoint import CheckpointMismatch, TrainState, load_latest, load_state
-from gpuheal.demo_job.metrics import Run, read_records, split_runs, steps_lost
-from gpuheal.demo_job.model import ModelConfig
-from gpuheal.demo_job.sbatch import job_argv, render_sbatch, write_sbatch
-from gpuheal.demo_job.train import METRICS_FILE, MODEL_FILE, Outcome, RunConfig, train
+from gpuheal_dev.demo_job.checkpoint import CheckpointMismatch, TrainState, load_latest, load_state
+from gpuheal_dev.demo_job.metrics import Run, read_records, split_runs, steps_lost
+from gpuheal_dev.demo_job.model import ModelConfig
+from gpuheal_dev.demo_job.sbatch import job_argv, render_sbatch, write_sbatch
+from gpuheal_dev.demo_job.train import METRICS_FILE, MODEL_FILE, Outcome, RunConfig, train
 
 __all__ = [
     "METRICS_FILE",

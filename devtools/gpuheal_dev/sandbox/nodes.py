@@ -11,8 +11,8 @@ from typing import Any, cast
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from gpuheal.sandbox.kube import KWOK_NODE_ANNOTATION, KWOK_NODE_VALUE
-from gpuheal.sandbox.process import SandboxError
+from gpuheal_dev.sandbox.kube import KWOK_NODE_ANNOTATION, KWOK_NODE_VALUE
+from gpuheal_dev.sandbox.process import SandboxError
 
 GPU_PRODUCT = "NVIDIA-H100-80GB-HBM3"
 GPU_RESOURCE = "nvidia.com/gpu"

@@ -17,7 +17,7 @@ from collections.abc import Callable, Collection, Iterable, Mapping
 from pathlib import Path
 from typing import TypeVar
 
-log = logging.getLogger("gpuheal.sandbox")
+log = logging.getLogger("gpuheal_dev.sandbox")
 
 T = TypeVar("T")
 

@@ -1,4 +1,4 @@
-"""``python -m gpuheal.demo_job``: train (resuming), or print the sbatch script with --sbatch."""
+"""``python -m gpuheal_dev.demo_job``: train (resuming), or print its sbatch script (--sbatch)."""
 
 from __future__ import annotations
 
@@ -13,11 +13,11 @@ from pathlib import Path  # noqa: E402
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from gpuheal.demo_job.model import ModelConfig
+    from gpuheal_dev.demo_job.model import ModelConfig
 
     d = ModelConfig()
     p = argparse.ArgumentParser(
-        prog="python -m gpuheal.demo_job",
+        prog="python -m gpuheal_dev.demo_job",
         description="Tiny NumPy MLP that checkpoints atomically and resumes after a requeue.",
     )
     p.add_argument("--workdir", type=Path, required=True, help="checkpoints, metrics, model")
@@ -40,9 +40,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from gpuheal.demo_job.model import ModelConfig
-    from gpuheal.demo_job.sbatch import render_sbatch
-    from gpuheal.demo_job.train import RunConfig, train
+    from gpuheal_dev.demo_job.model import ModelConfig
+    from gpuheal_dev.demo_job.sbatch import render_sbatch
+    from gpuheal_dev.demo_job.train import RunConfig, train
 
     args = build_parser().parse_args(argv)
     cfg = ModelConfig(

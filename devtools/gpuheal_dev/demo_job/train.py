@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 
-from gpuheal.demo_job.checkpoint import (
+from gpuheal_dev.demo_job.checkpoint import (
     TrainState,
     atomic_savez,
     load_latest,
@@ -31,8 +31,8 @@ from gpuheal.demo_job.checkpoint import (
     save_checkpoint,
     state_arrays,
 )
-from gpuheal.demo_job.metrics import MetricsWriter
-from gpuheal.demo_job.model import (
+from gpuheal_dev.demo_job.metrics import MetricsWriter
+from gpuheal_dev.demo_job.model import (
     PARAM_NAMES,
     ModelConfig,
     accuracy,
@@ -44,7 +44,7 @@ from gpuheal.demo_job.model import (
     zeros_like,
 )
 
-log = logging.getLogger("gpuheal.demo_job")
+log = logging.getLogger("gpuheal_dev.demo_job")
 
 MODEL_FILE = "model.npz"
 METRICS_FILE = "metrics.jsonl"

@@ -6,7 +6,7 @@ import subprocess
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from gpuheal.sandbox._proc import WaitTimeout, log_tail, pid_alive, wait_for
+from gpuheal_dev.sandbox._proc import WaitTimeout, log_tail, pid_alive, wait_for
 
 
 class SandboxError(RuntimeError):

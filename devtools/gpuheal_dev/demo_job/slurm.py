@@ -2,7 +2,7 @@
 
 Used by the integration tests, the recovery benchmarks and the demo. ``slurm`` is anything
 with ``run(*args, check=..., timeout=...)`` returning a ``CompletedProcess[str]``, e.g. the
-sandbox's :class:`~gpuheal.sandbox.slurm.SlurmCluster`.
+sandbox's :class:`~gpuheal_dev.sandbox.slurm.SlurmCluster`.
 
 ``scontrol_recover`` is the baseline without the operator or the bridge, the commands an admin
 would type: ``scontrol update NodeName=X State=DRAIN Reason=...``, optionally a checkpoint signal
@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, TypeVar
 
-from gpuheal.demo_job.metrics import Record, read_records
+from gpuheal_dev.demo_job.metrics import Record, read_records
 
 T = TypeVar("T")
 
@@ -155,7 +155,7 @@ class RecoveryTimes:
     node_after: str
 
     def events(self) -> list[tuple[str, float]]:
-        """(name, time) pairs for :func:`gpuheal.timeline.build_timeline`."""
+        """(name, time) pairs for :func:`gpuheal_dev.timeline.build_timeline`."""
         named = [
             ("fault", self.fault),
             ("slurm drained", self.drained),
@@ -250,9 +250,9 @@ def serve_bridge(
     commands (``SlurmCluster.subprocess_env()``). For tests and benchmarks."""
     import uvicorn
 
-    from gpuheal.sandbox._proc import free_tcp_ports
     from gpuheal_bridge.backends.cli import CliBackend
     from gpuheal_bridge.server.app import BridgeSettings, create_app
+    from gpuheal_dev.sandbox._proc import free_tcp_ports
 
     state_dir.mkdir(parents=True, exist_ok=True)
     app = create_app(

@@ -3,7 +3,7 @@
 The demo (and the end-to-end test, and the benchmarks) collect ``(name, unix_time)`` pairs as
 they see each step happen (the injected fault, the cordon seen in a watch, the Slurm drain, the
 requeue, ...), optionally with a detail string. The training job's own metrics file
-(:mod:`gpuheal.demo_job.metrics`) adds what only the job knows: its last checkpoint before the
+(:mod:`gpuheal_dev.demo_job.metrics`) adds what only the job knows: its last checkpoint before the
 fault, when it restarted from a checkpoint and where, its first step after that, its end.
 
     events = [("fault", t0, "XID 79 on gpu-node-1"), ("cordoned", t1), ...]
@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from gpuheal.demo_job.metrics import Record, Run, read_records, split_runs, steps_lost
+from gpuheal_dev.demo_job.metrics import Record, Run, read_records, split_runs, steps_lost
 
 #: The steps of the remediation story, in the order they should happen.
 STORY: tuple[str, ...] = (

@@ -14,16 +14,16 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from gpuheal.demo_job.model import ModelConfig
-from gpuheal.demo_job.train import RunConfig
+from gpuheal_dev.demo_job.model import ModelConfig
+from gpuheal_dev.demo_job.train import RunConfig
 
 
 def job_argv(cfg: ModelConfig, run: RunConfig, python: str | None = None) -> list[str]:
-    """The ``python -m gpuheal.demo_job ...`` command for this config."""
+    """The ``python -m gpuheal_dev.demo_job ...`` command for this config."""
     argv = [
         python or sys.executable,
         "-m",
-        "gpuheal.demo_job",
+        "gpuheal_dev.demo_job",
         "--workdir",
         str(run.workdir),
         "--steps",

@@ -1,0 +1,2 @@
+"""gpuheal development tooling (never shipped): the local sandbox, the demo, its training job
+and the incident timeline plots."""
