@@ -229,7 +229,7 @@ def test_double_start_refused_and_attach_stops(slurm_cluster: SlurmCluster) -> N
         again.start()
     assert slurm_cluster.node_states() == dict.fromkeys(SLURM_TEST_NODES, "idle")
 
-    attached = SlurmCluster.attach(slurm_cluster.root)  # as `gpuheal sandbox down` would
+    attached = SlurmCluster.attach(slurm_cluster.root)  # as `gpuheal-dev sandbox down` would
     assert attached.node_ports == slurm_cluster.node_ports
     assert attached.status().nodes == dict.fromkeys(SLURM_TEST_NODES, "idle")
     attached.stop()

@@ -1,7 +1,7 @@
 """The local sandbox: a real Kubernetes control plane with fake GPU nodes (kwok) and a real
 Slurm cluster whose node names equal the Kubernetes node names.
 
-Used by ``make demo``, ``gpuheal sandbox up|down|status``, the integration tests and the
+Used by ``make demo``, ``gpuheal-dev sandbox up|down|status``, the integration tests and the
 benchmarks. Everything lives under one directory and is stopped by PID.
 """
 

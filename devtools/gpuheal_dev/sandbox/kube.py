@@ -116,7 +116,7 @@ class ControlPlane:
         on_disk = ControlPlane.load(self.root)
         if any(self.running().values()) or (on_disk and any(on_disk.running().values())):
             raise SandboxError(
-                f"a sandbox under {self.root.parent} is running: `gpuheal sandbox down` first"
+                f"a sandbox under {self.root.parent} is running: `gpuheal-dev sandbox down` first"
             )
         t0 = time.monotonic()
 

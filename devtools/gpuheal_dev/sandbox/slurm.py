@@ -442,7 +442,7 @@ class SlurmCluster:
         self._popens: dict[str, subprocess.Popen[bytes]] = {}
         self._t0 = time.monotonic()
 
-    # ---- construction from a running cluster (e.g. `gpuheal sandbox down` in a new process)
+    # ---- construction from a running cluster (e.g. `gpuheal-dev sandbox down` in a new process)
 
     @classmethod
     def attach(cls, root: Path) -> SlurmCluster:
