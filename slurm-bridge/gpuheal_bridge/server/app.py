@@ -23,10 +23,9 @@ from typing import Annotated, Any
 from fastapi import FastAPI, Header, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.routing import Match
+from starlette.routing import Match, Route
 
 from gpuheal_bridge.api.models import (
     DrainRequest,
@@ -57,7 +56,7 @@ from gpuheal_bridge.server.idempotency import (
     fingerprint,
     valid_key,
 )
-from gpuheal_bridge.server.metrics import Metrics, result_label
+from gpuheal_bridge.server.metrics import Metrics, MetricsEndpoint, result_label
 
 REPLAYED_HEADER = "Idempotency-Replayed"
 IdemKey = Annotated[
@@ -313,10 +312,9 @@ def create_app(settings: BridgeSettings) -> FastAPI:  # noqa: PLR0915 - routes a
         headers = {} if up else {"Retry-After": str(int(settings.retry_after))}
         return JSONResponse(body.model_dump(mode="json"), 200 if up else 503, headers=headers)
 
-    @app.get("/metrics", tags=["probes"], response_class=Response)
-    async def metrics_endpoint() -> Response:
-        """Prometheus text format."""
-        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+    app.router.routes.append(
+        Route("/metrics", MetricsEndpoint(metrics), methods=["GET"], name="metrics_endpoint")
+    )
 
     # ---- /v1 -------------------------------------------------------------------------------
     @app.get("/v1/nodes/{node}", response_model=NodeState, responses=_ERRORS, tags=["nodes"])
