@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -57,11 +58,16 @@ M = TypeVar("M", bound=BaseModel)
 RETRY_STATUSES = frozenset({429, 502, 503, 504})
 
 
+@dataclass(eq=False)  # exceptions compare and hash by identity
 class BridgeError(Exception):
-    def __init__(self, message: str, status: int | None = None, error: ErrorResponse | None = None):
-        super().__init__(message)
-        self.status = status
-        self.error = error
+    """The bridge refused, or could not be reached; ``status`` and ``error`` when it answered."""
+
+    message: str
+    status: int | None = None
+    error: ErrorResponse | None = None
+
+    def __post_init__(self) -> None:
+        super().__init__(self.message)  # str(), args and pickling as for any exception
 
 
 class BridgeUnauthorized(BridgeError):
@@ -84,18 +90,11 @@ class BridgeUnsupported(BridgeError):
     pass
 
 
+@dataclass(eq=False)
 class BridgeUnavailable(BridgeError):
     """Bridge or slurmctld unreachable after all retries; ``retry_after`` when the bridge said."""
 
-    def __init__(
-        self,
-        message: str,
-        status: int | None = None,
-        error: ErrorResponse | None = None,
-        retry_after: float | None = None,
-    ) -> None:
-        super().__init__(message, status, error)
-        self.retry_after = retry_after
+    retry_after: float | None = None
 
 
 _BY_STATUS: dict[int, type[BridgeError]] = {
