@@ -3,28 +3,41 @@
 - Bearer token on every request.
 - One ``Idempotency-Key`` per logical call (generated unless given), reused by its retries,
   so a retried drain/requeue is answered from the bridge's store instead of acting twice.
-- Retries with exponential backoff and jitter on connection errors, timeouts, 502/503/504
-  and 429, honouring ``Retry-After`` (capped by ``max_backoff``).
+- Retries (tenacity) with full-jitter exponential backoff on connection errors, timeouts,
+  502/503/504 and 429; a ``Retry-After`` header is the floor of the wait (capped by
+  ``max_backoff``).
 - Timeouts: ``timeout`` per request, extended for calls that wait on Slurm (checkpoint
   grace, waiting for the job to run again).
 - Errors are typed: :class:`BridgeNotFound`, :class:`BridgeConflict` (someone else's drain),
   :class:`BridgeInvalid`, :class:`BridgeUnauthorized`, :class:`BridgeUnavailable` (retry
   later), :class:`BridgeUnsupported`; all subclass :class:`BridgeError`.
 
-It imports only the API models, httpx and the standard library.
+It imports only the API models, httpx, tenacity and the standard library.
+
+Why tenacity (over stamina, which is built on it): the client takes an injectable ``sleep``
+so tests check the waits without waiting, and the wait is tenacity's jittered exponential
+with the server's Retry-After as a floor; stamina fixes its own sleep and uses a returned
+Retry-After *instead of* its backoff.
 """
 
 from __future__ import annotations
 
 import asyncio
-import random
 import uuid
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, TypeVar
 
 import httpx
 from pydantic import BaseModel, ValidationError
+from tenacity import (
+    AsyncRetrying,
+    RetryCallState,
+    retry_if_exception_type,
+    stop_after_attempt,
+    wait_random_exponential,
+)
 
 from gpuheal_bridge.api.models import (
     DrainRequest,
@@ -45,11 +58,16 @@ M = TypeVar("M", bound=BaseModel)
 RETRY_STATUSES = frozenset({429, 502, 503, 504})
 
 
+@dataclass(eq=False)  # exceptions compare and hash by identity
 class BridgeError(Exception):
-    def __init__(self, message: str, status: int | None = None, error: ErrorResponse | None = None):
-        super().__init__(message)
-        self.status = status
-        self.error = error
+    """The bridge refused, or could not be reached; ``status`` and ``error`` when it answered."""
+
+    message: str
+    status: int | None = None
+    error: ErrorResponse | None = None
+
+    def __post_init__(self) -> None:
+        super().__init__(self.message)  # str(), args and pickling as for any exception
 
 
 class BridgeUnauthorized(BridgeError):
@@ -72,18 +90,11 @@ class BridgeUnsupported(BridgeError):
     pass
 
 
+@dataclass(eq=False)
 class BridgeUnavailable(BridgeError):
     """Bridge or slurmctld unreachable after all retries; ``retry_after`` when the bridge said."""
 
-    def __init__(
-        self,
-        message: str,
-        status: int | None = None,
-        error: ErrorResponse | None = None,
-        retry_after: float | None = None,
-    ) -> None:
-        super().__init__(message, status, error)
-        self.retry_after = retry_after
+    retry_after: float | None = None
 
 
 _BY_STATUS: dict[int, type[BridgeError]] = {
@@ -106,19 +117,19 @@ def parse_retry_after(value: str | None) -> float | None:
         return None
 
 
-def backoff_delay(
-    attempt: int,
-    *,
-    base: float,
-    cap: float,
-    retry_after: float | None,
-    rand: Callable[[], float] = random.random,
-) -> float:
-    """Full-jitter exponential backoff; a server's Retry-After is the floor (capped)."""
-    delay = rand() * min(cap, base * float(1 << attempt))
-    if retry_after is not None:
-        delay = max(delay, min(retry_after, cap))
-    return delay
+def retry_wait(base: float, cap: float) -> Callable[[RetryCallState], float]:
+    """tenacity wait: full-jitter exponential backoff; a server's Retry-After is the floor
+    (capped)."""
+    jitter = wait_random_exponential(multiplier=base, max=cap)
+
+    def wait(state: RetryCallState) -> float:
+        delay = jitter(state)
+        exc = state.outcome.exception() if state.outcome else None
+        if isinstance(exc, BridgeUnavailable) and exc.retry_after is not None:
+            delay = max(delay, min(exc.retry_after, cap))
+        return delay
+
+    return wait
 
 
 class BridgeClient:
@@ -136,10 +147,13 @@ class BridgeClient:
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
         self.timeout = timeout
-        self.retries = retries
-        self.backoff = backoff
-        self.max_backoff = max_backoff
-        self._sleep = sleep
+        self._retrying = AsyncRetrying(
+            stop=stop_after_attempt(retries + 1),
+            wait=retry_wait(backoff, max_backoff),
+            retry=retry_if_exception_type(BridgeUnavailable),
+            sleep=sleep,
+            reraise=True,  # the last BridgeUnavailable, not tenacity's RetryError
+        )
         self._http = httpx.AsyncClient(
             base_url=base_url.rstrip("/"),
             headers={"Authorization": f"Bearer {token}", "User-Agent": "gpuheal-bridge-client"},
@@ -187,14 +201,8 @@ class BridgeClient:
         idempotency_key: str | None = None,
     ) -> DrainResponse:
         body = DrainRequest(incident=incident, xid=xid, requeue=requeue)
-        return await self._call(
-            "POST",
-            f"/v1/nodes/{node}/drain",
-            DrainResponse,
-            body=body,
-            key=idempotency_key or _new_key(),
-            extra_timeout=_wait_budget(requeue),
-        )
+        path = f"/v1/nodes/{node}/drain"
+        return await self._post(path, DrainResponse, body, idempotency_key, _wait_budget(requeue))
 
     async def resume(
         self,
@@ -205,13 +213,7 @@ class BridgeClient:
         idempotency_key: str | None = None,
     ) -> ResumeResponse:
         body = ResumeRequest(incident=incident, force=force)
-        return await self._call(
-            "POST",
-            f"/v1/nodes/{node}/resume",
-            ResumeResponse,
-            body=body,
-            key=idempotency_key or _new_key(),
-        )
+        return await self._post(f"/v1/nodes/{node}/resume", ResumeResponse, body, idempotency_key)
 
     async def requeue_job(
         self,
@@ -223,16 +225,24 @@ class BridgeClient:
     ) -> JobResult:
         opts = options or RequeueOptions()
         body = JobRequeueRequest(**opts.model_dump(), from_node=from_node)
-        return await self._call(
-            "POST",
-            f"/v1/jobs/{int(job_id)}/requeue",
-            JobResult,
-            body=body,
-            key=idempotency_key or _new_key(),
-            extra_timeout=_wait_budget(opts),
-        )
+        path = f"/v1/jobs/{int(job_id)}/requeue"
+        return await self._post(path, JobResult, body, idempotency_key, _wait_budget(opts))
 
     # ---- transport -----------------------------------------------------------------------------
+    async def _post(
+        self,
+        path: str,
+        model: type[M],
+        body: BaseModel,
+        idempotency_key: str | None,
+        extra_timeout: float = 0.0,
+    ) -> M:
+        """A mutation: one Idempotency-Key for the call and all its retries."""
+        key = idempotency_key or _new_key()
+        return await self._call(
+            "POST", path, model, body=body, key=key, extra_timeout=extra_timeout
+        )
+
     async def _call(
         self,
         method: str,
@@ -243,39 +253,30 @@ class BridgeClient:
         key: str | None = None,
         extra_timeout: float = 0.0,
     ) -> M:
+        """One logical call; retried (same key) while it raises BridgeUnavailable."""
         headers = {"Idempotency-Key": key} if key else {}
         payload: Any = body.model_dump(mode="json", exclude_none=True) if body else None
         timeout = self.timeout + extra_timeout
-        last: BridgeError | None = None
-        for attempt in range(self.retries + 1):
-            retry_after: float | None = None
+
+        async def attempt() -> M:
             try:
                 resp = await self._http.request(
                     method, path, json=payload, headers=headers, timeout=timeout
                 )
             except httpx.TransportError as exc:  # connect/read errors and timeouts
-                last = BridgeUnavailable(f"{method} {path}: {type(exc).__name__}: {exc}")
-            else:
-                if resp.status_code < 400:
-                    return model.model_validate(resp.json())
-                error = _error_body(resp)
-                message = f"{method} {path}: {resp.status_code} " + (
-                    error.message if error else resp.text[:200]
-                )
-                if resp.status_code not in RETRY_STATUSES:
-                    raise _BY_STATUS.get(resp.status_code, BridgeError)(
-                        message, resp.status_code, error
-                    )
+                raise BridgeUnavailable(f"{method} {path}: {type(exc).__name__}: {exc}") from exc
+            if resp.status_code < 400:
+                return model.model_validate(resp.json())
+            error = _error_body(resp)
+            message = f"{method} {path}: {resp.status_code} " + (
+                error.message if error else resp.text[:200]
+            )
+            if resp.status_code in RETRY_STATUSES:
                 retry_after = parse_retry_after(resp.headers.get("Retry-After"))
-                last = BridgeUnavailable(message, resp.status_code, error, retry_after)
-            if attempt < self.retries:
-                await self._sleep(
-                    backoff_delay(
-                        attempt, base=self.backoff, cap=self.max_backoff, retry_after=retry_after
-                    )
-                )
-        assert last is not None
-        raise last
+                raise BridgeUnavailable(message, resp.status_code, error, retry_after)
+            raise _BY_STATUS.get(resp.status_code, BridgeError)(message, resp.status_code, error)
+
+        return await self._retrying.copy()(attempt)
 
 
 def _error_body(resp: httpx.Response) -> ErrorResponse | None:

@@ -115,34 +115,22 @@ class Operations:
     # ---- drain / resume ------------------------------------------------------------------
     async def drain(self, k8s_name: str, slurm_name: str, req: DrainRequest) -> DrainResponse:
         async with self.lock(f"node:{slurm_name}"):
-            before = await self.backend.get_node(slurm_name)
-            previous = node_state(k8s_name, before)
-            if previous.owner is Owner.OTHER:
-                return DrainResponse(
-                    node=k8s_name,
-                    slurm_node=slurm_name,
-                    outcome=DrainOutcome.DRAINED_BY_OTHER,
-                    owner=Owner.OTHER,
-                    previous=previous,
-                    current=previous,
-                    jobs_skipped_reason="node drained/down by someone else: left untouched"
-                    if req.requeue
-                    else None,
-                )
-            if previous.owner is Owner.GPUHEAL:
-                outcome, current = DrainOutcome.ALREADY_DRAINED, previous
-            else:
-                await self.backend.drain(slurm_name, build_reason(req.incident, req.xid))
-                current = node_state(k8s_name, await self.backend.get_node(slurm_name))
-                outcome = DrainOutcome.DRAINED
+            previous = node_state(k8s_name, await self.backend.get_node(slurm_name))
+            current, skipped = previous, None
             results: list[JobResult] = []
-            if req.requeue is not None:
-                running = await self.backend.jobs_on_node(slurm_name)
-                results = list(
-                    await asyncio.gather(
-                        *(self._requeue_locked(j.job_id, req.requeue, slurm_name) for j in running)
-                    )
-                )
+            if previous.owner is Owner.OTHER:
+                outcome = DrainOutcome.DRAINED_BY_OTHER
+                if req.requeue:
+                    skipped = "node drained/down by someone else: left untouched"
+            else:
+                if previous.owner is Owner.GPUHEAL:
+                    outcome = DrainOutcome.ALREADY_DRAINED
+                else:
+                    await self.backend.drain(slurm_name, build_reason(req.incident, req.xid))
+                    current = node_state(k8s_name, await self.backend.get_node(slurm_name))
+                    outcome = DrainOutcome.DRAINED
+                if req.requeue is not None:
+                    results = await self._requeue_all(slurm_name, req.requeue)
             return DrainResponse(
                 node=k8s_name,
                 slurm_node=slurm_name,
@@ -151,7 +139,17 @@ class Operations:
                 previous=previous,
                 current=current,
                 jobs=results,
+                jobs_skipped_reason=skipped,
             )
+
+    async def _requeue_all(self, slurm_name: str, opts: RequeueOptions) -> list[JobResult]:
+        """Requeue every unfinished job on the node, concurrently (each under its job lock)."""
+        running = await self.backend.jobs_on_node(slurm_name)
+        return list(
+            await asyncio.gather(
+                *(self._requeue_locked(j.job_id, opts, slurm_name) for j in running)
+            )
+        )
 
     async def resume(self, k8s_name: str, slurm_name: str, req: ResumeRequest) -> ResumeResponse:
         async with self.lock(f"node:{slurm_name}"):

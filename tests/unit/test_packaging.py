@@ -145,7 +145,7 @@ def test_bridge_wheel_requires_no_kubernetes_client_even_with_extras(bridge_whee
         for r in requires
         if r.marker is not None and r.marker.evaluate({"extra": "server"})
     }
-    assert base == {"pydantic", "httpx"}, "the base install is the API models and the client"
+    assert base == {"pydantic", "httpx", "tenacity"}, "the base is the API models and the client"
     assert {"fastapi", "uvicorn", "prometheus-client"} <= server
 
 

@@ -1,55 +1,5 @@
-"""The bridge's API models, shared with the operator's client (no FastAPI, no backends)."""
+"""The bridge's API models, shared with the operator's client (no FastAPI, no backends).
 
-from gpuheal_bridge.api.models import (
-    REASON_PREFIX,
-    CheckpointSignal,
-    DrainOutcome,
-    DrainRequest,
-    DrainResponse,
-    ErrorCode,
-    ErrorResponse,
-    Health,
-    JobOutcome,
-    JobRequeueRequest,
-    JobResult,
-    JobsResponse,
-    JobState,
-    NodeState,
-    Owner,
-    Readiness,
-    RequeueMode,
-    RequeueOptions,
-    ResumeOutcome,
-    ResumeRequest,
-    ResumeResponse,
-    SignalTarget,
-)
-from gpuheal_bridge.api.names import InvalidName, validate_job_id, validate_node_name
-
-__all__ = [
-    "REASON_PREFIX",
-    "CheckpointSignal",
-    "DrainOutcome",
-    "DrainRequest",
-    "DrainResponse",
-    "ErrorCode",
-    "ErrorResponse",
-    "Health",
-    "InvalidName",
-    "JobOutcome",
-    "JobRequeueRequest",
-    "JobResult",
-    "JobState",
-    "JobsResponse",
-    "NodeState",
-    "Owner",
-    "Readiness",
-    "RequeueMode",
-    "RequeueOptions",
-    "ResumeOutcome",
-    "ResumeRequest",
-    "ResumeResponse",
-    "SignalTarget",
-    "validate_job_id",
-    "validate_node_name",
-]
+Import them from their modules: :mod:`gpuheal_bridge.api.models` (requests, responses,
+errors) and :mod:`gpuheal_bridge.api.names` (node name and job id grammar).
+"""

@@ -7,6 +7,7 @@ idempotency, the requeue sequence (signal, grace, requeue, exclude, expedite) li
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Protocol, runtime_checkable
@@ -36,6 +37,23 @@ class Rejected(BackendError):
 
 class Unsupported(BackendError):
     """The backend cannot do this against the connected Slurm (capability error)."""
+
+
+def error_for(
+    message: str,
+    *,
+    unavailable: re.Pattern[str],
+    not_found: re.Pattern[str],
+    text: str | None = None,
+) -> BackendError:
+    """Slurm's words (``text``, else ``message``) -> the error to raise: Unavailable (retry
+    later) over NotFound over Rejected. Each backend brings the patterns its Slurm says."""
+    said = message if text is None else text
+    if unavailable.search(said):
+        return Unavailable(message)
+    if not_found.search(said):
+        return NotFound(message)
+    return Rejected(message)
 
 
 class Capability(StrEnum):

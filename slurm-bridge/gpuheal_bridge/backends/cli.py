@@ -25,9 +25,9 @@ from gpuheal_bridge.backends.base import (
     JobProbe,
     NotFound,
     Ping,
-    Rejected,
     SlurmNode,
     Unavailable,
+    error_for,
 )
 from gpuheal_bridge.backends.parse import (
     PROBE_FORMAT,
@@ -64,12 +64,12 @@ class CommandResult:
 
 def classify_failure(result: CommandResult) -> BackendError:
     """Map a failed Slurm command to NotFound / Unavailable / Rejected by its message."""
-    text = f"{result.stderr}\n{result.stdout}"
-    if _UNAVAILABLE.search(text):
-        return Unavailable(result.message)
-    if _NOT_FOUND.search(text):
-        return NotFound(result.message)
-    return Rejected(result.message)
+    return error_for(
+        result.message,
+        text=f"{result.stderr}\n{result.stdout}",
+        unavailable=_UNAVAILABLE,
+        not_found=_NOT_FOUND,
+    )
 
 
 class CliBackend:

@@ -41,6 +41,7 @@ from gpuheal_bridge.backends.base import (
     SlurmNode,
     Unavailable,
     Unsupported,
+    error_for,
 )
 from gpuheal_bridge.backends.parse import jobs_on, node_from_json, parse_jobs_json
 
@@ -237,11 +238,9 @@ def _checked(resp: httpx.Response, allow_error: bool) -> dict[str, Any]:
     if errors:
         text = "; ".join(str(e.get("description") or e.get("error") or e) for e in errors)
         codes = " ".join(str(e.get("error") or "") for e in errors)
-        if _NOT_FOUND.search(text + " " + codes):
-            raise NotFound(text)
-        if _DOWN.search(text + " " + codes):
-            raise Unavailable(f"slurmrestd: {text}")
-        raise Rejected(f"slurmrestd: {text}")
+        raise error_for(
+            f"slurmrestd: {text}", text=f"{text} {codes}", unavailable=_DOWN, not_found=_NOT_FOUND
+        )
     if resp.status_code >= 400 and not allow_error:
         raise Unavailable(f"slurmrestd {resp.status_code}")
     if resp.status_code >= 500:

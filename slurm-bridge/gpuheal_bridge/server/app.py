@@ -18,15 +18,14 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 from fastapi import FastAPI, Header, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.routing import Match
+from starlette.routing import Match, Route
 
 from gpuheal_bridge.api.models import (
     DrainRequest,
@@ -57,8 +56,9 @@ from gpuheal_bridge.server.idempotency import (
     fingerprint,
     valid_key,
 )
-from gpuheal_bridge.server.metrics import Metrics, result_label
+from gpuheal_bridge.server.metrics import Metrics, MetricsEndpoint, result_label
 
+B = TypeVar("B", bound=BaseModel)
 REPLAYED_HEADER = "Idempotency-Replayed"
 IdemKey = Annotated[
     str | None,
@@ -177,7 +177,7 @@ def create_app(settings: BridgeSettings) -> FastAPI:  # noqa: PLR0915 - routes a
         request: Request, call_next: Callable[[Request], Awaitable[Response]]
     ) -> Response:
         t0 = time.perf_counter()
-        op = operation_of(request)
+        op = request.state.op = operation_of(request)
         if request.url.path.startswith("/v1"):
             who = auth.who(request.headers.get("authorization"))
             if who is None:
@@ -223,13 +223,14 @@ def create_app(settings: BridgeSettings) -> FastAPI:  # noqa: PLR0915 - routes a
     async def mutate(
         request: Request,
         *,
-        op: str,
         target: str,
         body: BaseModel,
         key: str | None,
         action: Callable[[], Awaitable[BaseModel]],
     ) -> JSONResponse:
+        """Run ``action`` once per idempotency key, count its jobs, write the audit line."""
         who: str = request.state.who
+        op: str = request.state.op  # the route's name, set by the guard
         t0 = time.perf_counter()
         payload = body.model_dump(mode="json")
         fp = fingerprint(request.method, request.url.path, payload)
@@ -277,6 +278,19 @@ def create_app(settings: BridgeSettings) -> FastAPI:  # noqa: PLR0915 - routes a
         )
         return JSONResponse(out, status, headers=headers)
 
+    async def mutate_node(
+        request: Request,
+        node: str,
+        body: B,
+        key: str | None,
+        action: Callable[[str, str, B], Awaitable[BaseModel]],
+    ) -> JSONResponse:
+        """A mutation of one node: map its name to Slurm's first (422/404 before anything)."""
+        slurm = mapper.to_slurm(node)
+        return await mutate(
+            request, target=node, body=body, key=key, action=lambda: action(node, slurm, body)
+        )
+
     def _count_jobs(results: list[dict[str, Any]]) -> None:
         for r in results:
             metrics.jobs.labels(str(r.get("outcome"))).inc()
@@ -313,10 +327,9 @@ def create_app(settings: BridgeSettings) -> FastAPI:  # noqa: PLR0915 - routes a
         headers = {} if up else {"Retry-After": str(int(settings.retry_after))}
         return JSONResponse(body.model_dump(mode="json"), 200 if up else 503, headers=headers)
 
-    @app.get("/metrics", tags=["probes"], response_class=Response)
-    async def metrics_endpoint() -> Response:
-        """Prometheus text format."""
-        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+    app.router.routes.append(
+        Route("/metrics", MetricsEndpoint(metrics), methods=["GET"], name="metrics_endpoint")
+    )
 
     # ---- /v1 -------------------------------------------------------------------------------
     @app.get("/v1/nodes/{node}", response_model=NodeState, responses=_ERRORS, tags=["nodes"])
@@ -343,15 +356,7 @@ def create_app(settings: BridgeSettings) -> FastAPI:  # noqa: PLR0915 - routes a
         are still requeued when asked); a node drained or down by someone else is reported
         ``drained_by_other`` and left untouched (no reason change, no requeue).
         """
-        slurm = mapper.to_slurm(node)
-        return await mutate(
-            request,
-            op="drain_node",
-            target=node,
-            body=body,
-            key=idempotency_key,
-            action=lambda: ops.drain(node, slurm, body),
-        )
+        return await mutate_node(request, node, body, idempotency_key, ops.drain)
 
     @app.post(
         "/v1/nodes/{node}/resume", response_model=ResumeResponse, responses=_ERRORS, tags=["nodes"]
@@ -363,16 +368,8 @@ def create_app(settings: BridgeSettings) -> FastAPI:  # noqa: PLR0915 - routes a
         idempotency_key: IdemKey = None,
     ) -> JSONResponse:
         """RESUME only a drain gpuheal set (409 otherwise) unless ``force``; not drained: no-op."""
-        slurm = mapper.to_slurm(node)
         req = body or ResumeRequest()
-        return await mutate(
-            request,
-            op="resume_node",
-            target=node,
-            body=req,
-            key=idempotency_key,
-            action=lambda: ops.resume(node, slurm, req),
-        )
+        return await mutate_node(request, node, req, idempotency_key, ops.resume)
 
     @app.get("/v1/jobs/{job_id}", response_model=JobState, responses=_ERRORS, tags=["jobs"])
     async def get_job(job_id: str) -> JobState:
@@ -388,14 +385,12 @@ def create_app(settings: BridgeSettings) -> FastAPI:  # noqa: PLR0915 - routes a
         """Requeue one running batch job (see RequeueOptions); never revives a finished job."""
         jid = validate_job_id(job_id)
         from_node = mapper.to_slurm(body.from_node) if body.from_node else None
-        opts = body
         return await mutate(
             request,
-            op="requeue_job",
             target=str(jid),
             body=body,
             key=idempotency_key,
-            action=lambda: ops.requeue_job(jid, opts, from_node),
+            action=lambda: ops.requeue_job(jid, body, from_node),
         )
 
     return app

@@ -1,8 +1,22 @@
-"""Prometheus metrics of the bridge (own registry per app, so tests can build many apps)."""
+"""Prometheus metrics of the bridge (own registry per app, so tests can build many apps).
+
+``/metrics`` is prometheus-client's own ASGI app over that registry (content negotiation,
+OpenMetrics, gzip), with the process, platform and GC collectors registered next to ours.
+"""
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import (
+    GC_COLLECTOR,
+    PLATFORM_COLLECTOR,
+    PROCESS_COLLECTOR,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    make_asgi_app,
+)
+from starlette.types import Receive, Scope, Send
 
 BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 
@@ -10,6 +24,8 @@ BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120,
 class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
+        for collector in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR):
+            self.registry.register(collector)
         self.requests = Counter(
             "gpuheal_bridge_requests_total",
             "HTTP requests by operation and result.",
@@ -40,6 +56,21 @@ class Metrics:
             "1 when the last readiness check reached slurmctld.",
             registry=self.registry,
         )
+
+
+class MetricsEndpoint:
+    """prometheus-client's ASGI app, served by a Starlette ``Route`` at exactly ``/metrics``.
+
+    ``app.mount("/metrics", make_asgi_app())`` answers ``GET /metrics`` with a 307 to
+    ``/metrics/`` (prometheus/client_python#1016). A Route whose endpoint is not a plain
+    function is served as an ASGI app as it is, so this class only makes it one.
+    """
+
+    def __init__(self, metrics: Metrics) -> None:
+        self._app = make_asgi_app(registry=metrics.registry)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self._app(scope, receive, send)
 
 
 def result_label(status: int, replayed: bool) -> str:

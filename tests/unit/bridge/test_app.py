@@ -210,6 +210,20 @@ def test_metrics(client: TestClient) -> None:
     assert 'gpuheal_bridge_requests_total{operation="get_node",result="not_found"} 1.0' in text
     assert 'gpuheal_bridge_requests_total{operation="get_node",result="unauthorized"} 1.0' in text
     assert "gpuheal_bridge_request_duration_seconds_bucket" in text
+    assert "process_cpu_seconds_total" in text  # prometheus-client's process collector
+    assert "python_info{" in text
+
+
+def test_metrics_path_answers_without_redirect(client: TestClient) -> None:
+    """Prometheus scrapes ``/metrics`` as configured; a 307 to ``/metrics/`` is a lost scrape."""
+    resp = client.get("/metrics", follow_redirects=False)
+    assert resp.status_code == 200
+    assert resp.headers["content-type"].startswith("text/plain; version=0.0.4")
+    openmetrics = client.get(
+        "/metrics", headers={"Accept": "application/openmetrics-text; version=1.0.0"}
+    )
+    assert openmetrics.headers["content-type"].startswith("application/openmetrics-text")
+    assert openmetrics.text.rstrip().endswith("# EOF")
 
 
 def test_node_mapping_applies(slurm: FakeSlurm, tmp_path: Path) -> None:

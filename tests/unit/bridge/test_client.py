@@ -6,6 +6,7 @@ import json
 
 import httpx
 import pytest
+import tenacity
 
 from gpuheal_bridge.api.models import CheckpointSignal, RequeueOptions
 from gpuheal_bridge.client import (
@@ -15,8 +16,8 @@ from gpuheal_bridge.client import (
     BridgeNotFound,
     BridgeUnauthorized,
     BridgeUnavailable,
-    backoff_delay,
     parse_retry_after,
+    retry_wait,
 )
 
 NODE = {
@@ -124,10 +125,27 @@ async def test_explicit_key_and_requeue_body() -> None:
     assert req.extensions["timeout"]["read"] >= 30 + 20 + 30  # budget for grace + expedite
 
 
-def test_backoff_and_retry_after() -> None:
+def waited(
+    monkeypatch: pytest.MonkeyPatch,
+    attempt: int,
+    retry_after: float | None,
+    pick: str,
+) -> float:
+    """``retry_wait(0.5, 30)`` after ``attempt`` failed tries (0-based, as the loop counted
+    them), with tenacity's jitter pinned to the low or high end of its window."""
+    ends = {"low": lambda lo, hi: lo, "high": lambda lo, hi: hi}
+    monkeypatch.setattr(tenacity.wait.random, "uniform", ends[pick])
+    state = tenacity.RetryCallState(tenacity.AsyncRetrying(), None, (), {})
+    state.attempt_number = attempt + 1
+    exc = BridgeUnavailable("down", 503, retry_after=retry_after)
+    state.set_exception((BridgeUnavailable, exc, None))
+    return retry_wait(0.5, 30)(state)
+
+
+def test_backoff_and_retry_after(monkeypatch: pytest.MonkeyPatch) -> None:
     assert parse_retry_after("5") == 5
     assert parse_retry_after(None) is None
     assert parse_retry_after("Wed, 21 Oct 2015 07:28:00 GMT") is None
-    assert backoff_delay(3, base=0.5, cap=30, retry_after=None, rand=lambda: 1.0) == 4.0
-    assert backoff_delay(10, base=0.5, cap=30, retry_after=None, rand=lambda: 1.0) == 30
-    assert backoff_delay(0, base=0.5, cap=30, retry_after=100, rand=lambda: 0.0) == 30
+    assert waited(monkeypatch, 3, retry_after=None, pick="high") == 4.0
+    assert waited(monkeypatch, 10, retry_after=None, pick="high") == 30
+    assert waited(monkeypatch, 0, retry_after=100, pick="low") == 30

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import hostlist as reference
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -10,7 +11,7 @@ from gpuheal_bridge.api.names import (
     validate_job_id,
     validate_node_name,
 )
-from gpuheal_bridge.hostlist import HostlistError, expand
+from gpuheal_bridge.hostlist import MAX_EXPANSION, HostlistError, expand
 
 
 @pytest.mark.parametrize(
@@ -21,6 +22,9 @@ from gpuheal_bridge.hostlist import HostlistError, expand
         ("node[1-2,5],gpu7", ["node1", "node2", "node5", "gpu7"]),
         ("gpu-a[08-10]", ["gpu-a08", "gpu-a09", "gpu-a10"]),
         ("r[1-2]n[1-2]", ["r1n1", "r1n2", "r2n1", "r2n2"]),
+        ("node[01-03,07]", ["node01", "node02", "node03", "node07"]),
+        ("a[1-2]b[3-4]c", ["a1b3c", "a1b4c", "a2b3c", "a2b4c"]),
+        ("n[8-11],m[007]", ["n8", "n9", "n10", "n11", "m007"]),
         ("", []),
         (None, []),
         ("(null)", []),
@@ -34,6 +38,33 @@ def test_expand(expr: str | None, nodes: list[str]) -> None:
 def test_expand_rejects(bad: str) -> None:
     with pytest.raises((HostlistError, ValueError)):
         expand(bad)
+
+
+def test_expand_refuses_a_huge_range() -> None:
+    with pytest.raises(HostlistError, match="bad range"):
+        expand(f"node[1-{MAX_EXPANSION + 2}]")
+
+
+_number = st.integers(0, 120)
+_range = st.one_of(
+    _number.map(str),
+    st.tuples(_number, st.integers(0, 30), st.sampled_from([0, 2, 3])).map(
+        lambda t: f"{t[0]:0{t[2]}d}-{t[0] + t[1]:0{t[2]}d}"
+    ),
+)
+_group = st.lists(_range, min_size=1, max_size=3).map(lambda rs: "[" + ",".join(rs) + "]")
+_prefix = st.from_regex(r"[a-z][a-z0-9-]{0,5}[a-z-]", fullmatch=True)
+_term = st.tuples(
+    _prefix, _group, st.sampled_from(["", "-", "gpu"]), st.one_of(st.just(""), _group)
+)
+_expr = st.lists(_term.map("".join), min_size=1, max_size=3).map(",".join)
+
+
+@given(_expr)
+def test_expand_agrees_with_python_hostlist(expr: str) -> None:
+    """The LLNL/NSC reference implementation as an oracle: nested-in-order groups, zero
+    padding, several groups per name, several names per list."""
+    assert expand(expr) == reference.expand_hostlist(expr, allow_duplicates=True)
 
 
 @given(st.lists(st.integers(0, 500), min_size=1, max_size=30, unique=True))
