@@ -46,7 +46,7 @@ def install() -> None:
 
 def main() -> int:
     install()
-    from gpuheal.operator import main as operator_main
+    from gpuheal.cli import main as operator_main
 
     return operator_main(sys.argv[1:])
 

@@ -235,7 +235,7 @@ def operator_process(
     """``gpuheal run`` as a process (the flags tests use, production intervals), through
     ``bench.api_count`` so its Kubernetes API requests show as a metric."""
     mport, hport = free_port(), free_port()
-    entry = ["-m", "bench.api_count"] if count_api else ["-m", "gpuheal.operator"]
+    entry = ["-m", "bench.api_count"] if count_api else ["-m", "gpuheal"]
     argv = [
         sys.executable, *entry, "run",
         "--kubeconfig", str(kubeconfig),
@@ -518,7 +518,7 @@ def create_policy(http: httpx.Client, body: dict[str, Any]) -> None:
 def post_xid_event(http: httpx.Client, node: str, uid: str, xid: int = 79) -> float:
     """Create the Event node-problem-detector would (``gpuheal simulate xid``); returns the
     wall time just before the request was sent."""
-    from gpuheal.simulate import kernel_line, xid_event
+    from gpuheal.cli.simulate import kernel_line, xid_event
 
     body = xid_event({"metadata": {"name": node, "uid": uid}}, kernel_line(xid))
     t0 = time.time()

@@ -36,8 +36,8 @@ from typing import Any
 
 import yaml
 
-from gpuheal.incident import CLAIMED_BY_LABEL, CORDONED_BY_ANNOTATION
-from gpuheal.simulate import kernel_line, simulate_xid
+from gpuheal.api.names import CLAIMED_BY_LABEL, CORDONED_BY_ANNOTATION
+from gpuheal.cli.simulate import kernel_line, simulate_xid
 from gpuheal_dev.demo_job import METRICS_FILE, ModelConfig, RunConfig, write_sbatch
 from gpuheal_dev.demo_job.metrics import MetricsTail, Record, describe, read_records
 from gpuheal_dev.demo_job.slurm import JobInfo, job_info, submit

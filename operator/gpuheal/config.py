@@ -1,128 +1,116 @@
-"""Settings of `gpuheal run`: flags, each also an environment variable ``GPUHEAL_<FLAG>``.
+"""Settings of `gpuheal run`: one pydantic-settings model for the flags and the
+``GPUHEAL_<FLAG>`` variables (``--bridge-url`` is also ``$GPUHEAL_BRIDGE_URL``; a flag wins).
 
-The Helm chart is written against these names; keep them.
+The Helm chart sets the variables; keep the names.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
-from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, NonNegativeFloat, ValidationError, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 SOURCES = ("conditions", "events", "dcgm")
+ENV_PREFIX = "GPUHEAL_"
 
 
-@dataclass(frozen=True)
-class OperatorConfig:
-    metrics_port: int = 9090
-    health_port: int = 8080
-    bridge_url: str | None = None
-    bridge_token_file: str | None = None
-    bridge_ca_file: str | None = None
-    sources: frozenset[str] = frozenset(SOURCES)
-    dcgm_namespace: str | None = None
-    dcgm_selector: str = "app=nvidia-dcgm-exporter"
-    dcgm_interval: float = 15.0
-    dcgm_port: int = 9400
-    log_format: str = "json"
-    namespace: str = "gpuheal-system"
-    kubeconfig: str | None = None
-    event_max_age: float = 3600.0
-    verbose: bool = False
-    # Seconds between looks at a step that waits (PDB, approval, breaker, hysteresis).
-    retry_interval: float = 5.0
-    # Lease of the single active copy (seconds; 0: no Lease, e.g. a one-off local run).
-    lease_duration: float = 15.0
-    extra: dict[str, Any] = field(default_factory=dict)
+class OperatorConfig(BaseSettings):
+    """gpuheal run: watch GPU nodes, remediate faults as RemediationPolicies say."""
 
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="ignore", frozen=True)
 
-def _env(name: str, default: Any) -> Any:
-    return os.environ.get(f"GPUHEAL_{name.upper().replace('-', '_')}", default)
+    metrics_port: int = Field(9090, ge=0, le=65535, description="Prometheus /metrics port (0: off)")
+    health_port: int = Field(
+        8080, ge=0, le=65535, description="liveness probe port, path /healthz (0: off)"
+    )
+    bridge_url: str | None = Field(
+        None, description="Slurm bridge base URL, e.g. https://slurm-bridge:8787 (none: no Slurm)"
+    )
+    bridge_token_file: str | None = Field(
+        None, description="file holding the bearer token for the Slurm bridge"
+    )
+    bridge_ca_file: str | None = Field(
+        None, description="CA bundle (PEM) that signed the bridge's TLS certificate"
+    )
+    sources: Annotated[frozenset[str], NoDecode] = Field(
+        frozenset(SOURCES),
+        description="detection sources, comma-separated: conditions,events,dcgm",
+    )
+    dcgm_namespace: str | None = Field(
+        None, description="namespace of the dcgm-exporter pods (default: all namespaces)"
+    )
+    dcgm_selector: str = Field(
+        "app=nvidia-dcgm-exporter", description="label selector of the dcgm-exporter pods"
+    )
+    dcgm_interval: float = Field(15.0, gt=0, description="seconds between dcgm-exporter scrapes")
+    dcgm_port: int = Field(9400, ge=1, le=65535, description="dcgm-exporter's metrics port")
+    log_format: Literal["json", "plain"] = Field("json", description="log lines as json or plain")
+    namespace: str = Field(
+        "gpuheal-system",
+        description="namespace of the operator's own objects (the Lease of the active copy)",
+    )
+    kubeconfig: str | None = Field(
+        None, description="kubeconfig file (default: in-cluster, else $KUBECONFIG)"
+    )
+    event_max_age: NonNegativeFloat = Field(
+        3600.0,
+        description="XID Events older than this (seconds) count for history but start nothing",
+    )
+    verbose: bool = Field(False, description="debug logs, kopf's included")
+    retry_interval: float = Field(
+        5.0,
+        gt=0,
+        description="seconds between looks at a step that waits (PDB, approval, breaker, "
+        "hysteresis)",
+    )
+    lease_duration: NonNegativeFloat = Field(
+        15.0,
+        description="seconds of the Lease that keeps a second copy standing by (0: no Lease, "
+        "for a one-off local run)",
+    )
 
-
-def _sources(text: str) -> frozenset[str]:
-    chosen = frozenset(s.strip() for s in text.split(",") if s.strip())
-    unknown = chosen - set(SOURCES)
-    if unknown:
-        raise argparse.ArgumentTypeError(
-            f"unknown source(s) {sorted(unknown)}; choose from {','.join(SOURCES)}"
-        )
-    return chosen
+    @field_validator("sources", mode="before")
+    @classmethod
+    def _sources(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            value = {s.strip() for s in value.split(",") if s.strip()}
+        unknown = set(value) - set(SOURCES)
+        if unknown:
+            raise ValueError(
+                f"unknown source(s) {sorted(unknown)}; choose from {','.join(SOURCES)}"
+            )
+        return frozenset(value)
 
 
 def add_run_arguments(parser: argparse.ArgumentParser) -> None:
-    d = OperatorConfig()
-    a = parser.add_argument
-    a(
-        "--metrics-port",
-        type=int,
-        default=int(_env("metrics_port", d.metrics_port)),
-        help="Prometheus /metrics port (0: off)",
-    )
-    a(
-        "--health-port",
-        type=int,
-        default=int(_env("health_port", d.health_port)),
-        help="liveness probe port, path /healthz (0: off)",
-    )
-    a("--bridge-url", default=_env("bridge_url", None), help="Slurm bridge base URL")
-    a("--bridge-token-file", default=_env("bridge_token_file", None))
-    a("--bridge-ca-file", default=_env("bridge_ca_file", None))
-    a(
-        "--sources",
-        type=_sources,
-        default=_sources(_env("sources", ",".join(SOURCES))),
-        help="detection sources, comma-separated: conditions,events,dcgm",
-    )
-    a(
-        "--dcgm-namespace",
-        default=_env("dcgm_namespace", None),
-        help="namespace of the dcgm-exporter pods (default: all)",
-    )
-    a("--dcgm-selector", default=_env("dcgm_selector", d.dcgm_selector))
-    a("--dcgm-interval", type=float, default=float(_env("dcgm_interval", d.dcgm_interval)))
-    a("--dcgm-port", type=int, default=int(_env("dcgm_port", d.dcgm_port)))
-    a("--log-format", choices=["json", "plain"], default=_env("log_format", d.log_format))
-    a(
-        "--namespace",
-        default=_env("namespace", d.namespace),
-        help="namespace of the operator's own objects (Events about cluster objects, Lease)",
-    )
-    a("--kubeconfig", default=_env("kubeconfig", os.environ.get("KUBECONFIG")))
-    a(
-        "--event-max-age",
-        type=float,
-        default=float(_env("event_max_age", d.event_max_age)),
-        help="XID Events older than this (seconds) count for history but start nothing",
-    )
-    a("--retry-interval", type=float, default=float(_env("retry_interval", d.retry_interval)))
-    a(
-        "--lease-duration",
-        type=float,
-        default=float(_env("lease_duration", d.lease_duration)),
-        help="seconds of the Lease that keeps a second copy idle (0: no Lease)",
-    )
-    a("--verbose", action="store_true", default=_env("verbose", "") in ("1", "true"))
+    """A flag per setting, with its help, its variable and its default."""
+    for name, field in OperatorConfig.model_fields.items():
+        flag = f"--{name.replace('_', '-')}"
+        env = f"{ENV_PREFIX}{name.upper()}"
+        default = field.default
+        shown = ",".join(sorted(default)) if isinstance(default, frozenset) else default
+        help_ = f"{field.description} [${env}; default: {shown}]"
+        if field.annotation is bool:
+            parser.add_argument(flag, action="store_const", const=True, default=None, help=help_)
+        else:
+            parser.add_argument(flag, default=None, metavar=name.upper(), help=help_)
 
 
 def config_from_args(args: argparse.Namespace) -> OperatorConfig:
-    return OperatorConfig(
-        metrics_port=args.metrics_port,
-        health_port=args.health_port,
-        bridge_url=args.bridge_url,
-        bridge_token_file=args.bridge_token_file,
-        bridge_ca_file=args.bridge_ca_file,
-        sources=args.sources,
-        dcgm_namespace=args.dcgm_namespace,
-        dcgm_selector=args.dcgm_selector,
-        dcgm_interval=args.dcgm_interval,
-        dcgm_port=args.dcgm_port,
-        log_format=args.log_format,
-        namespace=args.namespace,
-        kubeconfig=args.kubeconfig,
-        event_max_age=args.event_max_age,
-        retry_interval=args.retry_interval,
-        lease_duration=args.lease_duration,
-        verbose=args.verbose,
-    )
+    """Flags given, then ``GPUHEAL_*`` variables, then defaults; a bad value exits with the
+    flag's name and the reason (as argparse does)."""
+    given = {
+        name: getattr(args, name)
+        for name in OperatorConfig.model_fields
+        if getattr(args, name, None) is not None
+    }
+    try:
+        return OperatorConfig(**given)
+    except ValidationError as exc:
+        reasons = "; ".join(
+            f"--{str(e['loc'][0]).replace('_', '-')}: {e['msg'].removeprefix('Value error, ')}"
+            for e in exc.errors()
+        )
+        raise SystemExit(f"gpuheal run: {reasons}") from None

@@ -1,10 +1,13 @@
 """Prometheus metrics of the operator (prefix ``gpuheal_``, base units, bounded labels).
 
-Label values come from small fixed sets (sources, steps, results, outcomes); policy and pool
-names appear only on gauges, and node names never do.
+Label values come from small fixed sets (sources, steps, results, outcomes). Policy and pool
+names appear only on gauges; node and incident names only on per-incident gauges whose series
+are removed when the incident ends (what per-incident alerts need).
 """
 
 from __future__ import annotations
+
+import functools
 
 from prometheus_client import (
     REGISTRY,
@@ -27,101 +30,104 @@ class Metrics:
 
     def __init__(self, registry: CollectorRegistry = REGISTRY) -> None:
         self.registry = registry
-        self.signals = Counter(
+        counter = functools.partial(Counter, registry=registry)
+        gauge = functools.partial(Gauge, registry=registry)
+        histogram = functools.partial(Histogram, registry=registry, buckets=_STEP_BUCKETS)
+        self.signals = counter(
             "gpuheal_signals_total",
             "Signals seen, by source (events, conditions, dcgm) and what became of them "
-            "(incident, attached, duplicate, stale, ignored, blocked).",
+            "(incident, attached, alerted, duplicate, stale, pending, ignored, blocked).",
             ["source", "result"],
-            registry=registry,
         )
-        self.incidents = Counter(
+        self.incidents = counter(
             "gpuheal_incidents_total",
             "NodeRemediations created, by trigger (xid, condition) and source.",
             ["trigger", "source"],
-            registry=registry,
         )
-        self.incidents_completed = Counter(
+        self.incidents_completed = counter(
             "gpuheal_incidents_completed_total",
-            "Incidents that ended, by outcome (returned, replaced, retired, failed, dry_run).",
+            "Incidents that ended, by outcome (returned, replaced, remediated, failed, dryrun).",
             ["outcome"],
-            registry=registry,
         )
-        self.active_incidents = Gauge(
-            "gpuheal_active_incidents",
-            "NodeRemediations not finished yet.",
-            registry=registry,
+        self.active_incidents = gauge("gpuheal_active_incidents", "Open NodeRemediations.")
+        self.incident_blocked = gauge(
+            "gpuheal_incident_blocked",
+            "1 while an open incident is held back (its Blocked condition), by reason.",
+            ["incident", "node", "reason"],
         )
-        self.steps = Counter(
+        self.incident_progress = gauge(
+            "gpuheal_incident_last_progress_timestamp_seconds",
+            "Unix time of an open incident's last completed step (Detected at first).",
+            ["incident", "node"],
+        )
+        self.steps = counter(
             "gpuheal_steps_total",
-            "Remediation steps run, by step and result (done, blocked, retry, failed).",
+            "Remediation steps run, by step and result (done, wait, failed).",
             ["step", "result"],
-            registry=registry,
         )
-        self.step_duration = Histogram(
-            "gpuheal_step_duration_seconds",
-            "Time one attempt of a remediation step took.",
-            ["step"],
-            buckets=_STEP_BUCKETS,
-            registry=registry,
+        self.step_duration = histogram(
+            "gpuheal_step_duration_seconds", "Time one attempt of a step took.", ["step"]
         )
-        self.detection_to_step = Histogram(
+        self.detection_to_step = histogram(
             "gpuheal_detection_to_step_seconds",
             "Time from the signal's detection to a step's completion (e.g. XID -> cordon).",
             ["step"],
-            buckets=_STEP_BUCKETS,
-            registry=registry,
         )
-        self.blocked = Counter(
+        self.blocked = counter(
             "gpuheal_blocked_total",
             "Steps or incidents held back, by reason (CircuitBreakerOpen, RateLimited, "
             "Paused, OptedOut, ApprovalPending, DryRun, PodDisruptionBudget, ...).",
             ["reason"],
-            registry=registry,
         )
-        self.breaker_open = Gauge(
+        self.breaker_open = gauge(
             "gpuheal_breaker_open",
             "1 while the policy's maxUnhealthy circuit breaker is open.",
             ["policy"],
-            registry=registry,
         )
-        self.unhealthy_nodes = Gauge(
+        self.unhealthy_nodes = gauge(
             "gpuheal_unhealthy_nodes",
             "Nodes selected by the policy that are unhealthy or being remediated.",
             ["policy"],
-            registry=registry,
         )
-        self.pool_nodes = Gauge(
+        self.pool_nodes = gauge(
             "gpuheal_reserve_pool_nodes",
             "Nodes in a reserve pool by state (available, claimed, total).",
             ["pool", "state"],
-            registry=registry,
         )
-        self.evictions = Counter(
+        self.pool_min_available = gauge(
+            "gpuheal_reserve_pool_min_available", "The pool's spec.minAvailable.", ["pool"]
+        )
+        self.evictions = counter(
             "gpuheal_evictions_total",
-            "Pod eviction attempts by result (evicted, pdb_blocked, gone, forced, error).",
+            "Pod eviction attempts by result (evicted, pdb_blocked, gone, forced).",
             ["result"],
-            registry=registry,
         )
-        self.bridge_calls = Counter(
+        self.bridge_calls = counter(
             "gpuheal_bridge_calls_total",
             "Calls to the Slurm bridge by operation and result (ok, error, unavailable).",
             ["operation", "result"],
-            registry=registry,
         )
-        self.source_up = Gauge(
+        self.bridge_up = gauge(
+            "gpuheal_bridge_up",
+            "1 while the Slurm bridge answers /readyz (slurmctld reachable), 0 otherwise.",
+        )
+        self.source_up = gauge(
             "gpuheal_source_up",
             "1 while a detection source is read successfully, 0 while it is blind.",
             ["source"],
-            registry=registry,
         )
-        self.source_errors = Counter(
+        self.source_errors = counter(
             "gpuheal_source_errors_total",
             "Failed reads of a detection source (watch errors, dcgm-exporter scrapes).",
             ["source"],
-            registry=registry,
         )
-        self.nodes_watched = Gauge(
-            "gpuheal_nodes_watched",
-            "Nodes in the operator's compact node view.",
-            registry=registry,
+        self.nodes_watched = gauge(
+            "gpuheal_nodes_watched", "Nodes in the operator's compact node view."
         )
+
+    def incident_over(self, incident: str, node: str) -> None:
+        """Drop an ended incident's series (bounded cardinality)."""
+        for gauge in (self.incident_blocked, self.incident_progress):
+            for labels in list(gauge._metrics):
+                if labels[:2] == (incident, node):
+                    gauge.remove(*labels)

@@ -1,4 +1,4 @@
-"""Run the real operator (`python -m gpuheal.operator run`) against the sandbox, as a process
+"""Run the real operator (`python -m gpuheal run`) against the sandbox, as a process
 that a test can SIGKILL and start again; plus small waiting and object helpers."""
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ class OperatorProcess:
         self.starts += 1
         log = (self.log_dir / f"operator-{self.starts}.log").open("wb")
         args = [
-            sys.executable, "-m", "gpuheal.operator", "run",
+            sys.executable, "-m", "gpuheal", "run",
             "--kubeconfig", str(self.kubeconfig),
             "--metrics-port", str(self.metrics_port),
             "--health-port", str(self.health_port),

@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 import yaml
 
-from gpuheal.incident import CLAIMED_BY_LABEL, CORDONED_BY_ANNOTATION, REPLACES_ANNOTATION
+from gpuheal.api.names import CLAIMED_BY_LABEL, CORDONED_BY_ANNOTATION, REPLACES_ANNOTATION
 from gpuheal_dev.demo import Demo, DemoResult, DemoSettings
 from gpuheal_dev.demo_job import METRICS_FILE, MODEL_FILE, RunConfig, job_argv, read_records
 from gpuheal_dev.demo_job.metrics import split_runs, steps_lost

@@ -173,7 +173,7 @@ def test_operator_runs_an_xid79_incident_with_only_the_charts_rbac(
     own_gpu_nodes: Any,
     tmp_path: Path,
 ) -> None:
-    from gpuheal.simulate import simulate_xid
+    from gpuheal.cli.simulate import simulate_xid
 
     command = _run_command()
     injected: dict[str, Any] = {}

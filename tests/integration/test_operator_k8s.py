@@ -15,7 +15,7 @@ import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from gpuheal.simulate import simulate_condition, simulate_xid
+from gpuheal.cli.simulate import simulate_condition, simulate_xid
 from gpuheal_dev.sandbox import Sandbox
 from tests.integration.operator_harness import (
     REPO,

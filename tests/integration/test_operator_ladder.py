@@ -11,7 +11,7 @@ from typing import Any, ClassVar
 
 import pytest
 
-from gpuheal.simulate import simulate_xid
+from gpuheal.cli.simulate import simulate_xid
 from gpuheal_dev.sandbox import Sandbox
 from tests.integration.operator_harness import (
     Objects,

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from gpuheal.simulate import simulate_xid
+from gpuheal.cli.simulate import simulate_xid
 from gpuheal_dev.sandbox import Sandbox
 from gpuheal_dev.sandbox.slurm import SlurmCluster
 from tests.integration.operator_harness import (

@@ -97,7 +97,7 @@ def _console_scripts(whl: Path) -> dict[str, str]:
 def test_operator_wheel_has_the_operator_and_nothing_else(wheel: Path) -> None:
     names = zipfile.ZipFile(wheel).namelist()
     assert _top_level(wheel) == {"gpuheal"}, "the bridge is a distribution of its own"
-    for must in ("gpuheal/__init__.py", "gpuheal/cli.py", "gpuheal/py.typed"):
+    for must in ("gpuheal/__init__.py", "gpuheal/cli/__init__.py", "gpuheal/py.typed"):
         assert must in names
     assert not [n for n in names if "__pycache__" in n or n.endswith(".pyc")]
 
@@ -175,7 +175,7 @@ def test_entry_points_resolve_and_run(script: str) -> None:
 
 def test_operator_cli_starts_without_the_tooling_or_the_bridge_server() -> None:
     probe = (
-        "import sys, gpuheal.cli, gpuheal.operator; gpuheal.cli.build_parser(); "
+        "import sys, gpuheal.cli, gpuheal.handlers.lifecycle; gpuheal.cli.build_parser(); "
         "print(' '.join(sorted(m for m in sys.modules if m.split('.')[0] in "
         "{'gpuheal_dev', 'fastapi', 'uvicorn', 'numpy', 'matplotlib'} "
         "or m.startswith(('gpuheal_bridge.server', 'gpuheal_bridge.backends')))))"

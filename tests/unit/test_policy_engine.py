@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import pathlib
 from typing import Any
@@ -12,24 +13,21 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpuheal.api import Action, LabelSelector, RemediationPolicy, RemediationPolicySpec
-from gpuheal.policy import (
+from gpuheal.api.names import Reason
+from gpuheal.policy import allowed_unhealthy, decide, select_policy
+from gpuheal.policy.types import (
     Act,
     Blocked,
     ClusterCounts,
     History,
     Idle,
     IncidentView,
+    Move,
     NodeCondition,
     NodeView,
     Observation,
-    Operation,
     Wait,
-    allowed_unhealthy,
-    breaker_open,
-    decide,
-    select_policy,
 )
-from gpuheal.policy import types as r
 from gpuheal.xid import RecoveryAction
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -47,7 +45,8 @@ def default_spec(**safety: Any) -> RemediationPolicySpec:
 
 
 SPEC = default_spec()
-NODE = NodeView(name="gpu-0", labels={"nvidia.com/gpu.present": "true"})
+READY = NodeCondition("Ready", "True", T0 - 24 * HOUR)
+NODE = NodeView(name="gpu-0", labels={"nvidia.com/gpu.present": "true"}, conditions=[READY])
 CALM = ClusterCounts(selected=100, unhealthy=1, remediating=0)
 
 
@@ -56,7 +55,11 @@ def xid(code: int, at: dt.datetime, gpu: str = GPU_A, **kw: Any) -> Observation:
 
 
 def ops(decision: object) -> tuple[str, str | None, int | None]:
+    """(the action the decision starts with, rule, rung): for a new incident, its first step."""
     assert isinstance(decision, Act), decision
+    if decision.operation is Move.OPEN:
+        assert decision.trigger is not None
+        return decision.trigger.steps[0].action.value, decision.rule, decision.rung
     return decision.operation.value, decision.rule, decision.rung
 
 
@@ -104,7 +107,7 @@ def test_154_recovered_to_none_does_nothing() -> None:
 
 def test_no_signal_is_idle_healthy() -> None:
     decision = decide(SPEC, NODE, History(), CALM, T0)
-    assert decision == Idle(r.REASON_HEALTHY, "no signal matches a rule")
+    assert decision == Idle(Reason.HEALTHY, "no signal matches a rule")
 
 
 def test_observation_from_the_future_is_ignored() -> None:
@@ -154,7 +157,7 @@ def test_xid94_never_replaces_on_first_sight_even_if_policy_says_so() -> None:
     after = decide(
         spec, NODE, History(observations=[xid(94, T0)], incident=incident), CALM, T0 + MIN
     )
-    assert not (isinstance(after, Act) and after.operation is Operation.REPLACE), after
+    assert not (isinstance(after, Act) and after.operation is Action.REPLACE), after
 
 
 @pytest.mark.parametrize(
@@ -189,9 +192,9 @@ def test_application_xids_act_only_on_repeats_on_the_same_gpu(
 def test_condition_not_held_long_enough_waits_until_it_would_be() -> None:
     node = NodeView(name="n", conditions=[NodeCondition("Ready", "False", T0 - 2 * MIN)])
     decision = decide(SPEC, node, History(), CALM, T0)
-    assert decision == Wait(
-        T0 + 3 * MIN, r.REASON_CONDITION_PENDING, "a watched condition has not held long enough"
-    )
+    assert isinstance(decision, Wait)
+    assert (decision.until, decision.reason) == (T0 + 3 * MIN, Reason.CONDITION_PENDING)
+    assert "Ready=False has not held long enough" in decision.message
 
 
 def test_condition_held_long_enough_acts() -> None:
@@ -204,66 +207,111 @@ def test_healthy_condition_is_not_a_trigger() -> None:
     assert isinstance(decide(SPEC, node, History(), CALM, T0), Idle)
 
 
-# --- safety gates -------------------------------------------------------------------------------
+# --- safety gates ---------------------------------------------------------------------------
+# A new signal always opens an incident (so every unhealthy node is on record); the gates
+# hold its first disruptive step, the one that would take the node out of service.
+
+
+def first_step_of(spec: RemediationPolicySpec, code: int = 79, **kw: Any) -> IncidentView:
+    rule = next(x for x in spec.rules if code in x.signals.xids)
+    return IncidentView(
+        rule=rule.name, ladder=rule.ladder, rung=0, started_at=T0, trigger_xid=code, **kw
+    )
 
 
 @pytest.mark.parametrize(
-    ("spec", "counts", "reason"),
+    ("spec", "counts", "reason", "retry_at"),
     [
-        (default_spec(paused=True), CALM, r.REASON_PAUSED),
-        (default_spec(dryRun=True), CALM, r.REASON_DRY_RUN),
-        (SPEC, ClusterCounts(selected=100, unhealthy=11, remediating=0), r.REASON_BREAKER_OPEN),
-        (SPEC, ClusterCounts(selected=100, unhealthy=10, remediating=10), r.REASON_MAX_UNHEALTHY),
+        (default_spec(requireApproval=["cordon"]), CALM, Reason.APPROVAL_PENDING, None),
+        (SPEC, ClusterCounts(selected=100, unhealthy=12, remediating=10), Reason.BREAKER_OPEN,
+         None),
+        # 10% of 5 rounds to 0, floored at 1: one node out already fills it
+        (SPEC, ClusterCounts(selected=5, unhealthy=1, remediating=1), Reason.BREAKER_OPEN, None),
         (
             SPEC,
-            ClusterCounts(selected=5, unhealthy=2, remediating=0),
-            r.REASON_BREAKER_OPEN,
-        ),  # 10% of 5 rounds to 0, floored at 1
-        (
-            SPEC,
-            ClusterCounts(selected=100, unhealthy=1, remediating=0, breaker_closed_at=T0 - 5 * MIN),
-            r.REASON_STORM_COOLDOWN,
+            ClusterCounts(selected=100, unhealthy=1, remediating=0,
+                          breaker_changed_at=T0 - 5 * MIN),
+            Reason.STORM_COOLDOWN,
+            T0 + 10 * MIN,
         ),
         (
             SPEC,
-            ClusterCounts(
-                selected=100,
-                unhealthy=1,
-                remediating=0,
-                recent_starts=[T0 - i * MIN for i in range(10)],
-            ),
-            r.REASON_RATE_LIMITED,
+            ClusterCounts(selected=100, unhealthy=1, remediating=0,
+                          recent_starts=[T0 - 50 * MIN + i * MIN for i in range(10)]),
+            Reason.RATE_LIMITED,
+            T0 + 10 * MIN,  # the oldest start (T0-50m) leaves the 1h window
         ),
-        (default_spec(requireApproval=["cordon"]), CALM, r.REASON_APPROVAL_PENDING),
     ],
-)
-def test_gates_block_new_incidents(
-    spec: RemediationPolicySpec, counts: ClusterCounts, reason: str
+)  # fmt: skip
+def test_gates_hold_the_first_disruptive_step(
+    spec: RemediationPolicySpec,
+    counts: ClusterCounts,
+    reason: Reason,
+    retry_at: dt.datetime | None,
 ) -> None:
-    decision = decide(spec, NODE, History(observations=[xid(79, T0)]), counts, T0)
+    opened = decide(spec, NODE, History(observations=[xid(79, T0)]), counts, T0)
+    assert ops(opened) == ("cordon", "fell-off-bus", 0)  # the incident opens regardless
+    history = History(observations=[xid(79, T0)], incident=first_step_of(spec))
+    decision = decide(spec, NODE, history, counts, T0)
     assert isinstance(decision, Blocked)
-    assert decision.reason == reason
+    assert (decision.reason, decision.retry_at) == (reason, retry_at)
     assert decision.would is not None  # says what it would have done
-    assert decision.would.operation is Operation.CORDON
+    assert decision.would.operation is Action.CORDON
 
 
-def test_cooldown_and_rate_limit_say_when_to_retry() -> None:
-    counts = ClusterCounts(selected=100, unhealthy=1, remediating=0, breaker_closed_at=T0 - 5 * MIN)
-    decision = decide(SPEC, NODE, History(observations=[xid(79, T0)]), counts, T0)
-    assert isinstance(decision, Blocked)
-    assert decision.retry_at == T0 + 10 * MIN
-    starts = [T0 - 50 * MIN + i * MIN for i in range(10)]
-    counts = ClusterCounts(selected=100, unhealthy=1, remediating=0, recent_starts=starts)
-    decision = decide(SPEC, NODE, History(observations=[xid(79, T0)]), counts, T0)
-    assert isinstance(decision, Blocked)
-    assert decision.retry_at == T0 + 10 * MIN  # oldest (T0-50m) leaves the 1h window
+def test_paused_records_the_incident_and_holds_it_and_dry_run_records_without_acting() -> None:
+    spec = default_spec(paused=True)
+    opened = decide(spec, NODE, History(observations=[xid(79, T0)]), CALM, T0)
+    assert ops(opened) == ("cordon", "fell-off-bus", 0)  # recorded: nothing is lost
+    paused = decide(spec, NODE, History(incident=first_step_of(spec)), CALM, T0)
+    assert isinstance(paused, Blocked)
+    assert paused.reason == Reason.PAUSED
+    history = History(observations=[xid(79, T0)], incident=first_step_of(SPEC, dry_run=True))
+    dry = decide(SPEC, NODE, history, CALM, T0)
+    assert isinstance(dry, Blocked)
+    assert dry.reason == Reason.DRY_RUN
+    assert dry.would is not None
+    assert dry.would.operation is Action.CORDON
+
+
+def test_the_first_disruptive_step_takes_a_slot_and_later_ones_pass_a_full_breaker() -> None:
+    first = decide(SPEC, NODE, History(incident=first_step_of(SPEC)), CALM, T0)
+    assert isinstance(first, Act)
+    assert (first.operation, first.takes_slot) == (Action.CORDON, True)
+    full = ClusterCounts(selected=100, unhealthy=40, remediating=10, breaker_open=True)
+    holding = first_step_of(SPEC, done=frozenset({Action.CORDON}), holds_slot=True)
+    later = decide(SPEC, NODE, History(incident=holding), full, T0)
+    assert isinstance(later, Act)
+    assert (later.operation, later.takes_slot) == (Action.SLURM_DRAIN, False)
+
+
+def test_the_breaker_opens_when_full_and_closes_into_its_cooldown() -> None:
+    full = ClusterCounts(selected=100, unhealthy=40, remediating=10)
+    blocked = decide(SPEC, NODE, History(incident=first_step_of(SPEC)), full, T0)
+    assert isinstance(blocked, Blocked)
+    assert (blocked.reason, blocked.breaker) == (Reason.BREAKER_OPEN, True)
+    still = dataclasses.replace(full, breaker_open=True)
+    again = decide(SPEC, NODE, History(incident=first_step_of(SPEC)), still, T0)
+    assert isinstance(again, Blocked)
+    assert again.breaker is None  # open already: no change to record
+    freed = dataclasses.replace(still, remediating=9)
+    closing = decide(SPEC, NODE, History(incident=first_step_of(SPEC)), freed, T0)
+    assert isinstance(closing, Blocked)
+    assert (closing.reason, closing.breaker) == (Reason.STORM_COOLDOWN, False)
+    assert closing.retry_at == T0 + 15 * MIN
+    no_cooldown = default_spec(stormCooldown="0s")
+    act = decide(no_cooldown, NODE, History(incident=first_step_of(no_cooldown)), freed, T0)
+    assert isinstance(act, Act)
+    assert (act.takes_slot, act.breaker) == (True, False)
 
 
 def test_cooldown_over_acts() -> None:
     counts = ClusterCounts(
-        selected=100, unhealthy=1, remediating=0, breaker_closed_at=T0 - 16 * MIN
+        selected=100, unhealthy=1, remediating=0, breaker_changed_at=T0 - 16 * MIN
     )
-    assert isinstance(decide(SPEC, NODE, History(observations=[xid(79, T0)]), counts, T0), Act)
+    decision = decide(SPEC, NODE, History(incident=first_step_of(SPEC)), counts, T0)
+    assert isinstance(decision, Act)
+    assert decision.operation is Action.CORDON
 
 
 def test_alerts_pass_the_breaker() -> None:
@@ -275,13 +323,13 @@ def test_opt_out_label_blocks_everything() -> None:
     node = NodeView(name="n", labels={"gpuheal.io/opt-out": "true"})
     decision = decide(SPEC, node, History(observations=[xid(79, T0)]), CALM, T0)
     assert isinstance(decision, Blocked)
-    assert decision.reason == r.REASON_OPTED_OUT
+    assert decision.reason == Reason.OPTED_OUT
 
 
 def test_blind_source_starts_nothing() -> None:
     node = NodeView(name="n", sources_readable_since=None)
     decision = decide(SPEC, node, History(observations=[xid(79, T0)]), CALM, T0)
-    assert decision == Idle(r.REASON_SOURCE_BLIND, "a signal source for this node cannot be read")
+    assert decision == Idle(Reason.SOURCE_BLIND, "a signal source for this node cannot be read")
 
 
 @pytest.mark.parametrize(
@@ -338,8 +386,10 @@ def test_ladder_one_step_at_a_time(done: set[Action], operation: str) -> None:
 
 
 def test_breaker_does_not_hold_up_an_open_incident() -> None:
-    storm = ClusterCounts(selected=100, unhealthy=60, remediating=30)
-    history = History(observations=[xid(79, T0)], incident=incident_79({Action.CORDON}))
+    storm = ClusterCounts(selected=100, unhealthy=60, remediating=30, breaker_open=True)
+    history = History(
+        observations=[xid(79, T0)], incident=incident_79({Action.CORDON}, holds_slot=True)
+    )
     assert ops(decide(SPEC, NODE, history, storm, T0 + MIN))[0] == "slurmDrain"
 
 
@@ -351,10 +401,13 @@ def test_repeat_during_incident_escalates_to_next_rung() -> None:
     decision = decide(SPEC, NODE, history, CALM, T0 + 11 * MIN)
     assert isinstance(decision, Act)
     assert (decision.operation, decision.rung, decision.reason) == (
-        Operation.REPLACE,
+        Move.ESCALATE,
         1,
-        r.REASON_ESCALATED,
+        Reason.ESCALATED,
     )
+    climbed = dataclasses.replace(history.incident, rung=1)  # type: ignore[arg-type]
+    after = decide(SPEC, NODE, dataclasses.replace(history, incident=climbed), CALM, T0 + 11 * MIN)
+    assert ops(after) == ("replace", "fell-off-bus", 1)  # done steps are not repeated
 
 
 def test_replace_waits_for_approval_when_required() -> None:
@@ -363,7 +416,7 @@ def test_replace_waits_for_approval_when_required() -> None:
     history = History(observations=[xid(79, T0)], incident=incident_79(done, rung=1))
     decision = decide(spec, NODE, history, CALM, T0 + MIN)
     assert isinstance(decision, Blocked)
-    assert decision.reason == r.REASON_APPROVAL_PENDING
+    assert decision.reason == Reason.APPROVAL_PENDING
     approved = History(
         observations=[xid(79, T0)],
         incident=incident_79(done, rung=1, approved=frozenset({Action.REPLACE})),
@@ -378,7 +431,7 @@ def test_replaced_incident_closes_without_returning_the_node() -> None:
     )
     decision = decide(SPEC, NODE, history, CALM, T0 + HOUR)
     assert isinstance(decision, Act)
-    assert (decision.operation, decision.reason) == (Operation.CLOSE, r.REASON_REPLACED)
+    assert (decision.operation, decision.reason) == (Move.CLOSE, Reason.REPLACED)
 
 
 # --- return to service ------------------------------------------------------------------------
@@ -393,7 +446,7 @@ def test_return_waits_for_hysteresis() -> None:
     )
     assert isinstance(decision, Wait)
     assert decision.until == T0 + 15 * MIN
-    assert decision.reason == r.REASON_HYSTERESIS_PENDING
+    assert decision.reason == Reason.HYSTERESIS_PENDING
 
 
 def test_return_after_hysteresis_undoes_only_what_we_did() -> None:
@@ -404,7 +457,7 @@ def test_return_after_hysteresis_undoes_only_what_we_did() -> None:
         SPEC, NODE, History(observations=[xid(79, T0)], incident=incident), CALM, T0 + 15 * MIN
     )
     assert isinstance(decision, Act)
-    assert decision.operation is Operation.RETURN_TO_SERVICE
+    assert decision.operation is Move.RETURN_TO_SERVICE
     assert (decision.uncordon, decision.resume_slurm) == (True, False)
 
 
@@ -414,17 +467,19 @@ def test_nothing_owned_closes_without_uncordon() -> None:
         SPEC, NODE, History(observations=[xid(79, T0)], incident=incident), CALM, T0 + HOUR
     )
     assert isinstance(decision, Act)
-    assert (decision.operation, decision.reason) == (Operation.CLOSE, r.REASON_NOTHING_OWNED)
+    assert (decision.operation, decision.reason) == (Move.CLOSE, Reason.NOTHING_OWNED)
 
 
 def test_breaker_never_blocks_return_to_service() -> None:
-    storm = ClusterCounts(selected=100, unhealthy=90, remediating=50, breaker_closed_at=T0 + HOUR)
+    storm = ClusterCounts(
+        selected=100, unhealthy=90, remediating=50, breaker_open=True, breaker_changed_at=T0
+    )
     incident = incident_79(ALL_79, last_step_at=T0, cordoned_by_us=True)
     decision = decide(
         SPEC, NODE, History(observations=[xid(79, T0)], incident=incident), storm, T0 + HOUR
     )
     assert isinstance(decision, Act)
-    assert decision.operation is Operation.RETURN_TO_SERVICE
+    assert decision.operation is Move.RETURN_TO_SERVICE
 
 
 def test_blind_is_not_healthy_for_return() -> None:
@@ -434,9 +489,9 @@ def test_blind_is_not_healthy_for_return() -> None:
         SPEC, node, History(observations=[xid(79, T0)], incident=incident), CALM, T0 + HOUR
     )
     assert isinstance(decision, Blocked)
-    assert decision.reason == r.REASON_SOURCE_BLIND
+    assert decision.reason == Reason.SOURCE_BLIND
     # Readable again only recently: the blind spell does not count as healthy time.
-    node = NodeView(name="n", sources_readable_since=T0 + HOUR - 2 * MIN)
+    node = NodeView(name="n", conditions=[READY], sources_readable_since=T0 + HOUR - 2 * MIN)
     decision = decide(
         SPEC, node, History(observations=[xid(79, T0)], incident=incident), CALM, T0 + HOUR
     )
@@ -457,7 +512,7 @@ def test_still_bad_condition_keeps_node_out() -> None:
     node = NodeView(name="n", conditions=[NodeCondition("Ready", "False", T0 - HOUR)])
     decision = decide(SPEC, node, History(incident=incident), CALM, T0 + HOUR)
     assert isinstance(decision, Wait)
-    assert decision.reason == r.REASON_STILL_UNHEALTHY
+    assert decision.reason == Reason.STILL_UNHEALTHY
     recovered = NodeView(name="n", conditions=[NodeCondition("Ready", "True", T0 + 50 * MIN)])
     assert isinstance(
         decide(SPEC, recovered, History(incident=incident), CALM, T0 + 55 * MIN), Wait
@@ -469,7 +524,7 @@ def test_paused_holds_everything_including_return() -> None:
     incident = incident_79(ALL_79, last_step_at=T0, cordoned_by_us=True)
     decision = decide(default_spec(paused=True), NODE, History(incident=incident), CALM, T0 + HOUR)
     assert isinstance(decision, Blocked)
-    assert decision.reason == r.REASON_PAUSED
+    assert decision.reason == Reason.PAUSED
 
 
 # --- policy selection ------------------------------------------------------------------------
@@ -504,36 +559,40 @@ def test_select_policy(
     percent=st.integers(min_value=0, max_value=100),
     broken_fraction=st.floats(min_value=0, max_value=1),
     already=st.integers(min_value=0, max_value=50),
-    reported_unhealthy=st.integers(min_value=0, max_value=200),
     xid_code=st.sampled_from([79, 62, 48, 74, 94, 95, 119, 154]),
 )
-def test_never_more_than_max_unhealthy_in_remediation(  # noqa: PLR0917 - hypothesis args
-    selected: int,
-    percent: int,
-    broken_fraction: float,
-    already: int,
-    reported_unhealthy: int,
-    xid_code: int,
+def test_never_more_than_max_unhealthy_in_remediation(
+    selected: int, percent: int, broken_fraction: float, already: int, xid_code: int
 ) -> None:
-    """Feed every broken node to the engine, one after the other, counting what it starts.
-
-    `unhealthy` is drawn independently of the rest: even if the operator's count is off,
-    the concurrency cap alone must hold the line.
-    """
-    spec = default_spec(maxUnhealthy=f"{percent}%")
+    """Open an incident on every broken node, then let each ask for its first step with the
+    counts as they stand: the engine never lets more than `allowed` nodes out at once."""
+    spec = default_spec(maxUnhealthy=f"{percent}%", stormCooldown="0s", rateLimit=None)
     allowed = allowed_unhealthy(spec.safety, selected)
     remediating = min(already, allowed)
     broken = max(1, int(selected * broken_fraction))
-    unhealthy = min(selected, reported_unhealthy)
     action = RecoveryAction.GPU_RESET if xid_code == 154 else None
+    breaker = False
     for i in range(broken):
-        counts = ClusterCounts(selected=selected, unhealthy=unhealthy, remediating=remediating)
         obs = [xid(xid_code, T0, gpu=f"0000:{i % 256:02x}:00", recovery_action=action)]
-        decision = decide(spec, NodeView(name=f"n{i}"), History(observations=obs), counts, T0)
-        if isinstance(decision, Act) and decision.operation is not Operation.ALERT:
+        node = NodeView(name=f"n{i}", conditions=[READY])
+        opened = decide(spec, node, History(observations=obs), CALM, T0)
+        if not isinstance(opened, Act) or opened.trigger is None or opened.rule is None:
+            continue
+        if opened.operation is not Move.OPEN:
+            continue  # alert only: nothing to take out
+        rule = next(x for x in spec.rules if x.name == opened.rule)
+        incident = IncidentView(
+            rule=rule.name, ladder=rule.ladder, rung=opened.rung or 0, started_at=T0,
+            trigger_xid=xid_code,
+        )  # fmt: skip
+        counts = ClusterCounts(selected, broken, remediating, breaker_open=breaker)
+        decision = decide(spec, node, History(observations=obs, incident=incident), counts, T0)
+        if isinstance(decision, Act) and decision.takes_slot:
             remediating += 1
+        if isinstance(decision, Act | Blocked) and decision.breaker is not None:
+            breaker = decision.breaker
         assert remediating <= allowed
-    assert breaker_open(spec.safety, ClusterCounts(selected, unhealthy, 0)) == (unhealthy > allowed)
+    assert breaker == (remediating >= allowed and broken > allowed - min(already, allowed))
 
 
 @settings(max_examples=200, deadline=None)
@@ -557,12 +616,13 @@ def test_decide_is_total(obs: list[tuple[int, int, str | None]], minutes: int) -
     decision = decide(SPEC, NODE, History(observations=observations), CALM, T0 + minutes * MIN)
     assert isinstance(decision, (Act, Wait, Blocked, Idle))
     if isinstance(decision, Act):
-        assert decision.step is not None
+        assert decision.trigger is not None
         # 94 never replaces on first sight on a GPU.
+        actions = [s.action for s in decision.trigger.steps]
         assert (
-            decision.operation is not Operation.REPLACE
+            Action.REPLACE not in actions
             or decision.rule != "contained-ecc"
-            or decision.rung == 1
+            or (decision.rung == 1)
         )
 
 
@@ -583,3 +643,29 @@ def test_catalogue_alert_only_guard_overrides_an_eager_policy() -> None:
     assert ops(decide(spec, NODE, other_gpu, CALM, T0)) == ("alert", "eager", 0)
     twice = History(observations=[xid(13, T0 - MIN), xid(13, T0)])
     assert ops(decide(spec, NODE, twice, CALM, T0)) == ("cordon", "eager", 0)
+
+
+def test_two_xids_in_the_same_second_are_two_occurrences() -> None:
+    """Event times have whole seconds: two Events on one GPU in one second are two faults
+    (they once counted as one, and escalation came a signal late)."""
+    same_second = [
+        xid(94, T0, event_uid="e1", event_reason="GpuXid"),
+        xid(94, T0, event_uid="e2", event_reason="GpuXid"),
+    ]
+    third = xid(94, T0 + MIN, event_uid="e3", event_reason="GpuXid")
+    decision = decide(SPEC, NODE, History(observations=same_second), CALM, T0 + MIN, new=third)
+    assert isinstance(decision, Act)
+    assert decision.trigger is not None
+    assert decision.trigger.count == 3
+
+
+def test_a_signal_in_the_second_an_incident_ended_is_new() -> None:
+    """Event times have whole seconds: an XID at 12:00:00 after an incident that ended at
+    12:00:00.4 is a new fault, not a replay (it once got lost as "stale")."""
+    resolved = T0 + dt.timedelta(milliseconds=400)
+    history = History(observations=[xid(79, T0 - HOUR)], last_resolved_at=resolved)
+    decision = decide(SPEC, NODE, history, CALM, T0 + MIN, new=xid(79, T0))
+    assert ops(decision) == ("cordon", "fell-off-bus", 1)  # and the earlier one still counts
+    older = decide(SPEC, NODE, history, CALM, T0 + MIN, new=xid(79, T0 - MIN))
+    assert isinstance(older, Idle)
+    assert older.reason == Reason.STALE

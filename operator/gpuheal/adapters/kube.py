@@ -7,23 +7,38 @@ precondition. Nothing here decides *whether* to act; that is the caller's busine
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import enum
 import json
 import logging
-from collections.abc import AsyncIterator, Mapping
+import random
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal, TypeVar
 
 from kubernetes_asyncio import client, config
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from gpuheal import incident as inc
+from gpuheal.api import names
+from gpuheal.api.meta import rfc3339
 
 log = logging.getLogger("gpuheal.adapters.kube")
 
 JSON = dict[str, Any]
+R = TypeVar("R")
 MERGE_PATCH = "application/merge-patch+json"
+
+
+Watched = Literal["nodes", "node_events"]
+
+
+@dataclass(frozen=True, slots=True)
+class WatchEvent:
+    """One step of `Kube.list_watch`: LISTED, SYNCED, ADDED, MODIFIED, DELETED or BLIND."""
+
+    type: str
+    obj: JSON
 
 
 class KubeError(Exception):
@@ -49,10 +64,6 @@ def _now() -> dt.datetime:
     return dt.datetime.now(dt.UTC)
 
 
-def _rfc3339(ts: dt.datetime) -> str:
-    return ts.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
 async def _body(coro: Any) -> JSON:
     """Await a call made with ``_preload_content=False`` and return the JSON body as a dict."""
     resp = await coro
@@ -66,6 +77,16 @@ async def _body(coro: Any) -> JSON:
         raise exc
     data: JSON = json.loads(raw)
     return data
+
+
+async def _unless(status: int, coro: Any) -> JSON | None:
+    """The call's body, or None when the API answers `status` (404: absent, 409: exists)."""
+    try:
+        return await _body(coro)
+    except ApiException as exc:
+        if exc.status == status:
+            return None
+        raise
 
 
 class CordonOutcome(enum.StrEnum):
@@ -101,6 +122,7 @@ class Kube:
         # Typed as Any: with `_preload_content=False` the generated signatures are wrong.
         self.core: Any = client.CoreV1Api(api)
         self.custom: Any = client.CustomObjectsApi(api)
+        self.batch: Any = client.BatchV1Api(api)
         self.component = component
 
     async def close(self) -> None:
@@ -108,12 +130,7 @@ class Kube:
 
     # ---- nodes -------------------------------------------------------------------------
     async def get_node(self, name: str) -> JSON | None:
-        try:
-            return await _body(self.core.read_node(name, _preload_content=False))
-        except ApiException as exc:
-            if exc.status == 404:
-                return None
-            raise
+        return await _unless(404, self.core.read_node(name, _preload_content=False))
 
     async def list_nodes(self, label_selector: str | None = None) -> list[JSON]:
         kwargs: dict[str, Any] = {"_preload_content": False}
@@ -127,72 +144,68 @@ class Kube:
             self.core.patch_node(name, patch, _content_type=MERGE_PATCH, _preload_content=False)
         )
 
-    async def cordon(self, node: str, incident: str) -> CordonOutcome:
-        """Cordon ``node`` for ``incident``, writing ownership in the same PATCH.
-
-        The resourceVersion precondition makes "look, then write" atomic: if an admin cordons
-        between our read and our write, we get 409, look again and see it is theirs.
-        """
+    async def _look_then_write(
+        self, node: str, change: Callable[[JSON | None], tuple[JSON | None, R]]
+    ) -> R:
+        """Read the Node, let ``change`` say what to write (None: nothing) and what that
+        means, write it under the resourceVersion it read. A 409 (someone wrote between our
+        read and our write) means: look again."""
         for _ in range(5):
             body = await self.get_node(node)
-            if body is None:
-                raise KubeError(f"node {node} not found")
-            meta = body["metadata"]
-            owner = (meta.get("annotations") or {}).get(inc.CORDONED_BY_ANNOTATION)
-            if body.get("spec", {}).get("unschedulable"):
-                return CordonOutcome.ALREADY_OURS if owner else CordonOutcome.BY_OTHER
-            patch = {
-                "metadata": {
-                    "resourceVersion": meta["resourceVersion"],
-                    "annotations": {
-                        inc.CORDONED_BY_ANNOTATION: incident,
-                        inc.CORDONED_AT_ANNOTATION: _rfc3339(_now()),
-                    },
-                },
-                "spec": {"unschedulable": True},
-            }
+            patch, outcome = change(body)
+            if patch is None or body is None:
+                return outcome
+            patch.setdefault("metadata", {})["resourceVersion"] = body["metadata"][
+                "resourceVersion"
+            ]
             try:
                 await self._patch_node(node, patch)
             except ApiException as exc:
                 if exc.status == 409:
                     continue
                 raise
-            return CordonOutcome.CORDONED
-        raise KubeError(f"node {node} kept changing while cordoning it")
+            return outcome
+        raise KubeError(f"node {node} kept changing while gpuheal wrote to it")
+
+    async def cordon(self, node: str, incident: str) -> CordonOutcome:
+        """Cordon ``node`` for ``incident``, writing ownership in the same PATCH: if an admin
+        cordons between our read and our write, we look again and see it is theirs."""
+
+        def change(body: JSON | None) -> tuple[JSON | None, CordonOutcome]:
+            if body is None:
+                raise KubeError(f"node {node} not found")
+            owner = (body["metadata"].get("annotations") or {}).get(names.CORDONED_BY_ANNOTATION)
+            if body.get("spec", {}).get("unschedulable"):
+                return None, CordonOutcome.ALREADY_OURS if owner else CordonOutcome.BY_OTHER
+            marks = {
+                names.CORDONED_BY_ANNOTATION: incident,
+                names.CORDONED_AT_ANNOTATION: rfc3339(_now()),
+            }
+            patch = {"metadata": {"annotations": marks}, "spec": {"unschedulable": True}}
+            return patch, CordonOutcome.CORDONED
+
+        return await self._look_then_write(node, change)
 
     async def uncordon(
         self, node: str, incident: str, *, any_gpuheal: bool = False
     ) -> UncordonOutcome:
         """Uncordon only if our annotation says gpuheal (this incident, or any gpuheal
         incident with ``any_gpuheal``) cordoned it; an admin's cordon is never undone."""
-        for _ in range(5):
-            body = await self.get_node(node)
+
+        def change(body: JSON | None) -> tuple[JSON | None, UncordonOutcome]:
             if body is None:
-                return UncordonOutcome.NOT_CORDONED
-            meta = body["metadata"]
-            owner = (meta.get("annotations") or {}).get(inc.CORDONED_BY_ANNOTATION)
+                return None, UncordonOutcome.NOT_CORDONED
+            owner = (body["metadata"].get("annotations") or {}).get(names.CORDONED_BY_ANNOTATION)
             if owner is None or (owner != incident and not any_gpuheal):
-                return UncordonOutcome.NOT_OURS
-            unschedulable = bool(body.get("spec", {}).get("unschedulable"))
-            patch: JSON = {
-                "metadata": {
-                    "resourceVersion": meta["resourceVersion"],
-                    "annotations": {
-                        inc.CORDONED_BY_ANNOTATION: None,
-                        inc.CORDONED_AT_ANNOTATION: None,
-                    },
-                }
-            }
-            if unschedulable:
-                patch["spec"] = {"unschedulable": None}
-            try:
-                await self._patch_node(node, patch)
-            except ApiException as exc:
-                if exc.status == 409:
-                    continue
-                raise
-            return UncordonOutcome.UNCORDONED if unschedulable else UncordonOutcome.NOT_CORDONED
-        raise KubeError(f"node {node} kept changing while uncordoning it")
+                return None, UncordonOutcome.NOT_OURS
+            marks = {names.CORDONED_BY_ANNOTATION: None, names.CORDONED_AT_ANNOTATION: None}
+            patch: JSON = {"metadata": {"annotations": marks}}
+            if not body.get("spec", {}).get("unschedulable"):
+                return patch, UncordonOutcome.NOT_CORDONED  # someone uncordoned: drop our mark
+            patch["spec"] = {"unschedulable": None}
+            return patch, UncordonOutcome.UNCORDONED
+
+        return await self._look_then_write(node, change)
 
     async def patch_node_metadata(
         self,
@@ -230,18 +243,18 @@ class Kube:
         racing for the same spare both send the same precondition, one wins, the other gets
         409 and moves on. A claim this incident made before (restart) is found first.
         """
-        mine = await self.list_nodes(f"{inc.CLAIMED_BY_LABEL}={incident}")
+        mine = await self.list_nodes(f"{names.CLAIMED_BY_LABEL}={incident}")
         if mine:
             return ClaimResult(node=mine[0]["metadata"]["name"], already=True)
         for cand in candidates:
             meta = cand["metadata"]
-            if (meta.get("labels") or {}).get(inc.CLAIMED_BY_LABEL):
+            if (meta.get("labels") or {}).get(names.CLAIMED_BY_LABEL):
                 continue
             try:
                 await self.patch_node_metadata(
                     meta["name"],
-                    labels={inc.CLAIMED_BY_LABEL: incident},
-                    annotations={inc.CLAIMED_AT_ANNOTATION: _rfc3339(_now())},
+                    labels={names.CLAIMED_BY_LABEL: incident},
+                    annotations={names.CLAIMED_AT_ANNOTATION: rfc3339(_now())},
                     resource_version=meta["resourceVersion"],
                 )
             except ApiException as exc:
@@ -324,7 +337,7 @@ class Kube:
         """
         meta = involved.get("metadata", {})
         namespace = meta.get("namespace") or "default"
-        now = _rfc3339(_now())
+        now = rfc3339(_now())
         event = {
             "apiVersion": "v1",
             "kind": "Event",
@@ -350,48 +363,74 @@ class Kube:
         except ApiException as exc:
             log.warning("could not post Event %s on %s: %s", reason, meta.get("name"), exc.reason)
 
-    async def list_node_events(self, resource_version: str | None = None) -> JSON:
-        kwargs: dict[str, Any] = {
-            "field_selector": "involvedObject.kind=Node",
-            "_preload_content": False,
-        }
-        if resource_version:
-            kwargs["resource_version"] = resource_version
-        return await _body(self.core.list_event_for_all_namespaces(**kwargs))
+    async def list_watch(
+        self,
+        resource: Watched,
+        *,
+        page: int = 500,
+        timeout_seconds: int = 300,
+        max_backoff: float = 60.0,
+    ) -> AsyncIterator[WatchEvent]:
+        """LIST (in pages: at most one page of full bodies in memory), then WATCH from the
+        list's resourceVersion with bookmarks, forever.
 
-    async def watch_node_events(
-        self, resource_version: str, *, timeout_seconds: int = 300
-    ) -> AsyncIterator[JSON]:
-        """One watch request for Events about Nodes (server-side field selector: the Event
-        firehose of pods never reaches us). Yields raw watch events; ends on timeout."""
-        async for ev in self._watch(
-            self.core.list_event_for_all_namespaces,
-            resource_version,
-            timeout_seconds,
-            field_selector="involvedObject.kind=Node",
-        ):
-            yield ev
+        Yields every listed object as ``LISTED`` and then ``SYNCED`` (``obj["names"]``: the
+        names listed, so a caller can drop what vanished meanwhile), then ``ADDED`` /
+        ``MODIFIED`` / ``DELETED``. A 410 Gone relists. Any failure yields ``BLIND`` (with
+        ``obj["message"]``), waits (1 s doubling to ``max_backoff``) and relists: a caller
+        must treat that time as "cannot see", never as "nothing happened".
+        """
+        call = (
+            self.core.list_node if resource == "nodes" else self.core.list_event_for_all_namespaces
+        )
+        # Events: server-side selector, so the Event firehose of pods never reaches us.
+        selector = {} if resource == "nodes" else {"field_selector": "involvedObject.kind=Node"}
+        rv: str | None = None
+        backoff = 1.0
+        while True:
+            try:
+                if rv is None:
+                    listed: list[str] = []
+                    async for items, list_rv in self._pages(call, page, **selector):
+                        for item in items:
+                            listed.append(str((item.get("metadata") or {}).get("name", "")))
+                            yield WatchEvent("LISTED", item)
+                        rv = list_rv
+                    yield WatchEvent("SYNCED", {"names": listed})
+                assert rv is not None
+                async for ev in self._watch(call, rv, timeout_seconds, **selector):
+                    kind = str(ev.get("type"))
+                    obj = ev.get("object") or {}
+                    if kind == "ERROR":
+                        if obj.get("code") == 410:
+                            rv = None
+                        break
+                    rv = (obj.get("metadata") or {}).get("resourceVersion", rv)
+                    if kind in ("ADDED", "MODIFIED", "DELETED"):
+                        yield WatchEvent(kind, obj)
+                backoff = 1.0
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # any failure: blind for a while, never "healthy"
+                yield WatchEvent("BLIND", {"message": f"{type(exc).__name__}: {exc}"})
+                await asyncio.sleep(backoff * random.uniform(0.5, 1.0))  # noqa: S311 - jitter
+                backoff = min(max_backoff, backoff * 2)
+                rv = None
 
-    async def list_nodes_paged(self, *, limit: int = 500) -> AsyncIterator[tuple[list[JSON], str]]:
-        """LIST Nodes in pages (``limit``/``continue``): at most one page of full bodies is in
-        memory at a time. Yields (items, resourceVersion of the list)."""
+    async def _pages(
+        self, call: Any, limit: int, **kwargs: Any
+    ) -> AsyncIterator[tuple[list[JSON], str]]:
         token: str | None = None
         while True:
-            kwargs: dict[str, Any] = {"limit": limit, "_preload_content": False}
+            args: dict[str, Any] = {"limit": limit, "_preload_content": False, **kwargs}
             if token:
-                kwargs["_continue"] = token
-            page = await _body(self.core.list_node(**kwargs))
+                args["_continue"] = token
+            page = await _body(call(**args))
             meta = page.get("metadata") or {}
             yield page["items"], str(meta.get("resourceVersion", ""))
             token = meta.get("continue")
             if not token:
                 return
-
-    async def watch_nodes(
-        self, resource_version: str, *, timeout_seconds: int = 300
-    ) -> AsyncIterator[JSON]:
-        async for ev in self._watch(self.core.list_node, resource_version, timeout_seconds):
-            yield ev
 
     async def _watch(
         self, call: Any, resource_version: str, timeout_seconds: int, **kwargs: Any
@@ -417,54 +456,42 @@ class Kube:
         finally:
             resp.release()
 
+    # ---- jobs (reset / reboot hooks) -----------------------------------------------------
+    async def get_job(self, namespace: str, name: str) -> JSON | None:
+        call = self.batch.read_namespaced_job_status(name, namespace, _preload_content=False)
+        return await _unless(404, call)
+
+    async def create_job(self, namespace: str, body: JSON) -> bool:
+        """Create; False when a Job of that name exists already (409)."""
+        call = self.batch.create_namespaced_job(namespace, body, _preload_content=False)
+        return await _unless(409, call) is not None
+
     # ---- gpuheal custom objects --------------------------------------------------------
     async def get_custom(self, plural: str, name: str) -> JSON | None:
-        try:
-            return await _body(
-                self.custom.get_cluster_custom_object(
-                    inc.GROUP, inc.VERSION, plural, name, _preload_content=False
-                )
-            )
-        except ApiException as exc:
-            if exc.status == 404:
-                return None
-            raise
+        call = self.custom.get_cluster_custom_object(
+            names.GROUP, names.VERSION, plural, name, _preload_content=False
+        )
+        return await _unless(404, call)
 
     async def list_custom(self, plural: str, label_selector: str | None = None) -> list[JSON]:
         kwargs: dict[str, Any] = {"_preload_content": False}
         if label_selector:
             kwargs["label_selector"] = label_selector
         body = await _body(
-            self.custom.list_cluster_custom_object(inc.GROUP, inc.VERSION, plural, **kwargs)
+            self.custom.list_cluster_custom_object(names.GROUP, names.VERSION, plural, **kwargs)
         )
         items: list[JSON] = body["items"]
         return items
 
     async def create_custom(self, plural: str, body: JSON) -> JSON | None:
         """Create; ``None`` when an object of that name exists already (409)."""
-        try:
-            return await _body(
-                self.custom.create_cluster_custom_object(
-                    inc.GROUP, inc.VERSION, plural, body, _preload_content=False
-                )
-            )
-        except ApiException as exc:
-            if exc.status == 409:
-                return None
-            raise
+        call = self.custom.create_cluster_custom_object(
+            names.GROUP, names.VERSION, plural, body, _preload_content=False
+        )
+        return await _unless(409, call)
 
     async def patch_custom(self, plural: str, name: str, patch: JSON) -> JSON:
-        return await _body(
-            self.custom.patch_cluster_custom_object(
-                inc.GROUP,
-                inc.VERSION,
-                plural,
-                name,
-                patch,
-                _content_type=MERGE_PATCH,
-                _preload_content=False,
-            )
-        )
+        return await self._patch_custom(plural, name, patch, status=False)
 
     async def patch_custom_status(
         self, plural: str, name: str, status: JSON, *, resource_version: str | None = None
@@ -475,17 +502,22 @@ class Kube:
         if resource_version:
             patch["metadata"] = {"resourceVersion": resource_version}
         try:
-            return await self._patch_status(plural, name, patch)
+            return await self._patch_custom(plural, name, patch, status=True)
         except ApiException as exc:
             if exc.status == 409:
                 raise Conflict(f"{plural}/{name} changed since it was read") from exc
             raise
 
-    async def _patch_status(self, plural: str, name: str, patch: JSON) -> JSON:
+    async def _patch_custom(self, plural: str, name: str, patch: JSON, *, status: bool) -> JSON:
+        call = (
+            self.custom.patch_cluster_custom_object_status
+            if status
+            else self.custom.patch_cluster_custom_object
+        )
         return await _body(
-            self.custom.patch_cluster_custom_object_status(
-                inc.GROUP,
-                inc.VERSION,
+            call(
+                names.GROUP,
+                names.VERSION,
                 plural,
                 name,
                 patch,

@@ -7,9 +7,9 @@ done, not ours, not a Slurm node, or "try again later".
 
 from __future__ import annotations
 
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Protocol, TypeVar
+from typing import TypeVar
 
 import httpx
 
@@ -50,44 +50,38 @@ class SlurmConflict(SlurmError):
     """Someone else's drain (resume refused): gpuheal leaves it alone."""
 
 
-class SlurmPort(Protocol):
-    async def node(self, node: str) -> NodeState: ...
-
-    async def drain(
-        self,
-        node: str,
-        *,
-        incident: str,
-        xid: int | None,
-        requeue: RequeueOptions | None,
-        idempotency_key: str,
-    ) -> DrainResponse: ...
-
-    async def resume(
-        self, node: str, *, incident: str | None, force: bool = False, idempotency_key: str
-    ) -> ResumeResponse: ...
-
-    async def close(self) -> None: ...
-
-
 class BridgeSlurm:
-    """`SlurmPort` over the bridge's async client; errors mapped to the port's."""
+    """The bridge's async client, its errors mapped to what a step needs to know."""
 
-    def __init__(self, client: BridgeClient) -> None:
+    def __init__(
+        self, client: BridgeClient, *, on_call: Callable[[str, str], None] | None = None
+    ) -> None:
         self.client = client
+        self.on_call = on_call or (lambda operation, result: None)
 
     @classmethod
     def from_settings(
-        cls, url: str, token_file: str | None, ca_file: str | None, *, retries: int = 2
+        cls,
+        url: str,
+        token_file: str | None,
+        ca_file: str | None,
+        *,
+        retries: int = 2,
+        on_call: Callable[[str, str], None] | None = None,
     ) -> BridgeSlurm:
+        """``on_call(operation, result)`` hears of every call: ok, error or unavailable."""
         token = Path(token_file).read_text().strip() if token_file else ""
         verify: bool | str = ca_file if ca_file else True
-        return cls(BridgeClient(url, token, retries=retries, verify=verify))
+        return cls(BridgeClient(url, token, retries=retries, verify=verify), on_call=on_call)
 
-    async def _guard(self, call: Awaitable[T]) -> T:
+    async def _guard(self, operation: str, call: Awaitable[T]) -> T:
+        result = "error"
         try:
-            return await call
+            value = await call
+            result = "ok"
+            return value
         except BridgeUnavailable as exc:
+            result = "unavailable"
             raise SlurmUnavailable(str(exc), exc.retry_after) from exc
         except BridgeNotFound as exc:
             raise SlurmNotFound(str(exc)) from exc
@@ -96,10 +90,20 @@ class BridgeSlurm:
         except BridgeError as exc:
             raise SlurmError(str(exc)) from exc
         except httpx.HTTPError as exc:  # transport errors the client did not wrap
+            result = "unavailable"
             raise SlurmUnavailable(f"bridge unreachable: {exc}") from exc
+        finally:
+            self.on_call(operation, result)
+
+    async def ready(self) -> bool:
+        """Does the bridge answer /readyz with slurmctld reachable?"""
+        try:
+            return (await self.client.ready()).ready
+        except (httpx.HTTPError, ValueError):
+            return False
 
     async def node(self, node: str) -> NodeState:
-        return await self._guard(self.client.get_node(node))
+        return await self._guard("node", self.client.get_node(node))
 
     async def drain(
         self,
@@ -111,18 +115,20 @@ class BridgeSlurm:
         idempotency_key: str,
     ) -> DrainResponse:
         return await self._guard(
+            "drain",
             self.client.drain(
                 node, incident=incident, xid=xid, requeue=requeue, idempotency_key=idempotency_key
-            )
+            ),
         )
 
     async def resume(
         self, node: str, *, incident: str | None, force: bool = False, idempotency_key: str
     ) -> ResumeResponse:
         return await self._guard(
+            "resume",
             self.client.resume(
                 node, incident=incident, force=force, idempotency_key=idempotency_key
-            )
+            ),
         )
 
     async def close(self) -> None:

@@ -4,11 +4,6 @@ The CRDs in `crds/` are generated from these models: `python -m gpuheal.api.gen`
 """
 
 from gpuheal.api.meta import (
-    API_VERSION,
-    APPROVE_ANNOTATION,
-    GROUP,
-    OPT_OUT_LABEL,
-    VERSION,
     Condition,
     ConditionStatus,
     LabelSelector,
@@ -20,6 +15,7 @@ from gpuheal.api.meta import (
     scaled_value,
     set_condition,
 )
+from gpuheal.api.names import API_VERSION, APPROVE_ANNOTATION, GROUP, OPT_OUT_LABEL, VERSION
 from gpuheal.api.noderemediation import NodeRemediation, NodeRemediationSpec, NodeRemediationStatus
 from gpuheal.api.remediationpolicy import (
     Action,

@@ -12,7 +12,7 @@ import datetime as dt
 import enum
 import re
 from collections.abc import Sequence
-from typing import Annotated, Any, Final
+from typing import Annotated, Any
 
 from kube_custom_resource.schema import BaseModel
 from pydantic import (
@@ -27,15 +27,7 @@ from pydantic import (
     BaseModel as PydanticModel,
 )
 
-GROUP = "gpuheal.io"
-VERSION = "v1alpha1"
-API_VERSION: Final = "gpuheal.io/v1alpha1"
-
-# Labels and annotations gpuheal reads on objects people edit.
-OPT_OUT_LABEL = "gpuheal.io/opt-out"
-"""Default node label that keeps gpuheal's hands off a node (`safety.optOutLabel` overrides)."""
-APPROVE_ANNOTATION = "gpuheal.io/approve"
-"""Set on a NodeRemediation by a person; value is a comma-separated list of approved actions."""
+from gpuheal.api.names import GROUP
 
 # Bounds: CEL cost estimation needs every list and string that a rule touches to be bounded.
 MAX_NAME = 253
@@ -91,6 +83,26 @@ def format_duration(delta: dt.timedelta) -> str:
     hours, rest = divmod(total, 3600)
     minutes, seconds = divmod(rest, 60)
     return "".join(f"{v}{unit}" for v, unit in ((hours, "h"), (minutes, "m"), (seconds, "s")) if v)
+
+
+def parse_time(value: Any) -> dt.datetime | None:
+    """An RFC 3339 timestamp as the API server writes it, or None (total: any input)."""
+    if not isinstance(value, str) or not value:
+        return None
+    try:
+        parsed = dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=dt.UTC)
+
+
+def rfc3339(ts: dt.datetime) -> str:
+    return ts.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def rfc3339_ms(ts: dt.datetime) -> str:
+    """RFC 3339 with milliseconds (timelines: steps often take less than a second)."""
+    return ts.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
 
 
 def _check_duration(text: str) -> str:

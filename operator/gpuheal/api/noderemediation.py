@@ -9,7 +9,6 @@ from typing import Literal
 from pydantic import ConfigDict, Field, model_validator
 
 from gpuheal.api.meta import (
-    API_VERSION,
     DNS_SUBDOMAIN_PATTERN,
     MAX_MESSAGE,
     MAX_NAME,
@@ -21,38 +20,11 @@ from gpuheal.api.meta import (
     cel,
     conditions_field,
 )
+from gpuheal.api.names import API_VERSION, NremCondition
 from gpuheal.api.remediationpolicy import Rung
 from gpuheal.xid.types import RecoveryAction
 
-# Step conditions (type == what happened; status True once done). Reasons are CamelCase.
-DETECTED = "Detected"
-CORDONED = "Cordoned"
-SLURM_DRAINED = "SlurmDrained"
-JOBS_REQUEUED = "JobsRequeued"
-DRAINED = "Drained"
-RESET = "Reset"
-REBOOTED = "Rebooted"
-REPLACEMENT_CLAIMED = "ReplacementClaimed"
-REPAIRED = "Repaired"
-RETURNED = "Returned"
-BLOCKED = "Blocked"
-FAILED = "Failed"
-COMPLETED = "Completed"  # summary: True when the incident is over (returned, replaced, closed)
-STEP_CONDITION_TYPES = (
-    DETECTED,
-    CORDONED,
-    SLURM_DRAINED,
-    JOBS_REQUEUED,
-    DRAINED,
-    RESET,
-    REBOOTED,
-    REPLACEMENT_CLAIMED,
-    REPAIRED,
-    RETURNED,
-    BLOCKED,
-    FAILED,
-    COMPLETED,
-)
+STEP_CONDITION_TYPES = tuple(NremCondition)
 
 
 class SignalSource(enum.StrEnum):
@@ -87,6 +59,11 @@ class SignalRecord(Model):
     gpu_uuid: str | None = Field(default=None, max_length=64)
     recovery_action: RecoveryAction | None = None
     condition_type: str | None = Field(default=None, max_length=316)
+    condition_status: str | None = Field(
+        default=None,
+        max_length=16,
+        description="The status the condition held (True when absent).",
+    )
     event_reason: str | None = Field(default=None, max_length=128)
     event_uid: str | None = Field(default=None, max_length=64, description="For dedupe.")
     message: str = Field(default="", max_length=MAX_MESSAGE)
@@ -144,6 +121,11 @@ class NodeRemediationStatus(Model):
     next_step: int = Field(default=0, ge=0, description="Index of the next step in the rung.")
     requeued_jobs: list[RequeuedJob] = Field(default_factory=list, max_length=1024)
     replacement_node: str | None = Field(default=None, max_length=MAX_NAME)
+    slot_taken_at: dt.datetime | None = Field(
+        default=None,
+        description="When the incident took its first disruptive step and began to count "
+        "against the policy's maxUnhealthy (also what the rate limit counts).",
+    )
     ownership: Ownership = Field(default_factory=Ownership)
     timeline: list[TimelineEntry] = Field(default_factory=list, max_length=200)
     conditions: list[Condition] = conditions_field(

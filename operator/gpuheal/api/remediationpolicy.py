@@ -8,12 +8,10 @@ from typing import Annotated, Any, Literal
 from pydantic import ConfigDict, Field, model_validator
 
 from gpuheal.api.meta import (
-    API_VERSION,
     DNS_LABEL_PATTERN,
     LABEL_KEY_PATTERN,
     MAX_LABEL_KEY,
     MAX_MESSAGE,
-    OPT_OUT_LABEL,
     Condition,
     ConditionStatus,
     CrdInfo,
@@ -27,20 +25,8 @@ from gpuheal.api.meta import (
     cel,
     conditions_field,
 )
+from gpuheal.api.names import API_VERSION, OPT_OUT_LABEL
 from gpuheal.xid.types import RecoveryAction, XidClass
-
-# Condition types and reasons on RemediationPolicy.status (CamelCase, constants).
-READY = "Ready"
-CIRCUIT_BREAKER_OPEN = "CircuitBreakerOpen"
-PAUSED = "Paused"
-OVERLAPPING = "Overlapping"
-REASON_ACTIVE = "Active"
-REASON_TOO_MANY_UNHEALTHY = "TooManyUnhealthy"
-REASON_WITHIN_LIMITS = "WithinLimits"
-REASON_PAUSED_BY_SPEC = "PausedBySpec"
-REASON_NOT_PAUSED = "NotPaused"
-REASON_NODES_IN_OTHER_POLICIES = "NodesInOtherPolicies"
-REASON_NO_OVERLAP = "NoOverlap"
 
 
 class Action(enum.StrEnum):

@@ -9,7 +9,6 @@ from typing import Annotated, Literal
 from pydantic import ConfigDict, Field, model_validator
 
 from gpuheal.api.meta import (
-    API_VERSION,
     LABEL_KEY_PATTERN,
     MAX_LABEL_KEY,
     MAX_LABEL_VALUE,
@@ -22,16 +21,7 @@ from gpuheal.api.meta import (
     cel,
     conditions_field,
 )
-
-# Condition types and reasons on ReservePool.status.
-READY = "Ready"
-LOW = "Low"
-REASON_ENOUGH_SPARES = "EnoughSpares"
-REASON_BELOW_MIN_AVAILABLE = "BelowMinAvailable"
-REASON_NO_SPARES = "NoSpares"
-
-CLAIM_ANNOTATION = "gpuheal.io/claimed-by"
-"""Set on a spare Node (with a resourceVersion precondition) when an incident claims it."""
+from gpuheal.api.names import API_VERSION
 
 _LabelKey = Annotated[str, Field(max_length=MAX_LABEL_KEY, pattern=LABEL_KEY_PATTERN)]
 

@@ -1,45 +1,36 @@
-"""Pure decisions: policy + node view + history + cluster counts + now -> Decision."""
+"""The only decisions: policy + node view + history + cluster counts + now -> Decision.
 
-from gpuheal.policy.engine import (
-    Trigger,
-    allowed_unhealthy,
-    breaker_open,
-    decide,
-    find_trigger,
+`decide` (engine) is the entry point; `admit` (safety) the gate before a node is taken out
+of service; `select` says which policy, rule, spare and pods; `inputs` builds the engine's
+inputs from API objects for the operator and the CLI alike.
+"""
+
+from gpuheal.policy.engine import condition_observations, decide, rung_for, trigger_for
+from gpuheal.policy.safety import Admission, admit, allowed_unhealthy, cluster_counts
+from gpuheal.policy.select import (
+    choose_policy,
+    pods_to_evict,
+    rule_matches,
     select_policy,
-)
-from gpuheal.policy.types import (
-    Act,
-    Blocked,
-    ClusterCounts,
-    Decision,
-    History,
-    Idle,
-    IncidentView,
-    NodeCondition,
-    NodeView,
-    Observation,
-    Operation,
-    Wait,
+    spare_candidates,
+    unhealthy_reasons,
+    watched_conditions,
 )
 
 __all__ = [
-    "Act",
-    "Blocked",
-    "ClusterCounts",
-    "Decision",
-    "History",
-    "Idle",
-    "IncidentView",
-    "NodeCondition",
-    "NodeView",
-    "Observation",
-    "Operation",
-    "Trigger",
-    "Wait",
+    "Admission",
+    "admit",
     "allowed_unhealthy",
-    "breaker_open",
+    "choose_policy",
+    "cluster_counts",
+    "condition_observations",
     "decide",
-    "find_trigger",
+    "pods_to_evict",
+    "rule_matches",
+    "rung_for",
     "select_policy",
+    "spare_candidates",
+    "trigger_for",
+    "unhealthy_reasons",
+    "watched_conditions",
 ]

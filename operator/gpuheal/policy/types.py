@@ -7,62 +7,40 @@ import datetime as dt
 import enum
 from collections.abc import Mapping, Sequence
 
-from gpuheal.api.remediationpolicy import Action, Rung, Step
+from gpuheal.api.names import Reason
+from gpuheal.api.remediationpolicy import Action, Rule, Rung, Step
 from gpuheal.xid.types import RecoveryAction, XidEvent
 
 
-class Operation(enum.StrEnum):
-    """What an `Act` asks the operator to do: a ladder action, or one of two closing moves."""
+class Move(enum.StrEnum):
+    """What an `Act` does to the incident itself (a step's `Act` carries its `Action`)."""
 
-    ALERT = "alert"
-    CORDON = "cordon"
-    SLURM_DRAIN = "slurmDrain"
-    DRAIN = "drain"
-    RESET = "reset"
-    REBOOT = "reboot"
-    REPLACE = "replace"
+    OPEN = "open"  # record a NodeRemediation for a new trigger
+    ESCALATE = "escalate"  # record the incident's climb to a higher rung
     RETURN_TO_SERVICE = "returnToService"  # uncordon / resume in Slurm what gpuheal did
     CLOSE = "close"  # incident over without returning the node (replaced, alert only)
 
-    @classmethod
-    def of(cls, action: Action) -> Operation:
-        return cls(action.value)
 
-
-# Decision reasons: CamelCase, stable (they become condition reasons and Event reasons).
-REASON_DETECTED = "Detected"
-REASON_NEXT_STEP = "NextStep"
-REASON_ESCALATED = "Escalated"
-REASON_HEALTHY_FOR_HYSTERESIS = "HealthyForHysteresis"
-REASON_REPLACED = "Replaced"
-REASON_ALERT_ONLY = "AlertOnly"
-REASON_NOTHING_OWNED = "NothingOwned"
-REASON_CONDITION_PENDING = "ConditionPending"
-REASON_HYSTERESIS_PENDING = "HysteresisPending"
-REASON_STILL_UNHEALTHY = "NodeStillUnhealthy"
-REASON_HEALTHY = "Healthy"
-REASON_RETURN_DISABLED = "ReturnToServiceDisabled"
-REASON_PAUSED = "Paused"
-REASON_DRY_RUN = "DryRun"
-REASON_OPTED_OUT = "OptedOut"
-REASON_BREAKER_OPEN = "CircuitBreakerOpen"
-REASON_MAX_UNHEALTHY = "MaxUnhealthyReached"
-REASON_RATE_LIMITED = "RateLimited"
-REASON_STORM_COOLDOWN = "StormCooldown"
-REASON_APPROVAL_PENDING = "ApprovalPending"
-REASON_SOURCE_BLIND = "SignalSourceBlind"
+Operation = Action | Move
+"""What an `Act` asks for: a ladder action (cordon, slurmDrain...) or a `Move`."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Observation:
-    """One signal seen on the node: an XID (any source) or a non-XID Event."""
+    """One signal seen on a node, whatever its source: an XID, an Event, or a watched node
+    condition that turned bad (then `time` is its lastTransitionTime)."""
 
     time: dt.datetime
     xid: int | None = None
     gpu: str | None = None  # UUID or normalised PCI id: what "the same GPU" means
     recovery_action: RecoveryAction | None = None
     event_reason: str | None = None
+    condition_type: str | None = None
+    condition_status: str | None = None
     message: str = ""
+    source: str = ""  # events | conditions | dcgm | record (read back from an incident)
+    key: str = ""  # dedupe key: the same signal seen again has the same key
+    event_uid: str | None = None
 
     @classmethod
     def from_xid(cls, event: XidEvent, seen_at: dt.datetime) -> Observation:
@@ -74,12 +52,29 @@ class Observation:
             message=event.message,
         )
 
+    @property
+    def what(self) -> str:
+        """A few words for messages: `XID 79 on GPU 0000:3b:00`, `condition GpuDegraded=True`."""
+        if self.xid is not None:
+            return f"XID {self.xid}" + (f" on GPU {self.gpu}" if self.gpu else "")
+        if self.condition_type is not None:
+            return f"condition {self.condition_type}={self.condition_status}"
+        return f"event {self.event_reason}"
+
+    @property
+    def identity(self) -> tuple[object, ...]:
+        """Two records of one signal (in memory and on the incident) compare equal here;
+        two Events in the same second (Event times have whole seconds) do not."""
+        return (self.time, self.xid, self.gpu, self.event_reason, self.condition_type,
+                self.event_uid)  # fmt: skip
+
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class NodeCondition:
     type: str
     status: str  # "True" / "False" / "Unknown"
-    last_transition_time: dt.datetime
+    last_transition_time: dt.datetime | None
+    reason: str = ""
 
 
 ALWAYS = dt.datetime.min.replace(tzinfo=dt.UTC)
@@ -88,14 +83,32 @@ ALWAYS = dt.datetime.min.replace(tzinfo=dt.UTC)
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class NodeView:
-    """The compact view of a Node the engine needs (not the Node body)."""
+    """What gpuheal keeps of a Node: a few hundred bytes instead of a 15-40 KiB body."""
 
     name: str
     labels: Mapping[str, str] = dataclasses.field(default_factory=dict)
     conditions: Sequence[NodeCondition] = ()
+    uid: str = ""
+    unschedulable: bool = False
+    cordoned_by: str | None = None  # the incident whose cordon this is (our annotation)
+    claimed_by: str | None = None  # the incident that claimed this node as a spare
+    taints: tuple[str, ...] = ()
     sources_readable_since: dt.datetime | None = ALWAYS
     """Since when every signal source for this node has been readable; None = blind now.
     A blind source never starts nor ends an incident, and blind time is not healthy time."""
+
+    def condition(self, type_: str) -> NodeCondition | None:
+        return next((c for c in self.conditions if c.type == type_), None)
+
+    @property
+    def ready(self) -> bool:
+        cond = self.condition("Ready")
+        return cond is not None and cond.status == "True"
+
+    @property
+    def kept_out_by(self) -> str | None:
+        """The incident that keeps this node out of service (cordoned by gpuheal), if any."""
+        return self.cordoned_by if self.unschedulable and self.cordoned_by else None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -113,6 +126,26 @@ class IncidentView:
     slurm_drained_by_us: bool = False
     trigger_xid: int | None = None
     trigger_gpu: str | None = None
+    holds_slot: bool = False  # counts against maxUnhealthy already (took a disruptive step)
+    dry_run: bool = False  # the incident's own snapshot: editing the policy does not flip it
+    name: str = ""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class IncidentSummary:
+    """What the operator keeps of every NodeRemediation, open or closed (cluster counts)."""
+
+    name: str
+    node: str
+    policy: str
+    active: bool
+    holds_slot: bool
+    trigger_keys: frozenset[str] = frozenset()
+    recorded: frozenset[tuple[object, ...]] = frozenset()  # identities of its signals
+    replacement: str | None = None
+    slot_taken_at: dt.datetime | None = None
+    started_at: dt.datetime | None = None
+    completed_at: dt.datetime | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -126,13 +159,27 @@ class History:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class ClusterCounts:
-    """Counts over the nodes the policy selects, computed by the operator."""
+    """Counts over the nodes the policy selects, and its breaker, as the operator sees them."""
 
     selected: int
-    unhealthy: int  # nodes with a trigger or an open incident (this node included if so)
-    remediating: int  # open incidents that took or will take disruptive steps
-    recent_starts: Sequence[dt.datetime] = ()  # incident start times (rate limit)
-    breaker_closed_at: dt.datetime | None = None  # CircuitBreakerOpen -> False transition
+    unhealthy: int  # nodes with an open incident or kept out of service by gpuheal
+    remediating: int  # nodes that hold a maxUnhealthy slot (took or keep a disruptive step)
+    recent_starts: Sequence[dt.datetime] = ()  # when slots were taken (rate limit)
+    breaker_open: bool = False
+    breaker_changed_at: dt.datetime | None = None  # last open/close transition
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Trigger:
+    """A rule that fires now, at which rung, and why."""
+
+    rule_index: int
+    rule: Rule
+    rung: int
+    steps: tuple[Step, ...]  # the rung's steps after the catalogue's first-sight guards
+    count: int  # occurrences counted for escalation
+    signal: Observation
+    why: str
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -140,12 +187,15 @@ class Act:
     """Do `operation` now."""
 
     operation: Operation
-    reason: str
+    reason: Reason
     message: str
     rule: str | None = None
     rung: int | None = None
     step_index: int | None = None
     step: Step | None = None
+    trigger: Trigger | None = None  # OPEN and ALERT of a new signal
+    takes_slot: bool = False  # this step counts the node against maxUnhealthy from now on
+    breaker: bool | None = None  # the policy's breaker opens (True) / closes (False) now
     uncordon: bool = False  # RETURN_TO_SERVICE only
     resume_slurm: bool = False  # RETURN_TO_SERVICE only
 
@@ -155,7 +205,7 @@ class Wait:
     """Nothing to do now; decide again at `until`."""
 
     until: dt.datetime
-    reason: str
+    reason: Reason
     message: str
 
 
@@ -163,17 +213,18 @@ class Wait:
 class Blocked:
     """Something should happen but a safety rule says no. `would` is what would happen."""
 
-    reason: str
+    reason: Reason
     message: str
     retry_at: dt.datetime | None = None
     would: Act | None = None
+    breaker: bool | None = None  # the policy's breaker opens (True) / closes (False) now
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Idle:
     """Nothing to do and nothing to wait for."""
 
-    reason: str
+    reason: Reason
     message: str
 
 

@@ -174,7 +174,7 @@ def _run_condition(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_simulate_parser(subparsers: Any) -> argparse.ArgumentParser:
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """`gpuheal simulate xid ...` and `gpuheal simulate condition ...`."""
     sim: argparse.ArgumentParser = subparsers.add_parser(
         "simulate", help="inject GPU faults the way real producers do"

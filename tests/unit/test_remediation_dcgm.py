@@ -7,14 +7,14 @@ from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from typing import Any, ClassVar
 
-import httpx
 import pytest
 from prometheus_client import CollectorRegistry
 
+from gpuheal.adapters.dcgm import DcgmScraper
 from gpuheal.config import OperatorConfig
-from gpuheal.handlers.runtime import Runtime
-from gpuheal.handlers.sources import scrape_once
 from gpuheal.metrics import Metrics
+from gpuheal.remediation.sources import scrape_once
+from gpuheal.remediation.state import Runtime
 
 UUID = "GPU-12345678-1234-1234-1234-123456789abc"
 
@@ -62,12 +62,13 @@ async def test_counter_rise_becomes_an_xid_signal_and_the_first_scrape_is_a_base
 ) -> None:
     rt = Runtime(OperatorConfig(dcgm_port=exporter), Metrics(CollectorRegistry()))
     previous: dict[str, dict[Any, float]] = {}
-    async with httpx.AsyncClient(timeout=2) as http:
-        _Exporter.text = exporter_text(2, 79)  # XIDs from before we started
-        assert await scrape_once(rt, http, [pod("n1")], previous) == []
-        assert await scrape_once(rt, http, [pod("n1")], previous) == []  # nothing new
-        _Exporter.text = exporter_text(3, 79)  # the counter rose; the gauge cannot show it
-        ((node, signal),) = await scrape_once(rt, http, [pod("n1")], previous)
+    http = DcgmScraper(port=exporter, timeout=2)
+    _Exporter.text = exporter_text(2, 79)  # XIDs from before we started
+    assert await scrape_once(rt, http, [pod("n1")], previous) == []
+    assert await scrape_once(rt, http, [pod("n1")], previous) == []  # nothing new
+    _Exporter.text = exporter_text(3, 79)  # the counter rose; the gauge cannot show it
+    ((node, signal),) = await scrape_once(rt, http, [pod("n1")], previous)
+    await http.close()
     assert node == "n1"
     assert (signal.source, signal.xid, signal.gpu) == ("dcgm", 79, UUID)
     assert rt.metrics.source_up.labels("dcgm")._value.get() == 1
@@ -75,8 +76,10 @@ async def test_counter_rise_becomes_an_xid_signal_and_the_first_scrape_is_a_base
 
 async def test_unreadable_exporter_is_blind_not_healthy(exporter: int) -> None:
     rt = Runtime(OperatorConfig(dcgm_port=exporter), Metrics(CollectorRegistry()))
-    async with httpx.AsyncClient(timeout=1) as http:
-        out = await scrape_once(rt, http, [pod("n1"), pod("n2", ip="127.0.0.2")], {})
+    http = DcgmScraper(port=exporter, timeout=1)
+    out = await scrape_once(rt, http, [pod("n1"), pod("n2", ip="127.0.0.2")], {})
+    await http.close()
     assert out == []
     assert rt.metrics.source_up.labels("dcgm")._value.get() == 0
+    assert "dcgm" in rt.blind
     assert rt.metrics.source_errors.labels("dcgm")._value.get() == 1

@@ -1,7 +1,5 @@
-"""`gpuheal xid parse` and `gpuheal xid explain`: wired into gpuheal.cli via `add_parser`.
-
-Also runnable alone: `python -m gpuheal.xid parse < kern.log`.
-"""
+"""`gpuheal xid parse` (kernel log lines on stdin, one JSON per XID out) and
+`gpuheal xid explain CODE` (the catalogue entry). No cluster needed."""
 
 from __future__ import annotations
 
@@ -51,10 +49,3 @@ def run(args: argparse.Namespace) -> int:
         return parse_stream(sys.stdin, sys.stdout)
     print(explain(args.code))
     return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="gpuheal")
-    add_parser(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(argv)
-    return run(args)

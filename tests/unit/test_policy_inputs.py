@@ -1,5 +1,5 @@
-"""Pure incident helpers: names, the compact node view, Event dedupe keys, drain filter,
-conditions and the source-side signal mapping."""
+"""From API objects to the engine's inputs: incident names, the compact node view, Event
+dedupe keys, the drain filter, conditions and how a signal is recorded on an incident."""
 
 from __future__ import annotations
 
@@ -9,21 +9,29 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gpuheal import incident as inc
-from gpuheal.handlers.detect import signal_record
-from gpuheal.handlers.sources import event_signal
-from gpuheal.plan import Signal
-from gpuheal.simulate import condition_patch, kernel_line, xid_event
+from gpuheal.api.meta import ConditionStatus, rfc3339_ms, set_condition
+from gpuheal.api.names import CORDONED_BY_ANNOTATION, incident_name
+from gpuheal.cli.simulate import condition_patch, kernel_line, xid_event
+from gpuheal.policy import pods_to_evict
+from gpuheal.policy.inputs import (
+    NodeEvent,
+    event_observation,
+    node_event,
+    node_view,
+    signal_record,
+)
+from gpuheal.policy.select import pod_is_evicted_by_drain
+from gpuheal.policy.types import Observation
 from gpuheal.xid.parse import parse_event
 
 NOW = dt.datetime(2026, 11, 22, 6, 0, tzinfo=dt.UTC)
 
 
 def test_incident_name_is_deterministic_short_and_a_dns_label() -> None:
-    a = inc.incident_name("gpu-node-0", "event/u1/1")
-    assert a == inc.incident_name("gpu-node-0", "event/u1/1")
-    assert a != inc.incident_name("gpu-node-0", "event/u1/2")
-    long = inc.incident_name("Node.With.Dots." + "x" * 300, "k")
+    a = incident_name("gpu-node-0", "event/u1/1")
+    assert a == incident_name("gpu-node-0", "event/u1/1")
+    assert a != incident_name("gpu-node-0", "event/u1/2")
+    long = incident_name("Node.With.Dots." + "x" * 300, "k")
     assert len(long) <= 63  # the bridge's incident id grammar
     assert long == long.lower()
 
@@ -32,7 +40,7 @@ def test_incident_name_is_deterministic_short_and_a_dns_label() -> None:
 def test_incident_name_always_fits_the_bridge_grammar(node: str, key: str) -> None:
     import re
 
-    name = inc.incident_name(node, key)
+    name = incident_name(node, key)
     assert re.fullmatch(r"[a-z0-9](?:[a-z0-9.-]{0,61}[a-z0-9])?", name)
 
 
@@ -42,7 +50,7 @@ def node_body(**over: Any) -> dict[str, Any]:
             "name": "n1",
             "uid": "u1",
             "labels": {"pool": "train", "gpuheal.io/claimed-by": "nrem-x"},
-            "annotations": {inc.CORDONED_BY_ANNOTATION: "nrem-y", "big": "x" * 10000},
+            "annotations": {CORDONED_BY_ANNOTATION: "nrem-y", "big": "x" * 10000},
             "managedFields": [{"manager": "kubelet", "fieldsV1": {"f:status": {}}}],
         },
         "spec": {"unschedulable": True, "taints": [{"key": "t", "effect": "NoSchedule"}]},
@@ -61,54 +69,51 @@ def node_body(**over: Any) -> dict[str, Any]:
 
 
 def test_node_view_keeps_only_what_gpuheal_reads() -> None:
-    v = inc.node_view(node_body())
+    v = node_view(node_body())
     assert (v.name, v.uid, v.unschedulable, v.ready) == ("n1", "u1", True, True)
     assert v.cordoned_by == "nrem-y"
     assert v.claimed_by == "nrem-x"
     assert v.taints == ("t",)
     assert [c.type for c in v.conditions] == ["Ready", "GpuXid"]  # kubelet pressure dropped
-    assert v.condition("Ready").since == dt.datetime(2026, 11, 22, 5, tzinfo=dt.UTC)  # type: ignore[union-attr]
+    assert v.condition("Ready").last_transition_time == dt.datetime(2026, 11, 22, 5, tzinfo=dt.UTC)  # type: ignore[union-attr]
     assert not hasattr(v, "__dict__")  # slots: no per-object dict
 
 
 def test_node_view_is_total() -> None:
-    assert inc.node_view({}).name == ""
-    assert (
-        inc.node_view({"status": {"conditions": [{"status": "x"}, None.__class__]}}).conditions
-        == ()
-    )  # type: ignore[list-item]
+    assert node_view({}).name == ""
+    assert node_view({"status": {"conditions": [{"status": "x"}, None.__class__]}}).conditions == ()  # type: ignore[list-item]
 
 
 def test_event_dedupe_key_is_uid_and_count_and_repeats_differ() -> None:
     body = xid_event({"metadata": {"name": "n1", "uid": "nu"}}, kernel_line(79))
     body["metadata"]["uid"] = "e1"
-    ev = inc.node_event(body)
+    ev = node_event(body)
     assert ev is not None
     assert ev.dedupe_key == "event/e1/1"
     body["count"] = 2
-    assert inc.node_event(body).dedupe_key == "event/e1/2"  # type: ignore[union-attr]
+    assert node_event(body).dedupe_key == "event/e1/2"  # type: ignore[union-attr]
     body["series"] = {"count": 5, "lastObservedTime": "2026-11-22T06:00:00Z"}
-    again = inc.node_event(body)
+    again = node_event(body)
     assert again is not None
     assert again.dedupe_key == "event/e1/5"
     assert again.last_seen == NOW
-    assert inc.node_event({"involvedObject": {"kind": "Pod", "name": "p"}}) is None
+    assert node_event({"involvedObject": {"kind": "Pod", "name": "p"}}) is None
 
 
 def test_simulated_event_is_read_as_the_xid_it_carries() -> None:
     body = xid_event({"metadata": {"name": "n1", "uid": "nu"}}, kernel_line(94, pci="0000:5e:00"))
     body["metadata"]["uid"] = "e9"
-    ev = inc.node_event(body)
+    ev = node_event(body)
     assert ev is not None
     assert (ev.reason, ev.type, ev.component) == ("GpuXid", "Warning", "kernel-monitor")
-    signal = event_signal(ev)
+    signal = event_observation(ev, NOW)
     assert signal is not None
     assert (signal.xid, signal.gpu, signal.event_uid) == (94, "0000:5e:00", "e9")
     parsed = parse_event(ev.reason, ev.message)
     assert parsed is not None
     assert parsed.xid == 94
-    normal = inc.NodeEvent("u", "n1", "RegisteredNode", "Registered", 1, NOW, type="Normal")
-    assert event_signal(normal) is None
+    normal = NodeEvent("u", "n1", "RegisteredNode", "Registered", 1, NOW, type="Normal")
+    assert event_observation(normal, NOW) is None
 
 
 def test_condition_patch_only_names_its_own_condition() -> None:
@@ -127,34 +132,35 @@ def pod(kind: str | None = None, phase: str = "Running", mirror: bool = False) -
 
 
 def test_drain_skips_daemonset_mirror_and_finished_pods() -> None:
-    D = inc.PodDisposition
-    assert inc.pod_disposition(pod()) is D.EVICT
-    assert inc.pod_disposition(pod("ReplicaSet")) is D.EVICT
-    assert inc.pod_disposition(pod("DaemonSet")) is D.DAEMONSET
-    assert inc.pod_disposition(pod(mirror=True)) is D.MIRROR
-    assert inc.pod_disposition(pod(phase="Succeeded")) is D.FINISHED
-    assert len(inc.pods_to_evict([pod(), pod("DaemonSet"), pod(phase="Failed")])) == 1
+    assert pod_is_evicted_by_drain(pod())
+    assert pod_is_evicted_by_drain(pod("ReplicaSet"))
+    assert not pod_is_evicted_by_drain(pod("DaemonSet"))
+    assert not pod_is_evicted_by_drain(pod(mirror=True))
+    assert not pod_is_evicted_by_drain(pod(phase="Succeeded"))
+    assert len(pods_to_evict([pod(), pod("DaemonSet"), pod(phase="Failed")])) == 1
 
 
 def test_set_condition_moves_transition_time_only_on_change() -> None:
     later = NOW + dt.timedelta(minutes=5)
-    conds = inc.set_condition([], type_="Blocked", status="True", reason="A", message="m", now=NOW)
-    same = inc.set_condition(conds, type_="Blocked", status="True", reason="B", message="n",
-                             now=later)  # fmt: skip
-    assert same[0]["lastTransitionTime"] == "2026-11-22T06:00:00Z"
-    assert same[0]["reason"] == "B"
-    flipped = inc.set_condition(same, type_="Blocked", status="False", reason="C", message="",
-                                now=later)  # fmt: skip
-    assert flipped[0]["lastTransitionTime"] == "2026-11-22T06:05:00Z"
-    assert inc.condition_is(flipped, "Blocked", "False")
-    assert inc.rfc3339_ms(NOW) == "2026-11-22T06:00:00.000Z"
+    true, false = ConditionStatus.TRUE, ConditionStatus.FALSE
+    conds = set_condition([], type_="Blocked", status=true, reason="A", message="m", now=NOW)
+    same = set_condition(conds, type_="Blocked", status=true, reason="B", message="n", now=later)
+    assert same[0].last_transition_time == NOW
+    assert same[0].reason == "B"
+    flipped = set_condition(same, type_="Blocked", status=false, reason="C", message="", now=later)
+    assert flipped[0].last_transition_time == later
+    assert flipped[0].status is false
+    assert rfc3339_ms(NOW) == "2026-11-22T06:00:00.000Z"
 
 
 def test_signal_record_fits_the_crd_model() -> None:
-    rec = signal_record(Signal("events", "k", NOW, xid=79, gpu="0000:3b:00", event_uid="e",
-                               event_reason="GpuXid", message="m"))  # fmt: skip
+    obs = Observation(NOW, xid=79, gpu="0000:3b:00", event_uid="e", source="events", key="k",
+                      event_reason="GpuXid", message="m")  # fmt: skip
+    rec = signal_record(obs).to_k8s()
     assert rec == {"source": "Event", "observedAt": "2026-11-22T06:00:00Z", "xid": 79,
                    "pciBusId": "0000:3b:00", "eventReason": "GpuXid", "eventUid": "e",
                    "message": "m"}  # fmt: skip
     uuid = "GPU-12345678-1234-1234-1234-123456789abc"
-    assert signal_record(Signal("dcgm", "k", NOW, xid=48, gpu=uuid))["gpuUuid"] == uuid
+    dcgm = signal_record(Observation(NOW, xid=48, gpu=uuid, source="dcgm", key="k"))
+    assert dcgm.to_k8s()["gpuUuid"] == uuid
+    assert dcgm.to_k8s()["source"] == "DcgmExporter"

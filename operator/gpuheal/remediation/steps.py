@@ -1,49 +1,48 @@
-"""One idempotent executor per remediation action. Each looks at the world first and returns
-what happened as a `StepResult`; running one twice (after a restart) repeats nothing harmful.
+"""One idempotent executor per remediation action. Each looks at the world first (through
+the adapters) and says what happened as a `StepResult`: the step's condition, its reason and
+message, and what to merge into status. Running one twice (after a restart) repeats nothing
+harmful.
 
-The driver (handlers/remediation.py) decides *when* a step runs (gates, order) and records
-the result; the executors only do the I/O.
+The engine decides *whether* and *when* a step runs; the driver records the result.
 """
 
 from __future__ import annotations
 
-import asyncio
+import copy
 import datetime as dt
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
-
-from gpuheal import incident as inc
+from gpuheal.adapters.hooks import HookUnreachable, post_webhook
 from gpuheal.adapters.kube import CordonOutcome, Kube, UncordonOutcome
 from gpuheal.adapters.slurm import (
+    BridgeSlurm,
     SlurmConflict,
     SlurmError,
     SlurmNotFound,
-    SlurmPort,
     SlurmUnavailable,
 )
-from gpuheal.api.meta import parse_duration
-from gpuheal.api.noderemediation import (
-    CORDONED,
-    DRAINED,
-    JOBS_REQUEUED,
-    REBOOTED,
-    REPLACEMENT_CLAIMED,
-    RESET,
-    SLURM_DRAINED,
-)
+from gpuheal.api.meta import parse_duration, rfc3339
+from gpuheal.api.names import NODE_LABEL, REPLACES_ANNOTATION
+from gpuheal.api.names import NremCondition as C
+from gpuheal.api.noderemediation import NodeRemediation
 from gpuheal.api.remediationpolicy import (
+    Action,
     DrainOptions,
     DrainTimeoutAction,
     HookSpec,
     HookType,
     SlurmDrainOptions,
+    Step,
 )
 from gpuheal.api.remediationpolicy import RequeueMode as PolicyRequeue
 from gpuheal.api.reservepool import ReservePool
+from gpuheal.policy import pods_to_evict, spare_candidates
+from gpuheal.policy.types import Act, NodeView
+from gpuheal.remediation.record import Recorder
+from gpuheal.remediation.state import Runtime
 from gpuheal_bridge.api.models import (
     CheckpointSignal,
     DrainOutcome,
@@ -86,13 +85,13 @@ async def cordon(kube: Kube, node: str, incident: str) -> StepResult:
     outcome = await kube.cordon(node, incident)
     if outcome is CordonOutcome.BY_OTHER:
         return StepResult.done(
-            CORDONED,
+            C.CORDONED,
             "AlreadyCordonedByOther",
             f"{node} was already cordoned by someone else; gpuheal will not uncordon it",
             ownership={"cordoned": False},
         )
     return StepResult.done(
-        CORDONED,
+        C.CORDONED,
         "Cordoned",
         f"{node} cordoned by gpuheal ({incident})",
         ownership={"cordoned": True},
@@ -133,7 +132,7 @@ _REQUEUED = {JobOutcome.REQUEUED, JobOutcome.REQUEUED_HELD, JobOutcome.REQUEUED_
 
 
 async def slurm_drain(
-    slurm: SlurmPort | None,
+    slurm: BridgeSlurm | None,
     node: str,
     incident: str,
     xid: int | None,
@@ -144,7 +143,7 @@ async def slurm_drain(
 ) -> StepResult:
     if slurm is None:
         return StepResult.done(
-            SLURM_DRAINED, "SlurmNotConfigured", "no Slurm bridge configured (--bridge-url)"
+            C.SLURM_DRAINED, "SlurmNotConfigured", "no Slurm bridge configured (--bridge-url)"
         )
     try:
         resp = await slurm.drain(
@@ -155,15 +154,15 @@ async def slurm_drain(
             idempotency_key=f"{incident}-slurm-drain",
         )
     except SlurmNotFound:
-        return StepResult.done(SLURM_DRAINED, "NotASlurmNode", f"Slurm does not know {node}")
+        return StepResult.done(C.SLURM_DRAINED, "NotASlurmNode", f"Slurm does not know {node}")
     except SlurmUnavailable as exc:
         delay = exc.retry_after or min(60.0, 2.0 ** min(attempt, 6))
-        return StepResult.wait(SLURM_DRAINED, "BridgeUnavailable", str(exc), delay)
+        return StepResult.wait(C.SLURM_DRAINED, "BridgeUnavailable", str(exc), delay)
     except SlurmError as exc:
-        return StepResult.failed(SLURM_DRAINED, "BridgeError", str(exc))
+        return StepResult.failed(C.SLURM_DRAINED, "BridgeError", str(exc))
     ours = resp.outcome is not DrainOutcome.DRAINED_BY_OTHER
     jobs = [
-        {"jobId": str(j.job_id), "requeuedAt": inc.rfc3339(now)}
+        {"jobId": str(j.job_id), "requeuedAt": rfc3339(now)}
         for j in resp.jobs
         if j.outcome in _REQUEUED
     ]
@@ -172,7 +171,7 @@ async def slurm_drain(
         f"; not requeued: {', '.join(other)}" if other else ""
     )
     result = StepResult.done(
-        SLURM_DRAINED,
+        C.SLURM_DRAINED,
         {
             DrainOutcome.DRAINED: "Drained",
             DrainOutcome.ALREADY_DRAINED: "AlreadyDrained",
@@ -186,7 +185,7 @@ async def slurm_drain(
         result.status["requeuedJobs"] = jobs
     result.extra_conditions.append(
         (
-            JOBS_REQUEUED,
+            C.JOBS_REQUEUED,
             "True" if jobs or not other else "False",
             "Requeued" if jobs else ("NoJobs" if not other else "NotRequeued"),
             f"{len(jobs)} job(s) requeued" + (f"; {', '.join(other)}" if other else ""),
@@ -196,7 +195,7 @@ async def slurm_drain(
 
 
 async def slurm_resume(
-    slurm: SlurmPort | None, node: str, incident: str, *, force: bool = False
+    slurm: BridgeSlurm | None, node: str, incident: str, *, force: bool = False
 ) -> str:
     """Resume ``node`` in Slurm only if our drain (this incident) is still its reason."""
     if slurm is None:
@@ -231,12 +230,12 @@ async def drain_pods(
     policy's ``onTimeout`` decides: stop and alert, or delete the rest without the Eviction API.
     """
     pods = await kube.pods_on_node(node)
-    todo = inc.pods_to_evict(pods)
+    todo = pods_to_evict(pods)
     counts = {"evicted": 0, "pdb_blocked": 0, "gone": 0, "forced": 0}
     if not todo:
         skipped = len(pods)
         return StepResult.done(
-            DRAINED,
+            C.DRAINED,
             "Drained",
             f"no pods left to evict on {node} ({skipped} DaemonSet/mirror/finished pod(s) kept)",
         ), counts
@@ -259,19 +258,19 @@ async def drain_pods(
     if counts["pdb_blocked"]:
         if timed_out:
             return StepResult.failed(
-                DRAINED,
+                C.DRAINED,
                 "DrainTimedOut",
                 f"{counts['pdb_blocked']} pod(s) on {node} still held by a PodDisruptionBudget "
                 f"after {opts.timeout}; onTimeout=Alert: the node stays cordoned",
             ), counts
         return StepResult.wait(
-            DRAINED,
+            C.DRAINED,
             "PodDisruptionBudget",
             f"{counts['pdb_blocked']} pod(s) on {node} held by a PodDisruptionBudget; retrying",
             retry_after,
         ), counts
     return StepResult.wait(
-        DRAINED,
+        C.DRAINED,
         "Evicting",
         f"evicted {counts['evicted']}, forced {counts['forced']}; waiting for the pods to go",
         retry_after,
@@ -283,7 +282,7 @@ async def busy_pods(kube: Kube, node: str) -> list[str]:
     """Pods a reset would disturb (what a drain would evict), as namespace/name."""
     return [
         f"{p['metadata'].get('namespace')}/{p['metadata'].get('name')}"
-        for p in inc.pods_to_evict(await kube.pods_on_node(node))
+        for p in pods_to_evict(await kube.pods_on_node(node))
     ]
 
 
@@ -308,7 +307,7 @@ async def run_hook(  # noqa: PLR0911
     from the template, env ``NODE_NAME``/``GPUHEAL_ACTION``/``GPUHEAL_INCIDENT``; success
     when the Job reports Complete, failure when it reports Failed.
     """
-    condition = RESET if action == "reset" else REBOOTED
+    condition = C.RESET if action == "reset" else C.REBOOTED
     if hook.type is HookType.NOOP:
         return StepResult.done(condition, "NoopHook", f"{action} hook is Noop: nothing ran")
     if now - started > parse_duration(hook_timeout):
@@ -316,27 +315,24 @@ async def run_hook(  # noqa: PLR0911
             condition, "HookTimedOut", f"{action} hook did not finish in {hook_timeout}"
         )
     if hook.type is HookType.WEBHOOK and hook.webhook is not None:
-        payload = {"action": action, "node": node, "incident": incident, "xid": xid}
         try:
-            async with httpx.AsyncClient(
-                timeout=parse_duration(hook.webhook.timeout).total_seconds()
-            ) as http:
-                resp = await http.post(
-                    hook.webhook.url,
-                    json=payload,
-                    headers={"Idempotency-Key": f"{incident}-{action}"},
-                )
-        except httpx.HTTPError as exc:
+            code = await post_webhook(
+                hook.webhook.url,
+                action=action,
+                node=node,
+                incident=incident,
+                xid=xid,
+                wait_s=parse_duration(hook.webhook.timeout).total_seconds(),
+            )
+        except HookUnreachable as exc:
             return StepResult.wait(condition, "HookUnreachable", str(exc), retry_after)
-        if resp.is_success:
-            return StepResult.done(
-                condition, "HookSucceeded", f"{action} webhook: {resp.status_code}"
-            )
-        if resp.status_code >= 500 or resp.status_code == 429:
+        if 200 <= code <= 299:
+            return StepResult.done(condition, "HookSucceeded", f"{action} webhook: {code}")
+        if code >= 500 or code == 429:
             return StepResult.wait(
-                condition, "HookUnavailable", f"{action} webhook: {resp.status_code}", retry_after
+                condition, "HookUnavailable", f"{action} webhook: {code}", retry_after
             )
-        return StepResult.failed(condition, "HookRefused", f"{action} webhook: {resp.status_code}")
+        return StepResult.failed(condition, "HookRefused", f"{action} webhook: {code}")
     if hook.type is HookType.JOB and hook.job is not None:
         return await _job_hook(
             kube, hook, action=action, node=node, incident=incident, retry_after=retry_after
@@ -347,38 +343,27 @@ async def run_hook(  # noqa: PLR0911
 async def _job_hook(
     kube: Kube, hook: HookSpec, *, action: str, node: str, incident: str, retry_after: float
 ) -> StepResult:
-    from kubernetes_asyncio import client as k8s
-    from kubernetes_asyncio.client.exceptions import ApiException
-
     assert hook.job is not None
-    condition = RESET if action == "reset" else REBOOTED
-    batch: Any = k8s.BatchV1Api(kube.api)
+    condition = C.RESET if action == "reset" else C.REBOOTED
     name = f"{incident}-{action}"[:63].rstrip("-")
     ns = hook.job.namespace
-    try:
-        job = await batch.read_namespaced_job_status(name, ns)
-    except ApiException as exc:
-        if exc.status != 404:
-            raise
+    job = await kube.get_job(ns, name)
+    if job is None:
         spec = _job_spec(hook.job.template, node=node, action=action, incident=incident)
         body = {
             "apiVersion": "batch/v1",
             "kind": "Job",
-            "metadata": {"name": name, "namespace": ns, "labels": {inc.NODE_LABEL: node}},
+            "metadata": {"name": name, "namespace": ns, "labels": {NODE_LABEL: node}},
             "spec": spec,
         }
-        try:
-            await batch.create_namespaced_job(ns, body)
-        except ApiException as create_exc:
-            if create_exc.status != 409:
-                raise
+        await kube.create_job(ns, body)
         return StepResult.wait(condition, "HookRunning", f"Job {ns}/{name} created", retry_after)
-    for c in job.status.conditions or []:
-        if c.type == "Complete" and c.status == "True":
+    for c in (job.get("status") or {}).get("conditions") or []:
+        if c.get("type") == "Complete" and c.get("status") == "True":
             return StepResult.done(condition, "HookSucceeded", f"Job {ns}/{name} completed")
-        if c.type == "Failed" and c.status == "True":
+        if c.get("type") == "Failed" and c.get("status") == "True":
             return StepResult.failed(
-                condition, "HookFailed", f"Job {ns}/{name} failed: {c.message}"
+                condition, "HookFailed", f"Job {ns}/{name} failed: {c.get('message')}"
             )
     return StepResult.wait(condition, "HookRunning", f"Job {ns}/{name} running", retry_after)
 
@@ -387,8 +372,6 @@ def _job_spec(
     template: Mapping[str, Any], *, node: str, action: str, incident: str
 ) -> dict[str, Any]:
     """The template (a JobSpec) with NODE_NAME & co added to every container's env."""
-    import copy
-
     spec = copy.deepcopy(dict(template))
     pod_spec = spec.setdefault("template", {}).setdefault("spec", {})
     pod_spec.setdefault("restartPolicy", "Never")
@@ -403,25 +386,12 @@ def _job_spec(
 
 
 # ---- replace -------------------------------------------------------------------------------
-def spare_candidates(pool: ReservePool, nodes: Sequence[inc.NodeView], broken: str) -> list[str]:
-    """Ready, schedulable-or-ours, unclaimed nodes of the pool, by name (stable order)."""
-    return sorted(
-        n.name
-        for n in nodes
-        if n.name != broken
-        and pool.spec.node_selector.matches(dict(n.labels))
-        and n.ready
-        and n.claimed_by is None
-        and n.cordoned_by is None
-    )
-
-
 async def replace(
     kube: Kube,
-    slurm: SlurmPort | None,
+    slurm: BridgeSlurm | None,
     pool: ReservePool | None,
     pool_name: str,
-    nodes: Sequence[inc.NodeView],
+    nodes: Sequence[NodeView],
     *,
     node: str,
     incident: str,
@@ -430,7 +400,7 @@ async def replace(
     """Claim a spare (resourceVersion precondition), promote it, resume it in Slurm."""
     if pool is None:
         return StepResult.wait(
-            REPLACEMENT_CLAIMED, "PoolNotFound", f"ReservePool {pool_name} not found", retry_after
+            C.REPLACEMENT_CLAIMED, "PoolNotFound", f"ReservePool {pool_name} not found", retry_after
         )
     names = spare_candidates(pool, nodes, node)
     bodies = []
@@ -441,7 +411,7 @@ async def replace(
     claim = await kube.claim_spare(incident, bodies)
     if claim is None:
         return StepResult.wait(
-            REPLACEMENT_CLAIMED,
+            C.REPLACEMENT_CLAIMED,
             "NoSpareAvailable",
             f"no ready, unclaimed node in ReservePool {pool_name}",
             retry_after,
@@ -453,7 +423,7 @@ async def replace(
     await kube.patch_node_metadata(
         claim.node,
         labels=labels,
-        annotations={inc.REPLACES_ANNOTATION: node},
+        annotations={REPLACES_ANNOTATION: node},
         remove_taints=frozenset(t.key for t in promo.remove_taints),
         current=current,
     )
@@ -463,19 +433,108 @@ async def replace(
             slurm_msg = "; " + await slurm_resume(slurm, claim.node, incident, force=True)
         except SlurmUnavailable as exc:
             return StepResult.wait(
-                REPLACEMENT_CLAIMED,
+                C.REPLACEMENT_CLAIMED,
                 "BridgeUnavailable",
                 f"claimed {claim.node}; Slurm resume pending: {exc}",
                 retry_after,
             )
     return StepResult.done(
-        REPLACEMENT_CLAIMED,
+        C.REPLACEMENT_CLAIMED,
         "SpareClaimed",
         f"{claim.node} from ReservePool {pool_name} promoted for {node}{slurm_msg}",
         replacementNode=claim.node,
     )
 
 
-async def sleep_until(deadline: float) -> None:
-    loop = asyncio.get_running_loop()
-    await asyncio.sleep(max(0.0, deadline - loop.time()))
+# ---- dispatch --------------------------------------------------------------------------------
+def _started(rec: Recorder, condition: str) -> dt.datetime:
+    """When this step first ran: its condition's transition to False (kept across restarts)."""
+    since = rec.since(condition)
+    return since if since is not None and not rec.holds(condition) else rec.now
+
+
+async def execute(  # noqa: PLR0911
+    rt: Runtime, nrem: NodeRemediation, rec: Recorder, step: Step, *, attempt: int
+) -> StepResult:
+    """Run `step` of the incident once."""
+    kube = rt.require_kube()
+    spec = nrem.spec
+    name = nrem.metadata.name
+    node = spec.node_name
+    retry = rt.config.retry_interval
+    now = rec.now
+    xid = next((s.xid for s in reversed(spec.signals) if s.xid is not None), None)
+    action = step.action
+    if action is Action.CORDON:
+        return await cordon(kube, node, name)
+    if action is Action.SLURM_DRAIN:
+        return await slurm_drain(
+            rt.slurm, node, name, xid, step.slurm_drain_options(), now=now, attempt=attempt
+        )
+    if action is Action.DRAIN:
+        result, counts = await drain_pods(
+            kube,
+            node,
+            step.drain_options(),
+            started=_started(rec, C.DRAINED),
+            now=now,
+            retry_after=retry,
+        )
+        for what, n in counts.items():
+            if n:
+                rt.metrics.evictions.labels(what).inc(n)
+        return result
+    if action in (Action.RESET, Action.REBOOT):
+        opts = step.reset if action is Action.RESET else step.reboot
+        assert opts is not None
+        cond = C.RESET if action is Action.RESET else C.REBOOTED
+        if step.reset is not None and action is Action.RESET and step.reset.when_idle:
+            busy = await busy_pods(kube, node)
+            if busy:
+                return StepResult.wait(
+                    cond,
+                    "WaitingForIdle",
+                    f"reset when idle: {len(busy)} pod(s) still run on {node} "
+                    f"({', '.join(busy[:3])})",
+                    retry,
+                )
+        return await run_hook(
+            kube,
+            opts.hook,
+            action=action.value,
+            node=node,
+            incident=name,
+            xid=xid,
+            started=_started(rec, cond),
+            now=now,
+            hook_timeout=opts.timeout,
+            retry_after=retry,
+        )
+    if action is Action.REPLACE:
+        assert step.replace is not None
+        pool_name = step.replace.reserve_pool_ref.name
+        return await replace(
+            kube,
+            rt.slurm,
+            rt.pools.get(pool_name),
+            pool_name,
+            list(rt.nodes.values()),
+            node=node,
+            incident=name,
+            retry_after=retry,
+        )
+    return StepResult.failed(C.DETECTED, "UnknownAction", f"no executor for {action}")
+
+
+async def return_to_service(rt: Runtime, nrem: NodeRemediation, decision: Act) -> str:
+    """Undo what gpuheal did (only that): uncordon, resume in Slurm. Says what happened."""
+    node = nrem.spec.node_name
+    name = nrem.metadata.name
+    messages = []
+    if decision.uncordon:
+        messages.append(await uncordon(rt.require_kube(), node, name))
+    else:
+        messages.append(f"{node}: cordon was not gpuheal's, left as it is")
+    if decision.resume_slurm:
+        messages.append(await slurm_resume(rt.slurm, node, name))
+    return "; ".join(messages)

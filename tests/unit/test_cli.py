@@ -3,20 +3,17 @@
 from __future__ import annotations
 
 import argparse
+import subprocess
+import sys
 
 import pytest
 
+from gpuheal.cli import build_parser
 from gpuheal.config import config_from_args
-from gpuheal.operator import add_run_parser
-from gpuheal.simulate import add_simulate_parser
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser()
-    sub = parser.add_subparsers(dest="command", required=True)
-    add_run_parser(sub)
-    add_simulate_parser(sub)
-    return parser.parse_args(argv)
+    return build_parser(argv).parse_args(argv)
 
 
 def test_run_defaults_match_the_helm_contract(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -43,8 +40,10 @@ def test_run_flags_and_env(monkeypatch: pytest.MonkeyPatch) -> None:
     assert cfg.dcgm_namespace == "gpu-operator"
     assert config_from_args(parse(["run", "--sources", "dcgm,conditions"])).sources == {
         "dcgm", "conditions"}  # fmt: skip
-    with pytest.raises(SystemExit):
-        parse(["run", "--sources", "events,smoke-signals"])
+    with pytest.raises(SystemExit, match="--sources: unknown source"):
+        config_from_args(parse(["run", "--sources", "events,smoke-signals"]))
+    with pytest.raises(SystemExit, match="--metrics-port"):
+        config_from_args(parse(["run", "--metrics-port", "http"]))
 
 
 def test_simulate_parsers() -> None:
@@ -52,3 +51,36 @@ def test_simulate_parsers() -> None:
     assert (args.node, args.xid, args.condition, args.gpu) == (["a", "b"], 79, True, "0000:3b:00")
     cond = parse(["simulate", "condition", "--node", "a", "--type", "GpuDegraded"])
     assert (cond.type, cond.status) == ("GpuDegraded", "True")
+
+
+def test_a_subcommand_loads_only_its_own_module() -> None:
+    """`gpuheal xid parse` must not pay for kopf or a Kubernetes client at start."""
+    probe = (
+        "import sys; from gpuheal.cli import build_parser; "
+        "build_parser(['xid', 'parse']).parse_args(['xid', 'parse']); "
+        "print(' '.join(sorted(m for m in sys.modules if m.split('.')[0] in "
+        "{'kopf', 'kubernetes', 'kubernetes_asyncio'})))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert out.stdout.split() == []
+    help_text = subprocess.run(
+        [sys.executable, "-m", "gpuheal", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout
+    for command in ("run", "simulate", "xid", "status", "explain"):
+        assert command in help_text
+
+
+def test_every_run_flag_says_what_it_does_and_its_variable() -> None:
+    parser = build_parser(["run"])
+    run = parser._subparsers._group_actions[0].choices["run"]  # type: ignore[union-attr]
+    flags = [a for a in run._actions if a.option_strings and a.dest != "help"]
+    assert len(flags) >= 17
+    for action in flags:
+        assert action.help, action.option_strings
+        assert "$GPUHEAL_" in action.help, action.option_strings

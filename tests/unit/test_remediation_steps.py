@@ -12,10 +12,11 @@ from typing import Any, ClassVar
 
 import pytest
 
-from gpuheal.adapters import steps
 from gpuheal.api.remediationpolicy import HookSpec, SlurmDrainOptions
 from gpuheal.api.reservepool import ReservePool
-from gpuheal.incident import NodeCondition, NodeView
+from gpuheal.policy import spare_candidates
+from gpuheal.policy.types import NodeCondition, NodeView
+from gpuheal.remediation import steps
 from gpuheal_bridge.api.models import RequeueMode
 
 NOW = dt.datetime(2026, 11, 22, 6, 0, tzinfo=dt.UTC)
@@ -49,7 +50,7 @@ def view(name: str, *, ready: bool = True, **labels: str) -> NodeView:
     cordoned = labels.pop("cordoned", None)
     return NodeView(
         name=name, uid=name, labels={"pool": "reserve", **labels}, unschedulable=False,
-        conditions=(NodeCondition("Ready", "True" if ready else "False", "", NOW),),
+        conditions=(NodeCondition("Ready", "True" if ready else "False", NOW),),
         claimed_by=claimed, cordoned_by=cordoned,
     )  # fmt: skip
 
@@ -63,7 +64,7 @@ def test_spare_candidates_are_ready_unclaimed_uncordoned_pool_members() -> None:
         view("s3"), view("s1"), view("s2", ready=False), view("s4", claimed="nrem-a"),
         view("s5", cordoned="nrem-b"), view("w1", pool="train"), view("broken"),
     ]  # fmt: skip
-    assert steps.spare_candidates(pool, nodes, "broken") == ["s1", "s3"]
+    assert spare_candidates(pool, nodes, "broken") == ["s1", "s3"]
 
 
 def test_job_hook_spec_passes_the_node_to_every_container() -> None:

@@ -1,0 +1,29 @@
+"""The reset/reboot webhook contract, as HTTP: one POST, its status code back.
+
+``POST url`` with ``{"action", "node", "incident", "xid"}`` and the header
+``Idempotency-Key: <incident>-<action>``: the receiver must treat a repeated key as the same
+request (a restart of gpuheal may send it again).
+"""
+
+from __future__ import annotations
+
+import httpx
+
+
+class HookUnreachable(Exception):
+    """The receiver could not be reached (connect error, timeout)."""
+
+
+async def post_webhook(
+    url: str, *, action: str, node: str, incident: str, xid: int | None, wait_s: float
+) -> int:
+    """POST the request; the HTTP status code, or `HookUnreachable`."""
+    payload = {"action": action, "node": node, "incident": incident, "xid": xid}
+    try:
+        async with httpx.AsyncClient(timeout=wait_s) as http:
+            resp = await http.post(
+                url, json=payload, headers={"Idempotency-Key": f"{incident}-{action}"}
+            )
+    except httpx.HTTPError as exc:
+        raise HookUnreachable(f"{type(exc).__name__}: {exc}") from exc
+    return resp.status_code

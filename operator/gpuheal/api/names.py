@@ -1,0 +1,143 @@
+"""Every name gpuheal shares with the cluster and with people, in one place: the API group,
+resource names, the labels and annotations it writes or reads, condition types, decision
+reasons and Event reasons.
+
+Constants, not configuration: dashboards, alerts, `kubectl` selectors and other controllers
+(Slinky, NHC) depend on these strings, so changing one is an API change.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import re
+from typing import Final
+
+GROUP: Final = "gpuheal.io"
+VERSION: Final = "v1alpha1"
+API_VERSION: Final = "gpuheal.io/v1alpha1"
+
+NREM_KIND: Final = "NodeRemediation"
+POLICY_KIND: Final = "RemediationPolicy"
+POOL_KIND: Final = "ReservePool"
+NREM_PLURAL: Final = "noderemediations"
+POLICY_PLURAL: Final = "remediationpolicies"
+POOL_PLURAL: Final = "reservepools"
+
+# ---- labels and annotations people set --------------------------------------------------
+OPT_OUT_LABEL: Final = "gpuheal.io/opt-out"
+"""Default node label that keeps gpuheal's hands off a node (`safety.optOutLabel` overrides)."""
+APPROVE_ANNOTATION: Final = "gpuheal.io/approve"
+"""Set on a NodeRemediation by a person; value is a comma-separated list of approved actions."""
+
+# ---- ownership marks gpuheal writes (and the only ones it ever removes) --------------------
+CORDONED_BY_ANNOTATION: Final = "gpuheal.io/cordoned-by"  # on a Node: the incident's name
+CORDONED_AT_ANNOTATION: Final = "gpuheal.io/cordoned-at"
+CLAIMED_BY_LABEL: Final = "gpuheal.io/claimed-by"  # on a spare: the incident that claimed it
+CLAIMED_AT_ANNOTATION: Final = "gpuheal.io/claimed-at"
+REPLACES_ANNOTATION: Final = "gpuheal.io/replaces"  # on a promoted spare: the node it replaces
+NODE_LABEL: Final = "gpuheal.io/node"  # on a NodeRemediation: the node's name (selectable)
+TRIGGER_ANNOTATION: Final = "gpuheal.io/trigger"  # on a NodeRemediation: the signal's key
+INITIAL_RUNG_ANNOTATION: Final = "gpuheal.io/initial-rung"  # rung the incident opened at
+
+
+class NremCondition(enum.StrEnum):
+    """NodeRemediation status condition types: one per step (True once done), plus the
+    summary ones (`Blocked`, `Failed`, `Completed`)."""
+
+    DETECTED = "Detected"
+    CORDONED = "Cordoned"
+    SLURM_DRAINED = "SlurmDrained"
+    JOBS_REQUEUED = "JobsRequeued"
+    DRAINED = "Drained"
+    RESET = "Reset"
+    REBOOTED = "Rebooted"
+    REPLACEMENT_CLAIMED = "ReplacementClaimed"
+    REPAIRED = "Repaired"
+    RETURNED = "Returned"
+    BLOCKED = "Blocked"
+    FAILED = "Failed"
+    COMPLETED = "Completed"
+
+
+class PolicyCondition(enum.StrEnum):
+    READY = "Ready"
+    CIRCUIT_BREAKER_OPEN = "CircuitBreakerOpen"
+    PAUSED = "Paused"
+    OVERLAPPING = "Overlapping"
+
+
+class PoolCondition(enum.StrEnum):
+    READY = "Ready"
+    LOW = "Low"
+
+
+class Reason(enum.StrEnum):
+    """Reasons of gpuheal's decisions and conditions: one CamelCase word each, stable (they
+    become condition reasons, Event messages and metric labels)."""
+
+    # the engine's decisions
+    DETECTED = "Detected"
+    NEXT_STEP = "NextStep"
+    ESCALATED = "Escalated"
+    HEALTHY_FOR_HYSTERESIS = "HealthyForHysteresis"
+    REPLACED = "Replaced"
+    ALERT_ONLY = "AlertOnly"
+    NOTHING_OWNED = "NothingOwned"
+    CONDITION_PENDING = "ConditionPending"
+    HYSTERESIS_PENDING = "HysteresisPending"
+    STILL_UNHEALTHY = "NodeStillUnhealthy"
+    HEALTHY = "Healthy"
+    NO_POLICY = "NoPolicy"
+    OVERLAPPING = "Overlapping"
+    RETURN_DISABLED = "ReturnToServiceDisabled"
+    PAUSED = "Paused"
+    DRY_RUN = "DryRun"
+    OPTED_OUT = "OptedOut"
+    BREAKER_OPEN = "CircuitBreakerOpen"
+    RATE_LIMITED = "RateLimited"
+    STORM_COOLDOWN = "StormCooldown"
+    APPROVAL_PENDING = "ApprovalPending"
+    SOURCE_BLIND = "SignalSourceBlind"
+    POLICY_NOT_FOUND = "PolicyNotFound"
+    STALE = "StaleSignal"
+    NO_RULE = "NoRuleMatches"
+    # policy and pool status
+    ACTIVE = "Active"
+    TOO_MANY_UNHEALTHY = "TooManyUnhealthy"
+    WITHIN_LIMITS = "WithinLimits"
+    BREAKER_CLOSED = "BreakerClosed"
+    PAUSED_BY_SPEC = "PausedBySpec"
+    NOT_PAUSED = "NotPaused"
+    NODES_IN_OTHER_POLICIES = "NodesInOtherPolicies"
+    NO_OVERLAP = "NoOverlap"
+    ENOUGH_SPARES = "EnoughSpares"
+    BELOW_MIN_AVAILABLE = "BelowMinAvailable"
+    NO_SPARES = "NoSpares"
+
+
+class EventReason(enum.StrEnum):
+    """Reasons of the Kubernetes Events gpuheal posts (constants, one CamelCase word)."""
+
+    DETECTED = "DetectedUnhealthy"
+    REMEDIATION_CREATED = "RemediationCreated"
+    SIGNAL_ATTACHED = "SignalAttached"
+    STEP_DONE = "RemediationStep"
+    STEP_BLOCKED = "RemediationBlocked"
+    STEP_FAILED = "RemediationStepFailed"
+    BREAKER_OPEN = "CircuitBreakerOpen"
+    RETURNED = "ReturnedToService"
+    REPLACED = "Replaced"
+    RETIRED = "Retired"
+    SOURCE_BLIND = "SourceUnavailable"
+
+
+_DNS_BAD = re.compile(r"[^a-z0-9-]+")
+
+
+def incident_name(node: str, trigger_key: str) -> str:
+    """Deterministic NodeRemediation name for a signal: a replayed signal maps to the same
+    name, so creating it twice is a 409, never a second incident."""
+    digest = hashlib.sha256(f"{node}\0{trigger_key}".encode()).hexdigest()[:8]
+    base = _DNS_BAD.sub("-", node.lower()).strip("-")[:49].strip("-") or "node"
+    return f"nrem-{base}-{digest}"

@@ -1,0 +1,126 @@
+"""`gpuheal explain NODE`: why gpuheal does what it does about a node. Every line is the
+decision engine's own answer, asked with the inputs the operator builds from the same
+objects (the policy's counts as its status last reported them)."""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import os
+from typing import Any, TypeVar
+
+from pydantic import ValidationError
+
+from gpuheal.api.names import APPROVE_ANNOTATION, NREM_PLURAL, POLICY_PLURAL
+from gpuheal.api.noderemediation import NodeRemediation
+from gpuheal.api.remediationpolicy import RemediationPolicy
+from gpuheal.policy.explain import Verdict, explain
+from gpuheal.policy.inputs import (
+    event_observation,
+    incident_summary,
+    incident_view,
+    merge_observations,
+    node_event,
+    node_view,
+    policy_counts,
+    recorded_observations,
+)
+
+
+def explain_node(
+    node: dict[str, Any],
+    policies: list[RemediationPolicy],
+    events: list[dict[str, Any]],
+    incidents: list[NodeRemediation],
+    *,
+    now: dt.datetime,
+    max_signal_age: dt.timedelta | None = None,
+) -> tuple[list[str], list[Verdict]]:
+    """The lines `gpuheal explain` prints, from the objects it read (pure), and the engine's
+    verdicts behind them."""
+    view = node_view(node)
+    observations = []
+    for body in events:
+        ev = node_event(body)
+        obs = event_observation(ev, now) if ev is not None else None
+        if obs is not None:
+            observations.append(obs)
+    open_ = next((n for n in incidents if n.spec.node_name == view.name and not _done(n)), None)
+    summaries = [incident_summary(n) for n in incidents]
+    recorded = [
+        o for n in incidents if n.spec.node_name == view.name for o in recorded_observations(n)
+    ]
+    lines, verdicts = explain(
+        view,
+        policies,
+        merge_observations(recorded, observations),
+        incident=incident_view(open_, approve_annotation=APPROVE_ANNOTATION) if open_ else None,
+        episodes=[s for s in summaries if s.node == view.name],
+        counts={p.metadata.name: policy_counts(p, summaries) for p in policies},
+        now=now,
+        max_signal_age=max_signal_age,
+    )
+    for n in incidents:
+        if n.spec.node_name == view.name:
+            state = "open" if not _done(n) else "closed"
+            lines.append(f"incident {n.metadata.name} ({state}, rule {n.spec.rule})")
+    return lines, verdicts
+
+
+def _done(nrem: NodeRemediation) -> bool:
+    return incident_summary(nrem).completed_at is not None
+
+
+M = TypeVar("M", RemediationPolicy, NodeRemediation)
+
+
+def _parsed(items: list[dict[str, Any]], model: type[M]) -> list[M]:
+    """The objects that parse; the others are named (the operator ignores them too)."""
+    out = []
+    for item in items:
+        try:
+            out.append(model.model_validate(item))
+        except ValidationError as exc:
+            print(
+                f"({item.get('kind', 'object')} {item['metadata']['name']} does not parse: {exc})"
+            )
+    return out
+
+
+def _run(args: argparse.Namespace) -> int:
+    from kubernetes import client
+
+    from gpuheal.cli._cluster import api, list_custom
+
+    api_client = api(args.kubeconfig)
+    core = client.CoreV1Api(api_client)
+    node = api_client.sanitize_for_serialization(core.read_node(args.node))  # type: ignore[no-untyped-call]
+    policies = _parsed(list_custom(api_client, POLICY_PLURAL), RemediationPolicy)
+    selector = f"involvedObject.kind=Node,involvedObject.name={args.node}"
+    listed = core.list_event_for_all_namespaces(field_selector=selector).items
+    events = api_client.sanitize_for_serialization(listed)  # type: ignore[no-untyped-call]
+    incidents = _parsed(list_custom(api_client, NREM_PLURAL), NodeRemediation)
+    max_age = dt.timedelta(seconds=args.event_max_age)
+    lines, _ = explain_node(
+        node, policies, events, incidents, now=dt.datetime.now(dt.UTC), max_signal_age=max_age
+    )
+    print("\n".join(lines))
+    return 0
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    p: argparse.ArgumentParser = subparsers.add_parser(
+        "explain", help="why gpuheal does what it does about a node", description=__doc__
+    )
+    p.add_argument("node", help="the node's name")
+    p.add_argument(
+        "--kubeconfig", default=os.environ.get("KUBECONFIG"), help="kubeconfig file to use"
+    )
+    p.add_argument(
+        "--event-max-age",
+        type=float,
+        default=3600.0,
+        help="seconds after which an Event starts nothing (the operator's --event-max-age)",
+    )
+    p.set_defaults(func=_run)
+    return p

@@ -1,0 +1,105 @@
+"""Log in, start, stop and probe: kopf's lifecycle handlers, and `run` (kopf.run)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from typing import Any
+
+import kopf
+from prometheus_client import CollectorRegistry
+
+from gpuheal.config import OperatorConfig
+from gpuheal.handlers import objects as _objects  # noqa: F401 - registers its handlers
+from gpuheal.metrics import Metrics
+from gpuheal.remediation import service
+from gpuheal.remediation.state import Runtime
+
+
+@kopf.on.login()
+def login(settings: kopf.OperatorSettings, **kwargs: Any) -> Any:
+    """In-cluster service account in a pod, else the kubeconfig (``--kubeconfig`` /
+    ``$KUBECONFIG``), read at login time by kopf's own parser (no client library state)."""
+    if os.environ.get("KUBERNETES_SERVICE_HOST") and not os.environ.get("KUBECONFIG"):
+        return kopf.login_with_service_account(settings=settings, **kwargs)
+    return kopf.login_with_kubeconfig(settings=settings, **kwargs)
+
+
+@kopf.on.startup(backoff=2)
+async def startup(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
+    # kopf's own bookkeeping: annotations (never our typed status), Events for its errors.
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(
+        prefix="kopf.gpuheal.io"
+    )
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix="kopf.gpuheal.io", key="last-handled-configuration"
+    )
+    settings.posting.level = logging.WARNING
+    settings.watching.server_timeout = 300
+    settings.watching.client_timeout = 330
+    settings.networking.request_timeout = 60
+    settings.execution.max_workers = 4
+    await service.start(memo.runtime, serve_metrics=memo.get("serve_metrics", True))
+
+
+@kopf.on.cleanup()
+async def cleanup(memo: Any, **_: Any) -> None:
+    await service.stop(memo.runtime)
+
+
+@kopf.on.probe(id="incidents")
+async def probe_incidents(memo: Any, **_: Any) -> int:
+    rt: Runtime = memo.runtime
+    return sum(1 for i in rt.incidents.values() if i.active)
+
+
+def configure_logging(log_format: str, verbose: bool = False) -> None:
+    kopf.configure(
+        verbose=verbose,
+        log_format=kopf.LogFormat.JSON if log_format == "json" else kopf.LogFormat.PLAIN,
+        log_refkey="k8s",
+    )
+    if not verbose:
+        # kopf logs every on.event call at INFO ("Handler 'node_event' succeeded"): with
+        # thousands of nodes that is noise; failures still log at WARNING and above.
+        logging.getLogger("kopf.objects").setLevel(logging.WARNING)
+
+
+def run(
+    cfg: OperatorConfig,
+    *,
+    stop_flag: Any = None,
+    ready_flag: Any = None,
+    registry: CollectorRegistry | None = None,
+    serve_metrics: bool = True,
+) -> None:
+    """Run the operator until stopped (blocks). Cluster-wide; one active copy at a time
+    (the Lease; see docs/operator.md)."""
+    if cfg.kubeconfig:
+        os.environ["KUBECONFIG"] = cfg.kubeconfig
+    rt = Runtime(config=cfg, metrics=Metrics(registry) if registry is not None else Metrics())
+    memo = kopf.Memo(runtime=rt, serve_metrics=serve_metrics)
+    liveness = f"http://0.0.0.0:{cfg.health_port}/healthz" if cfg.health_port else None
+    kopf.run(
+        clusterwide=True,
+        standalone=True,
+        liveness_endpoint=liveness,
+        memo=memo,
+        stop_flag=stop_flag,
+        ready_flag=ready_flag,
+    )
+
+
+def run_in_thread(cfg: OperatorConfig) -> tuple[threading.Thread, threading.Event]:
+    """Start the operator in a thread (tests); set the returned event to stop it."""
+    stop = threading.Event()
+    ready = threading.Event()
+    thread = threading.Thread(
+        target=run,
+        args=(cfg,),
+        kwargs={"stop_flag": stop, "ready_flag": ready, "registry": CollectorRegistry()},
+        daemon=True,
+    )
+    thread.start()
+    return thread, stop

@@ -1,0 +1,27 @@
+"""gpuheal's own objects through kopf ``on.event`` handlers (they never write kopf
+bookkeeping on the objects). Nodes and Events come through watches of our own
+(`gpuheal.remediation.sources`): kopf's Node LIST is one un-paginated GET of every body."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import kopf
+
+from gpuheal.api.names import GROUP, NREM_PLURAL, POLICY_PLURAL, POOL_PLURAL, VERSION
+from gpuheal.remediation import objects
+
+
+@kopf.on.event(GROUP, VERSION, POLICY_PLURAL)
+async def policy_event(type: str | None, body: kopf.Body, memo: Any, **_: Any) -> None:
+    objects.policy_changed(memo.runtime, type, dict(body))
+
+
+@kopf.on.event(GROUP, VERSION, POOL_PLURAL)
+async def pool_event(type: str | None, body: kopf.Body, memo: Any, **_: Any) -> None:
+    objects.pool_changed(memo.runtime, type, dict(body))
+
+
+@kopf.on.event(GROUP, VERSION, NREM_PLURAL)
+async def incident_event(type: str | None, body: kopf.Body, memo: Any, **_: Any) -> None:
+    objects.incident_changed(memo.runtime, type, dict(body))

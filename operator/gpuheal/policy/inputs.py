@@ -1,0 +1,318 @@
+"""From what the API server returns to what the engine reads: Node bodies to compact views,
+Events to observations, NodeRemediations to incident views. Pure and total (a malformed body
+gives an empty-ish value, never an exception); the operator and `gpuheal explain` both build
+the engine's inputs here, so they cannot read the cluster differently.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import sys
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from gpuheal.api.meta import ConditionStatus, find_condition, parse_time
+from gpuheal.api.names import (
+    CLAIMED_BY_LABEL,
+    CORDONED_BY_ANNOTATION,
+    TRIGGER_ANNOTATION,
+    NremCondition,
+    PolicyCondition,
+    Reason,
+)
+from gpuheal.api.noderemediation import NodeRemediation, SignalRecord, SignalSource
+from gpuheal.api.remediationpolicy import Action, RemediationPolicy
+from gpuheal.policy.types import (
+    ALWAYS,
+    ClusterCounts,
+    IncidentSummary,
+    IncidentView,
+    NodeCondition,
+    NodeView,
+    Observation,
+)
+from gpuheal.xid.parse import parse_event
+
+# Conditions every kubelet reports and that say nothing about GPUs; dropped from the view
+# unless a policy names them (then `keep` carries them).
+_KUBELET_CONDITIONS = frozenset({"MemoryPressure", "DiskPressure", "PIDPressure"})
+
+
+def node_view(body: Mapping[str, Any], keep: frozenset[str] = frozenset()) -> NodeView:
+    """Reduce a Node body to the view. Total: a malformed body gives an empty-ish view."""
+    meta = body.get("metadata") or {}
+    spec = body.get("spec") or {}
+    status = body.get("status") or {}
+    annotations = meta.get("annotations") or {}
+    # Interned: thousands of nodes share the same label keys and mostly the same values.
+    labels = {sys.intern(str(k)): sys.intern(str(v)) for k, v in (meta.get("labels") or {}).items()}
+    conds = []
+    for c in status.get("conditions") or []:
+        if not isinstance(c, Mapping):
+            continue
+        type_ = c.get("type")
+        if not isinstance(type_, str) or (type_ in _KUBELET_CONDITIONS and type_ not in keep):
+            continue
+        conds.append(
+            NodeCondition(
+                type=sys.intern(type_),
+                status=sys.intern(str(c.get("status", "Unknown"))),
+                last_transition_time=parse_time(c.get("lastTransitionTime")),
+                reason=str(c.get("reason") or ""),
+            )
+        )
+    return NodeView(
+        name=str(meta.get("name", "")),
+        uid=str(meta.get("uid", "")),
+        labels=labels,
+        unschedulable=bool(spec.get("unschedulable")),
+        conditions=tuple(conds),
+        cordoned_by=annotations.get(CORDONED_BY_ANNOTATION),
+        claimed_by=labels.get(CLAIMED_BY_LABEL),
+        taints=tuple(
+            str(t["key"])
+            for t in spec.get("taints") or []
+            if isinstance(t, Mapping) and t.get("key")
+        ),
+    )
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class NodeEvent:
+    """The fields of a core/v1 Event about a Node that gpuheal reads."""
+
+    uid: str
+    node: str
+    reason: str
+    message: str
+    count: int
+    last_seen: dt.datetime | None
+    type: str = "Warning"
+    component: str = ""
+
+    @property
+    def dedupe_key(self) -> str:
+        """uid + count: the same Event object seen again (relist, restart) has the same key;
+        the producer bumping ``count`` for a repeat gives a new one."""
+        return f"event/{self.uid}/{self.count}"
+
+
+def node_event(body: Mapping[str, Any]) -> NodeEvent | None:
+    """Read an Event body (core/v1, as listed or watched); None unless it is about a Node."""
+    involved = body.get("involvedObject") or {}
+    if involved.get("kind") != "Node" or not involved.get("name"):
+        return None
+    meta = body.get("metadata") or {}
+    series = body.get("series") or {}
+    count = series.get("count") or body.get("count") or 1
+    last = (
+        parse_time(series.get("lastObservedTime"))
+        or parse_time(body.get("lastTimestamp"))
+        or parse_time(body.get("eventTime"))
+        or parse_time(meta.get("creationTimestamp"))
+    )
+    source = body.get("source") or {}
+    return NodeEvent(
+        uid=str(meta.get("uid", "")),
+        node=str(involved["name"]),
+        reason=str(body.get("reason") or ""),
+        message=str(body.get("message") or ""),
+        count=int(count) if isinstance(count, int) else 1,
+        last_seen=last,
+        type=str(body.get("type") or "Normal"),
+        component=str(source.get("component") or body.get("reportingComponent") or ""),
+    )
+
+
+def event_observation(ev: NodeEvent, seen_at: dt.datetime) -> Observation | None:
+    """An Event about a Node as an observation: an XID when the parser reads one, else a
+    plain Warning Event (policies may match it by reason). Normal Events say nothing."""
+    xid = parse_event(ev.reason, ev.message)
+    if xid is None and ev.type != "Warning":
+        return None
+    return Observation(
+        time=ev.last_seen or seen_at,
+        xid=xid.xid if xid else None,
+        gpu=xid.gpu_key if xid else None,
+        recovery_action=xid.recovery_action if xid else None,
+        event_reason=ev.reason,
+        message=ev.message[:1024],
+        source="events",
+        key=ev.dedupe_key,
+        event_uid=ev.uid,
+    )
+
+
+_SOURCE = {
+    "events": SignalSource.EVENT,
+    "conditions": SignalSource.CONDITION,
+    "dcgm": SignalSource.DCGM_EXPORTER,
+}
+
+
+def signal_record(obs: Observation) -> SignalRecord:
+    """How an observation is recorded on a NodeRemediation (spec.signals)."""
+    gpu = obs.gpu
+    return SignalRecord(
+        source=_SOURCE.get(obs.source, SignalSource.MANUAL),
+        observed_at=obs.time,
+        xid=obs.xid,
+        pci_bus_id=gpu if gpu and not gpu.startswith("GPU-") else None,
+        gpu_uuid=gpu if gpu and gpu.startswith("GPU-") else None,
+        recovery_action=obs.recovery_action,
+        condition_type=obs.condition_type,
+        condition_status=obs.condition_status,
+        event_reason=obs.event_reason,
+        event_uid=obs.event_uid,
+        message=obs.message[:1024],
+    )
+
+
+def recorded_observations(nrem: NodeRemediation) -> list[Observation]:
+    """The signals recorded on an incident, as observations: repeat counting survives a
+    restart even after the Events expired."""
+    return [
+        Observation(
+            time=s.observed_at,
+            xid=s.xid,
+            gpu=s.gpu_uuid or s.pci_bus_id,
+            recovery_action=s.recovery_action,
+            event_reason=s.event_reason,
+            condition_type=s.condition_type,
+            condition_status=s.condition_status
+            or (ConditionStatus.TRUE.value if s.condition_type else None),
+            message=s.message,
+            source="record",
+            event_uid=s.event_uid,
+        )
+        for s in nrem.spec.signals
+    ]
+
+
+def done_actions(nrem: NodeRemediation) -> tuple[frozenset[Action], dt.datetime | None]:
+    """Actions recorded as done (timeline entries ``<rung>/<action>`` without a "would") and
+    when the last one was."""
+    done: set[Action] = set()
+    last = None
+    for entry in nrem.status.timeline:
+        _, sep, action = entry.step.partition("/")
+        if sep and action in Action.__members__.values():
+            done.add(Action(action))
+            last = entry.time
+    return frozenset(done), last
+
+
+def approvals(nrem: NodeRemediation, annotation: str) -> frozenset[Action]:
+    """Actions a person approved with the annotation (comma-separated action names)."""
+    raw = nrem.metadata.annotations.get(annotation, "")
+    return frozenset(
+        Action(v.strip()) for v in raw.split(",") if v.strip() in Action.__members__.values()
+    )
+
+
+def is_completed(nrem: NodeRemediation) -> bool:
+    done = find_condition(nrem.status.conditions, NremCondition.COMPLETED)
+    return done is not None and done.status is ConditionStatus.TRUE
+
+
+def started_at(nrem: NodeRemediation) -> dt.datetime:
+    """When the incident opened: its Detected condition, else when it was created."""
+    detected = find_condition(nrem.status.conditions, NremCondition.DETECTED)
+    if detected is not None:
+        return detected.last_transition_time
+    return nrem.metadata.creation_timestamp or nrem.spec.signals[0].observed_at
+
+
+def incident_view(nrem: NodeRemediation, *, approve_annotation: str) -> IncidentView:
+    """The engine's view of an open incident, from the object alone (restart-proof)."""
+    spec = nrem.spec
+    done, last = done_actions(nrem)
+    started = started_at(nrem)
+    first = spec.signals[0]
+    return IncidentView(
+        name=nrem.metadata.name,
+        rule=spec.rule,
+        ladder=spec.ladder,
+        rung=min(nrem.status.rung, len(spec.ladder) - 1),
+        started_at=started,
+        done=done,
+        last_step_at=last,
+        approved=approvals(nrem, approve_annotation),
+        cordoned_by_us=nrem.status.ownership.cordoned,
+        slurm_drained_by_us=nrem.status.ownership.slurm_drained,
+        trigger_xid=first.xid,
+        trigger_gpu=first.gpu_uuid or first.pci_bus_id,
+        holds_slot=nrem.status.slot_taken_at is not None,
+        dry_run=spec.dry_run,
+    )
+
+
+def incident_summary(nrem: NodeRemediation) -> IncidentSummary:
+    """What the operator keeps of every NodeRemediation for cluster counts."""
+    done = find_condition(nrem.status.conditions, NremCondition.COMPLETED)
+    completed = done is not None and done.status is ConditionStatus.TRUE
+    keys = {nrem.metadata.annotations.get(TRIGGER_ANNOTATION, "")} - {""}
+    return IncidentSummary(
+        name=nrem.metadata.name,
+        node=nrem.spec.node_name,
+        policy=nrem.spec.policy_ref.name,
+        active=not completed,
+        holds_slot=not completed
+        and not nrem.spec.dry_run
+        and nrem.status.slot_taken_at is not None,
+        trigger_keys=frozenset(keys),
+        recorded=frozenset(o.identity for o in recorded_observations(nrem)),
+        replacement=nrem.status.replacement_node,
+        slot_taken_at=nrem.status.slot_taken_at,
+        started_at=started_at(nrem),
+        completed_at=done.last_transition_time if done is not None and completed else None,
+    )
+
+
+def last_resolved(incidents: Iterable[IncidentSummary], node: str) -> dt.datetime | None:
+    """When the node's most recent closed incident ended."""
+    times = [i.completed_at for i in incidents if i.node == node and i.completed_at is not None]
+    return max(times, default=None)
+
+
+def merge_observations(*groups: Iterable[Observation]) -> list[Observation]:
+    """All observations, each signal once, oldest first."""
+    seen: dict[tuple[object, ...], Observation] = {}
+    for group in groups:
+        for o in group:
+            seen.setdefault(o.identity, o)
+    return sorted(seen.values(), key=lambda o: o.time)
+
+
+def readable_view(view: NodeView, blind: bool) -> NodeView:
+    """The view with its sources' state: blind now, or readable (as far as we know) always."""
+    return dataclasses.replace(view, sources_readable_since=None if blind else ALWAYS)
+
+
+def breaker_state(policy: RemediationPolicy) -> tuple[bool, dt.datetime | None]:
+    """(open, last transition) of the policy's breaker as its status says: what a restarted
+    operator (or the CLI) starts from, so a storm cooldown survives a restart."""
+    cond = find_condition(policy.status.conditions, PolicyCondition.CIRCUIT_BREAKER_OPEN)
+    if cond is None:
+        return False, None
+    if cond.status is ConditionStatus.TRUE:
+        return True, cond.last_transition_time
+    closed = cond.reason == Reason.BREAKER_CLOSED
+    return False, cond.last_transition_time if closed else None
+
+
+def policy_counts(policy: RemediationPolicy, incidents: Iterable[IncidentSummary]) -> ClusterCounts:
+    """A policy's counts as its status reports them (what the CLI can read cheaply)."""
+    is_open, changed_at = breaker_state(policy)
+    name = policy.metadata.name
+    return ClusterCounts(
+        selected=policy.status.selected_nodes,
+        unhealthy=policy.status.unhealthy_nodes,
+        remediating=policy.status.remediating_nodes,
+        recent_starts=tuple(
+            i.slot_taken_at for i in incidents if i.policy == name and i.slot_taken_at is not None
+        ),
+        breaker_open=is_open,
+        breaker_changed_at=changed_at,
+    )

@@ -1,0 +1,473 @@
+"""The incident driver: one asyncio task per open NodeRemediation, one step per pass.
+
+A pass reads the object fresh, asks the engine (`gpuheal.policy.decide`) what comes next,
+runs that one step's idempotent executor (`steps`), and records the result in status (a
+condition per step, the timeline, ownership) *before* the next pass. A restart therefore
+resumes at the first step not recorded as done, and that step's executor sees the world as
+it left it (already cordoned by us, already drained by us, spare already claimed by this
+incident) and repeats nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import datetime as dt
+import logging
+import random
+import time
+from typing import Any
+
+from pydantic import ValidationError
+
+from gpuheal.adapters.kube import Conflict
+from gpuheal.api.names import (
+    APPROVE_ANNOTATION,
+    GROUP,
+    INITIAL_RUNG_ANNOTATION,
+    NREM_PLURAL,
+    POLICY_KIND,
+    VERSION,
+    EventReason,
+    NremCondition,
+    Reason,
+)
+from gpuheal.api.noderemediation import NodeRemediation
+from gpuheal.api.remediationpolicy import Action, RemediationPolicy
+from gpuheal.policy import decide
+from gpuheal.policy.inputs import (
+    incident_view,
+    is_completed,
+    merge_observations,
+    recorded_observations,
+)
+from gpuheal.policy.types import Act, Blocked, Decision, History, Idle, Move, NodeView, Wait
+from gpuheal.remediation import steps
+from gpuheal.remediation.record import Recorder
+from gpuheal.remediation.state import Breaker, Runtime
+
+log = logging.getLogger("gpuheal.remediation")
+
+CONDITION_OF = {
+    Action.ALERT: NremCondition.DETECTED,
+    Action.CORDON: NremCondition.CORDONED,
+    Action.SLURM_DRAIN: NremCondition.SLURM_DRAINED,
+    Action.DRAIN: NremCondition.DRAINED,
+    Action.RESET: NremCondition.RESET,
+    Action.REBOOT: NremCondition.REBOOTED,
+    Action.REPLACE: NremCondition.REPLACEMENT_CLAIMED,
+}
+_PROGRESS = frozenset(CONDITION_OF.values()) | {NremCondition.JOBS_REQUEUED}
+# Waits that hold the incident up for a reason a person may want to know (Blocked=True).
+_BLOCKING_WAITS = frozenset(
+    {
+        "PodDisruptionBudget",
+        "BridgeUnavailable",
+        "NoSpareAvailable",
+        "PoolNotFound",
+        "HookUnavailable",
+        "HookUnreachable",
+        "WaitingForIdle",
+    }
+)
+
+
+def _now() -> dt.datetime:
+    return dt.datetime.now(dt.UTC)
+
+
+def ensure_driver(rt: Runtime, name: str, *, wake_up: bool = True) -> None:
+    """Start the driver task for ``name`` unless one runs; wake it if it sleeps (not for the
+    driver's own status writes, which would make it spin)."""
+    task = rt.drivers.get(name)
+    if task is not None and not task.done():
+        if wake_up:
+            wake(rt, name)
+        return
+    rt.wakeups[name] = asyncio.Event()
+    rt.drivers[name] = asyncio.create_task(_drive(rt, name), name=f"drive:{name}")
+
+
+def wake(rt: Runtime, name: str) -> None:
+    """Look at the incident now rather than after its retry interval (a new signal)."""
+    event = rt.wakeups.get(name)
+    if event is not None:
+        event.set()
+
+
+def stop_driver(rt: Runtime, name: str) -> None:
+    task = rt.drivers.pop(name, None)
+    if task is not None:
+        task.cancel()
+    rt.wakeups.pop(name, None)
+    rt.release_slot(name)
+
+
+async def _drive(rt: Runtime, name: str) -> None:
+    attempt = 0
+    while True:
+        try:
+            delay = await advance(rt, name, attempt)
+        except asyncio.CancelledError:
+            raise
+        except Conflict:
+            delay = 0.0  # someone (a new signal, a person) changed it: read again
+        except Exception:
+            attempt += 1
+            delay = min(60.0, 2.0 ** min(attempt, 6)) * random.uniform(0.5, 1.0)  # noqa: S311
+            log.exception("incident %s: step raised; retrying in %.0fs", name, delay)
+        else:
+            if delay is None:
+                rt.release_slot(name)
+                rt.wakeups.pop(name, None)
+                return
+            attempt = attempt + 1 if delay > 0 else 0
+        event = rt.wakeups.get(name)
+        if event is None or delay <= 0:
+            await asyncio.sleep(delay)
+            continue
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(event.wait(), timeout=delay)
+        event.clear()
+
+
+async def advance(rt: Runtime, name: str, attempt: int = 0) -> float | None:
+    """One pass over the incident. Returns seconds to sleep before the next pass (0: at once)
+    or None when the incident is over (or gone)."""
+    body = await rt.require_kube().get_custom(NREM_PLURAL, name)
+    if body is None:
+        return None
+    try:
+        nrem = NodeRemediation.model_validate(body)
+    except ValidationError as exc:
+        log.error("incident %s does not parse, leaving it: %s", name, exc)
+        return None
+    if is_completed(nrem):
+        return None
+    rec = Recorder(nrem, _now())
+    if not rec.holds(NremCondition.DETECTED):
+        return await _record_detected(rt, nrem, rec)
+    policy = rt.policies.get(nrem.spec.policy_ref.name)
+    if policy is None:
+        await _block(
+            rt,
+            nrem,
+            rec,
+            Reason.POLICY_NOT_FOUND,
+            f"RemediationPolicy {nrem.spec.policy_ref.name} not found",
+        )
+        return rt.config.retry_interval
+    decision = await _decide(rt, nrem, policy, rec.now)
+    delay = await _carry_out(rt, nrem, rec, decision, attempt)
+    _publish(rt, nrem, rec)
+    return delay
+
+
+def _publish(rt: Runtime, nrem: NodeRemediation, rec: Recorder) -> None:
+    """Per-incident gauges from its status: what it waits for, when it last moved on."""
+    name, node = nrem.metadata.name, nrem.spec.node_name
+    rt.metrics.incident_over(name, node)
+    if rec.holds(NremCondition.COMPLETED):
+        return
+    if rec.holds(NremCondition.BLOCKED):
+        reason = rec.reason(NremCondition.BLOCKED) or "Unknown"
+        rt.metrics.incident_blocked.labels(name, node, reason).set(1)
+    moved = [
+        c.last_transition_time
+        for c in rec.status.conditions
+        if c.type in _PROGRESS and c.status.value == "True"
+    ]
+    if moved:
+        rt.metrics.incident_progress.labels(name, node).set(max(moved).timestamp())
+
+
+async def _decide(
+    rt: Runtime, nrem: NodeRemediation, policy: RemediationPolicy, now: dt.datetime
+) -> Decision:
+    """The engine's answer for this incident, with the cluster's counts; a slot it takes
+    and a breaker it opens or closes are taken under one lock, so a storm of incidents
+    cannot take more slots than the policy allows."""
+    name = nrem.metadata.name
+    pname = policy.metadata.name
+    node = nrem.spec.node_name
+    view = rt.nodes.get(node)
+    observations = merge_observations(recorded_observations(nrem), rt.history.get(node, ()))
+    async with rt.slot_lock:
+        incident = incident_view(nrem, approve_annotation=APPROVE_ANNOTATION)
+        if name in rt.slots.get(pname, ()):
+            incident = dataclasses.replace(incident, holds_slot=True)
+        decision = decide(
+            policy.spec,
+            rt.engine_view(view) if view is not None else _absent(node),
+            History(observations=observations, incident=incident),
+            rt.counts(pname),
+            now,
+        )
+        if isinstance(decision, Act) and decision.takes_slot:
+            rt.slots.setdefault(pname, set()).add(name)
+        breaker = decision.breaker if isinstance(decision, Act | Blocked) else None
+        if breaker is not None:
+            rt.breakers[pname] = Breaker(open=breaker, changed_at=now)
+    if breaker is not None:
+        await _breaker_changed(rt, policy, breaker, decision)
+    return decision
+
+
+def _absent(node: str) -> NodeView:
+    """A Node we cannot see (deleted, or not listed yet): blind, so nothing returns it."""
+    return NodeView(name=node, sources_readable_since=None)
+
+
+async def _breaker_changed(
+    rt: Runtime, policy: RemediationPolicy, opened: bool, decision: Decision
+) -> None:
+    pname = policy.metadata.name
+    rt.metrics.breaker_open.labels(pname).set(1 if opened else 0)
+    if opened:
+        await rt.require_kube().post_event(
+            {
+                "apiVersion": f"{GROUP}/{VERSION}",
+                "kind": POLICY_KIND,
+                "metadata": {"name": pname, "uid": policy.metadata.uid},
+            },
+            reason=EventReason.BREAKER_OPEN,
+            message=decision.message if isinstance(decision, Blocked) else "breaker open",
+            type_="Warning",
+        )
+
+
+async def _record_detected(rt: Runtime, nrem: NodeRemediation, rec: Recorder) -> float:
+    """The first record: Detected, and the rung the engine opened the incident at."""
+    spec = nrem.spec
+    first = spec.signals[0]
+    what = f"XID {first.xid}" if first.xid else (first.condition_type or first.event_reason)
+    rung = int(nrem.metadata.annotations.get(INITIAL_RUNG_ANNOTATION, "0") or 0)
+    rung = max(0, min(rung, len(spec.ladder) - 1))
+    rec.condition(
+        NremCondition.DETECTED,
+        "True",
+        "SignalMatched",
+        f"{what} on {spec.node_name} matched rule {spec.rule}",
+    )
+    rec.set(rung=rung, next_step=0)
+    rec.event(
+        NremCondition.DETECTED,
+        f"{what}: rule {spec.rule}, rung {spec.ladder[rung].name}"
+        + (" (dry run)" if spec.dry_run else ""),
+    )
+    await rec.write(rt.require_kube())
+    _publish(rt, nrem, rec)
+    return 0.0
+
+
+async def _carry_out(  # noqa: PLR0911
+    rt: Runtime, nrem: NodeRemediation, rec: Recorder, decision: Decision, attempt: int
+) -> float | None:
+    spec = nrem.spec
+    retry = rt.config.retry_interval
+    if isinstance(decision, Blocked) and decision.reason == Reason.DRY_RUN:
+        return await _record_would(rt, nrem, rec, decision)
+    if isinstance(decision, Blocked):
+        message = decision.message
+        if decision.reason == Reason.APPROVAL_PENDING and decision.would is not None:
+            message += (
+                f": a person approves with `kubectl annotate nrem {nrem.metadata.name} "
+                f"{APPROVE_ANNOTATION}={decision.would.operation.value}`"
+            )
+        await _block(rt, nrem, rec, decision.reason, message)
+        if decision.retry_at is not None:
+            return max(0.2, min(retry, (decision.retry_at - rec.now).total_seconds()))
+        return retry
+    if isinstance(decision, Act) and decision.operation is Move.ESCALATE:
+        rung = int(decision.rung or 0)
+        rec.set(rung=rung, next_step=0)
+        rec.event("Escalated", decision.message)
+        await rec.write(rt.require_kube())
+        return 0.0
+    if isinstance(decision, Act) and decision.step is not None:
+        return await _run_step(rt, nrem, rec, decision, attempt)
+    if spec.dry_run:
+        await _complete(rt, nrem, rec, "DryRun", "dry run: plan recorded, nothing changed")
+        return None
+    return await _finish(rt, nrem, rec, decision)
+
+
+async def _record_would(
+    rt: Runtime, nrem: NodeRemediation, rec: Recorder, decision: Blocked
+) -> float | None:
+    """Dry run: record what the step would do (a timeline entry, its condition False)."""
+    would = decision.would
+    if would is None or would.step is None:
+        await _complete(rt, nrem, rec, "DryRun", "dry run: plan recorded, nothing changed")
+        return None
+    action = would.step.action
+    rung, index = int(would.rung or 0), int(would.step_index or 0)
+    label = f"{nrem.spec.ladder[rung].name}/{action.value}"
+    rec.condition(
+        CONDITION_OF[action],
+        "False",
+        "DryRun",
+        f"dry run: would {action.value} {nrem.spec.node_name}",
+    )
+    # Recorded like a done step so the dry run walks the whole ladder; its condition stays
+    # False (DryRun), so nothing claims the step happened.
+    rec.event(label, f"dry run: would {action.value}")
+    rec.set(rung=rung, next_step=index + 1)
+    await rec.write(rt.require_kube())
+    rt.metrics.blocked.labels("DryRun").inc()
+    return 0.0
+
+
+async def _run_step(
+    rt: Runtime, nrem: NodeRemediation, rec: Recorder, decision: Act, attempt: int
+) -> float | None:
+    kube = rt.require_kube()
+    spec = nrem.spec
+    name = nrem.metadata.name
+    assert decision.step is not None
+    action = decision.step.action
+    rung, index = int(decision.rung or 0), int(decision.step_index or 0)
+    label = f"{spec.ladder[rung].name}/{action.value}"
+    if decision.takes_slot and rec.status.slot_taken_at is None:
+        rec.set(slot_taken_at=rec.now)
+    if action is Action.ALERT:
+        await kube.post_event(
+            _node_ref(rt, spec.node_name),
+            reason=EventReason.DETECTED,
+            message=f"{name}: {spec.signals[-1].message or spec.rule}",
+            type_="Warning",
+        )
+        rec.event(label, "alert raised")
+        rec.set(rung=rung, next_step=index + 1)
+        await rec.write(kube)
+        return 0.0
+    started = time.monotonic()
+    result = await steps.execute(rt, nrem, rec, decision.step, attempt=attempt)
+    rt.metrics.step_duration.labels(action.value).observe(time.monotonic() - started)
+    rt.metrics.steps.labels(action.value, result.kind).inc()
+    for type_, status, reason, message in result.extra_conditions:
+        rec.condition(type_, status, reason, message)
+    if result.kind == "done":
+        rec.condition(result.condition, "True", result.reason, result.message)
+        rec.clear_blocked()
+        rec.merge(result.status)
+        rec.set(rung=rung, next_step=index + 1)
+        rec.event(label, result.message)
+        await rec.write(kube)
+        _observe_latency(rt, nrem, rec, action)
+        await kube.post_event(
+            nrem.to_k8s(), reason=EventReason.STEP_DONE, message=f"{label}: {result.message}"
+        )
+        return 0.0
+    if result.kind == "wait":
+        rec.condition(result.condition, "False", result.reason, result.message)
+        if result.reason in _BLOCKING_WAITS:
+            await _block(rt, nrem, rec, result.reason, result.message)
+        else:
+            await rec.write(kube)
+        return result.retry_after or rt.config.retry_interval
+    # failed: stop; the node stays as it is (cordoned) and a person must look.
+    rec.condition(result.condition, "False", result.reason, result.message)
+    rec.condition(NremCondition.FAILED, "True", result.reason, result.message)
+    rec.condition(NremCondition.COMPLETED, "True", "Failed", f"{label} failed: {result.message}")
+    rec.event(label, f"failed: {result.message}")
+    await rec.write(kube)
+    rt.metrics.incidents_completed.labels("failed").inc()
+    await kube.post_event(
+        nrem.to_k8s(),
+        reason=EventReason.STEP_FAILED,
+        message=f"{label}: {result.message}",
+        type_="Warning",
+    )
+    return None
+
+
+def _observe_latency(rt: Runtime, nrem: NodeRemediation, rec: Recorder, action: Action) -> None:
+    detected_at = rec.since(NremCondition.DETECTED)
+    if detected_at is not None:
+        signal_at = nrem.spec.signals[0].observed_at
+        rt.metrics.detection_to_step.labels(action.value).observe(
+            max(0.0, (rec.now - min(detected_at, signal_at)).total_seconds())
+        )
+
+
+async def _finish(  # noqa: PLR0911
+    rt: Runtime, nrem: NodeRemediation, rec: Recorder, decision: Decision
+) -> float | None:
+    """Every step of the rung is done; the engine says: close, return, or wait."""
+    node = nrem.spec.node_name
+    retry = rt.config.retry_interval
+    if isinstance(decision, Act) and decision.operation is Move.CLOSE:
+        if decision.reason == Reason.REPLACED:
+            spare = rec.status.replacement_node
+            message = f"{node} replaced by {spare}; {node} stays cordoned for repair"
+            await _complete(rt, nrem, rec, "Replaced", message)
+            return None
+        if decision.reason == Reason.NOTHING_OWNED:
+            message = f"{node} healthy; gpuheal had cordoned/drained nothing to undo"
+            rec.condition(NremCondition.RETURNED, "True", "NothingToUndo", message)
+            await _complete(rt, nrem, rec, "Returned", message)
+            return None
+        await _complete(rt, nrem, rec, decision.reason, decision.message)
+        return None
+    if isinstance(decision, Act) and decision.operation is Move.RETURN_TO_SERVICE:
+        message = await steps.return_to_service(rt, nrem, decision)
+        rec.condition(NremCondition.RETURNED, "True", "ReturnedToService", message)
+        await _complete(rt, nrem, rec, "Returned", message)
+        return None
+    if isinstance(decision, Idle) and decision.reason == Reason.RETURN_DISABLED:
+        await _complete(rt, nrem, rec, "Remediated", decision.message)
+        return None
+    if isinstance(decision, Wait):
+        status = "Unknown" if decision.reason == Reason.HYSTERESIS_PENDING else "False"
+        if rec.reason(NremCondition.RETURNED) != decision.reason:
+            rec.condition(NremCondition.RETURNED, status, decision.reason, decision.message)
+            rec.event(NremCondition.RETURNED, f"{decision.reason}: {decision.message}")
+            await rec.write(rt.require_kube())
+        return max(0.2, min(retry, (decision.until - rec.now).total_seconds()))
+    rec.condition(NremCondition.RETURNED, "False", decision.reason, decision.message)
+    await rec.write(rt.require_kube())
+    return retry
+
+
+async def _complete(
+    rt: Runtime, nrem: NodeRemediation, rec: Recorder, reason: str, message: str
+) -> None:
+    rec.clear_blocked()
+    rec.condition(NremCondition.COMPLETED, "True", reason, message)
+    rec.event(NremCondition.COMPLETED, f"{reason}: {message}")
+    await rec.write(rt.require_kube())
+    rt.metrics.incidents_completed.labels(reason.lower()).inc()
+    event_reason = {
+        "Replaced": EventReason.REPLACED,
+        "Returned": EventReason.RETURNED,
+    }.get(reason, EventReason.STEP_DONE)
+    await rt.require_kube().post_event(nrem.to_k8s(), reason=event_reason, message=message)
+
+
+async def _block(
+    rt: Runtime, nrem: NodeRemediation, rec: Recorder, reason: str, message: str
+) -> None:
+    """Say why in status (Blocked=True) and, when the reason changes, as an Event."""
+    changed = not rec.holds(NremCondition.BLOCKED) or rec.reason(NremCondition.BLOCKED) != reason
+    rec.condition(NremCondition.BLOCKED, "True", reason, message)
+    if changed:
+        rec.event(NremCondition.BLOCKED, f"{reason}: {message}")
+        rt.metrics.blocked.labels(reason).inc()
+        await rt.require_kube().post_event(
+            nrem.to_k8s(),
+            reason=EventReason.STEP_BLOCKED,
+            message=f"{reason}: {message}",
+            type_="Warning",
+        )
+    await rec.write(rt.require_kube())
+
+
+def _node_ref(rt: Runtime, node: str) -> dict[str, Any]:
+    view = rt.nodes.get(node)
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": node, "uid": view.uid if view else None},
+    }

@@ -1,0 +1,114 @@
+"""The record of an incident: its status, changed through the pydantic model and written in
+one merge patch per pass."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from gpuheal.adapters.kube import Kube
+from gpuheal.api.meta import ConditionStatus, find_condition, set_condition
+from gpuheal.api.names import NREM_PLURAL, NremCondition
+from gpuheal.api.noderemediation import NodeRemediation, NodeRemediationStatus, TimelineEntry
+
+TIMELINE_KEEP = 200
+
+
+def _now() -> dt.datetime:
+    return dt.datetime.now(dt.UTC)
+
+
+class Recorder:
+    """One pass's changes to a NodeRemediation's status.
+
+    Written under the resourceVersion the object was read at: if a person or a new signal
+    changed it meanwhile, the write is a 409 and the pass starts again from a fresh read.
+    """
+
+    def __init__(self, nrem: NodeRemediation, now: dt.datetime) -> None:
+        self.name = nrem.metadata.name
+        self.status = nrem.status.model_copy(deep=True)
+        self.generation = nrem.metadata.generation
+        self.resource_version = nrem.metadata.resource_version
+        self.now = now
+        self.dirty = False
+
+    # ---- reading ------------------------------------------------------------------------
+    def reason(self, type_: str) -> str | None:
+        cond = find_condition(self.status.conditions, type_)
+        return cond.reason if cond is not None else None
+
+    def since(self, type_: str) -> dt.datetime | None:
+        cond = find_condition(self.status.conditions, type_)
+        return cond.last_transition_time if cond is not None else None
+
+    def holds(self, type_: str) -> bool:
+        cond = find_condition(self.status.conditions, type_)
+        return cond is not None and cond.status is ConditionStatus.TRUE
+
+    # ---- changing -----------------------------------------------------------------------
+    def condition(self, type_: str, status: str, reason: str, message: str) -> None:
+        """Set a condition; setting it to what it says already changes nothing (no write)."""
+        old = find_condition(self.status.conditions, type_)
+        if old is not None and (old.status.value, old.reason, old.message) == (
+            status,
+            reason,
+            message[:32768],
+        ):
+            return
+        self.status.conditions = set_condition(
+            self.status.conditions,
+            type_=type_,
+            status=ConditionStatus(status),
+            reason=reason,
+            message=message,
+            now=self.now,
+            observed_generation=self.generation,
+        )
+        self.dirty = True
+
+    def clear_blocked(self) -> None:
+        if self.holds(NremCondition.BLOCKED):
+            self.condition(NremCondition.BLOCKED, "False", "NotBlocked", "")
+
+    def event(self, step: str, message: str) -> None:
+        """A timeline entry, stamped with the wall clock (steps often take milliseconds)."""
+        entry = TimelineEntry(time=_now(), step=step[:64], message=message[:1024])
+        self.status.timeline = [*self.status.timeline, entry][-TIMELINE_KEEP:]
+        self.dirty = True
+
+    def set(self, **fields: Any) -> None:
+        """Set status fields by their model names (``rung=``, ``slot_taken_at=``...)."""
+        for key, value in fields.items():
+            setattr(self.status, key, value)
+        self.dirty = True
+
+    def merge(self, fields: dict[str, Any]) -> None:
+        """Merge wire-named fields a step produced: ownership is merged key by key and
+        requeued jobs are added to the ones already recorded; the rest is replaced."""
+        if not fields:
+            return
+        current = self.status.to_k8s()
+        for key, value in fields.items():
+            if key == "ownership":
+                current["ownership"] = {**current.get("ownership", {}), **value}
+            elif key == "requeuedJobs":
+                known = {j.get("jobId") for j in current.get("requeuedJobs", [])}
+                current["requeuedJobs"] = [
+                    *current.get("requeuedJobs", []),
+                    *(j for j in value if j.get("jobId") not in known),
+                ]
+            else:
+                current[key] = value
+        self.status = NodeRemediationStatus.model_validate(current)
+        self.dirty = True
+
+    async def write(self, kube: Kube) -> None:
+        if not self.dirty:
+            return
+        self.status.observed_generation = self.generation
+        updated = await kube.patch_custom_status(
+            NREM_PLURAL, self.name, self.status.to_k8s(), resource_version=self.resource_version
+        )
+        self.resource_version = (updated.get("metadata") or {}).get("resourceVersion")
+        self.dirty = False

@@ -1,0 +1,180 @@
+"""Status of RemediationPolicies and ReservePools, and the gauges that mirror it.
+
+Computed from the in-memory views every few seconds; written only when it changed, so an
+idle cluster sees no writes at all.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import logging
+from typing import Any
+
+from gpuheal.api.meta import Condition, ConditionStatus, set_condition
+from gpuheal.api.names import POLICY_PLURAL, POOL_PLURAL, PolicyCondition, PoolCondition, Reason
+from gpuheal.api.remediationpolicy import RemediationPolicy, RemediationPolicyStatus
+from gpuheal.api.reservepool import Claim, ReservePool, ReservePoolStatus
+from gpuheal.policy import allowed_unhealthy, unhealthy_reasons
+from gpuheal.remediation.state import Breaker, Runtime
+
+log = logging.getLogger("gpuheal.report")
+INTERVAL = 3.0
+HISTORY_KEEP = dt.timedelta(hours=25)  # longer than the default escalation window (24h)
+
+
+def _now() -> dt.datetime:
+    return dt.datetime.now(dt.UTC)
+
+
+class _Conditions:
+    def __init__(self, conditions: list[Condition], generation: int | None, now: dt.datetime):
+        self.items = conditions
+        self.generation = generation
+        self.now = now
+
+    def set(self, type_: str, true: bool, reason: str, message: str = "", *,
+            at: dt.datetime | None = None) -> None:  # fmt: skip
+        self.items = set_condition(
+            self.items,
+            type_=type_,
+            status=ConditionStatus.TRUE if true else ConditionStatus.FALSE,
+            reason=reason,
+            message=message,
+            now=at or self.now,
+            observed_generation=self.generation,
+        )
+
+
+def policy_status(
+    rt: Runtime, policy: RemediationPolicy, now: dt.datetime
+) -> RemediationPolicyStatus:
+    name = policy.metadata.name
+    selected = rt.selected_nodes(name)
+    tied = sorted(n for n, names in rt.tied.items() if name in names)
+    unhealthy = sorted(v.name for v in selected if unhealthy_reasons(policy.spec, v))
+    counts = rt.counts(name)
+    allowed = allowed_unhealthy(policy.spec.safety, len(selected))
+    breaker = rt.breakers.get(name, Breaker())
+    conds = _Conditions(list(policy.status.conditions), policy.metadata.generation, now)
+    conds.set(
+        PolicyCondition.CIRCUIT_BREAKER_OPEN,
+        breaker.open,
+        Reason.TOO_MANY_UNHEALTHY
+        if breaker.open
+        else (Reason.BREAKER_CLOSED if breaker.changed_at else Reason.WITHIN_LIMITS),
+        f"{counts.remediating} of {len(selected)} nodes out of service; {allowed} allowed",
+        at=breaker.changed_at,
+    )
+    others = sorted({o for n in tied[:50] for o in rt.tied.get(n, ())} - {name})
+    conds.set(
+        PolicyCondition.OVERLAPPING,
+        bool(tied),
+        Reason.NODES_IN_OTHER_POLICIES if tied else Reason.NO_OVERLAP,
+        f"{len(tied)} node(s) also selected by {', '.join(others)} at the same priority; "
+        f"neither policy acts on them: {', '.join(tied[:10])}"
+        if tied
+        else "",
+    )
+    paused = policy.spec.safety.paused
+    conds.set(
+        PolicyCondition.PAUSED, paused, Reason.PAUSED_BY_SPEC if paused else Reason.NOT_PAUSED
+    )
+    conds.set(
+        PolicyCondition.READY,
+        True,
+        Reason.ACTIVE,
+        "dry run: plans are recorded, nothing is changed" if policy.spec.safety.dry_run else "",
+    )
+    rt.metrics.breaker_open.labels(name).set(1 if breaker.open else 0)
+    rt.metrics.unhealthy_nodes.labels(name).set(len(unhealthy))
+    return RemediationPolicyStatus(
+        observed_generation=policy.metadata.generation,
+        selected_nodes=len(selected),
+        unhealthy_nodes=len(unhealthy),
+        remediating_nodes=counts.remediating,
+        allowed_unhealthy=allowed,
+        unhealthy_node_names=unhealthy[:256],
+        conditions=conds.items,
+    )
+
+
+def pool_status(rt: Runtime, pool: ReservePool, now: dt.datetime) -> ReservePoolStatus:
+    name = pool.metadata.name
+    members = [v for v in rt.nodes.values() if pool.spec.node_selector.matches(dict(v.labels))]
+    claimed = [v for v in members if v.claimed_by]
+    available = [v for v in members if not v.claimed_by and v.ready and v.cordoned_by is None]
+    low = len(available) < pool.spec.min_available
+    conds = _Conditions(list(pool.status.conditions), pool.metadata.generation, now)
+    conds.set(
+        PoolCondition.LOW,
+        low,
+        (Reason.NO_SPARES if not available else Reason.BELOW_MIN_AVAILABLE)
+        if low
+        else Reason.ENOUGH_SPARES,
+        f"{len(available)} available, minAvailable {pool.spec.min_available}",
+    )
+    conds.set(PoolCondition.READY, True, Reason.ACTIVE)
+    for state, n in (
+        ("available", len(available)),
+        ("claimed", len(claimed)),
+        ("total", len(members)),
+    ):
+        rt.metrics.pool_nodes.labels(name, state).set(n)
+    rt.metrics.pool_min_available.labels(name).set(pool.spec.min_available)
+    known = {c.node: c.claimed_at for c in pool.status.claims}
+    return ReservePoolStatus(
+        observed_generation=pool.metadata.generation,
+        available=len(available),
+        claimed=len(claimed),
+        total=len(members),
+        claims=[
+            Claim(node=v.name, claimed_by=v.claimed_by or "", claimed_at=known.get(v.name, now))
+            for v in claimed
+        ][:256],
+        conditions=conds.items,
+    )
+
+
+def _comparable(status: dict[str, Any]) -> Any:
+    """Status without timestamps, to decide whether a write is needed."""
+    out = {k: v for k, v in status.items() if k not in ("conditions", "claims")}
+    out["conditions"] = sorted(
+        (c["type"], c["status"], c["reason"], c.get("message", ""))
+        for c in status.get("conditions", [])
+    )
+    out["claims"] = sorted((c["node"], c["claimedBy"]) for c in status.get("claims", []))
+    return out
+
+
+async def report_once(rt: Runtime, last: dict[tuple[str, str], Any]) -> None:
+    kube = rt.require_kube()
+    now = _now()
+    work: list[tuple[str, str, Any, Any]] = [
+        *((POLICY_PLURAL, n, p.status, policy_status(rt, p, now)) for n, p in rt.policies.items()),
+        *((POOL_PLURAL, n, p.status, pool_status(rt, p, now)) for n, p in rt.pools.items()),
+    ]
+    for plural, name, old, new in work:
+        wire = new.to_k8s()
+        key = (plural, name)
+        current = _comparable(wire)
+        if last.get(key) == current:
+            continue
+        if key not in last and _comparable(old.to_k8s()) == current:
+            last[key] = current  # as written before a restart: nothing to do
+            continue
+        await kube.patch_custom_status(plural, name, wire)
+        last[key] = current
+
+
+async def report_forever(rt: Runtime) -> None:
+    last: dict[tuple[str, str], Any] = {}
+    while True:
+        try:
+            rt.forget_before(_now() - HISTORY_KEEP)
+            await report_once(rt, last)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            log.warning("status report failed: %s", exc)
+        await asyncio.sleep(INTERVAL)

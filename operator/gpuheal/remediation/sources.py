@@ -1,0 +1,163 @@
+"""The signal sources that are not kopf watches: Nodes and Events about Nodes (our own
+list+watch, `Kube.list_watch`), and dcgm-exporter scrapes.
+
+"Blind" is not "healthy": a source that cannot be read sets ``gpuheal_source_up{source}`` to
+0 and counts errors; it never starts or ends an incident by itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import logging
+from typing import Any
+
+from gpuheal.adapters.dcgm import DcgmScraper, ScrapeFailed
+from gpuheal.adapters.kube import Watched
+from gpuheal.api.meta import rfc3339_ms
+from gpuheal.policy.inputs import event_observation, node_event
+from gpuheal.policy.types import Observation
+from gpuheal.remediation import intake
+from gpuheal.remediation.objects import node_changed
+from gpuheal.remediation.state import Runtime
+from gpuheal.xid.parse import dcgm_xid_events, parse_dcgm_metrics
+
+log = logging.getLogger("gpuheal.sources")
+
+
+def _now() -> dt.datetime:
+    return dt.datetime.now(dt.UTC)
+
+
+def _blind(rt: Runtime, source: str, message: str) -> None:
+    rt.metrics.source_up.labels(source).set(0)
+    rt.metrics.source_errors.labels(source).inc()
+    rt.blind.add(source)
+    log.warning("%s source blind: %s", source, message)
+
+
+def _seeing(rt: Runtime, source: str) -> None:
+    rt.metrics.source_up.labels(source).set(1)
+    rt.blind.discard(source)
+
+
+async def _follow(rt: Runtime, resource: Watched, source: str, ready: asyncio.Event | None,
+                  handle: Any) -> None:  # fmt: skip
+    async for ev in rt.require_kube().list_watch(resource):
+        if ev.type == "BLIND":
+            _blind(rt, source, ev.obj["message"])
+        elif ev.type == "SYNCED":
+            _seeing(rt, source)
+            if ready is not None:
+                ready.set()
+        await handle(ev.type, ev.obj)
+
+
+async def watch_nodes(rt: Runtime, ready: asyncio.Event | None = None) -> None:
+    """Keep ``rt.nodes`` (compact views) in sync with the cluster's Nodes, forever; after a
+    relist, drop the views of Nodes that disappeared meanwhile."""
+
+    async def handle(kind: str, obj: dict[str, Any]) -> None:
+        if kind in ("LISTED", "ADDED", "MODIFIED", "DELETED"):
+            node_changed(rt, "DELETED" if kind == "DELETED" else "ADDED", obj)
+        elif kind == "SYNCED":
+            for gone in set(rt.nodes) - set(obj["names"]):
+                node_changed(rt, "DELETED", {"metadata": {"name": gone}})
+
+    await _follow(rt, "nodes", "nodes", ready, handle)
+
+
+async def watch_events(rt: Runtime) -> None:
+    """Events about Nodes, forever (server-side ``fieldSelector=involvedObject.kind=Node``)."""
+
+    async def handle(kind: str, obj: dict[str, Any]) -> None:
+        if kind in ("LISTED", "ADDED", "MODIFIED"):
+            await handle_event(rt, obj)
+
+    await _follow(rt, "node_events", "events", None, handle)
+
+
+async def handle_event(rt: Runtime, body: dict[str, Any]) -> str | None:
+    ev = node_event(body)
+    if ev is None or ev.component == rt.require_kube().component:
+        return None  # not about a Node, or one of our own Events
+    obs = event_observation(ev, _now())
+    if obs is None:
+        return None
+    return await intake.observe(rt, ev.node, obs)
+
+
+async def scrape_dcgm(rt: Runtime) -> None:
+    """Every ``--dcgm-interval`` seconds, scrape each dcgm-exporter pod (found by label
+    selector) and turn XID counter rises / gauge changes into signals on its node."""
+    previous: dict[str, dict[Any, float]] = {}
+    scraper = DcgmScraper(port=rt.config.dcgm_port)
+    try:
+        while True:
+            try:
+                pods = await _dcgm_pods(rt)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                _blind(rt, "dcgm", f"listing dcgm-exporter pods failed: {exc}")
+            else:
+                for node, obs in await scrape_once(rt, scraper, pods, previous):
+                    await intake.observe(rt, node, obs)
+            await asyncio.sleep(rt.config.dcgm_interval)
+    finally:
+        await scraper.close()
+
+
+async def scrape_once(
+    rt: Runtime,
+    scraper: DcgmScraper,
+    pods: list[dict[str, Any]],
+    previous: dict[str, dict[Any, float]],
+) -> list[tuple[str, Observation]]:
+    """One round over the exporter pods. The first scrape of a node only sets its baseline
+    (an XID counted before we started is not new). A pod that cannot be read makes the
+    source "blind" (``gpuheal_source_up{source="dcgm"} 0``) and says nothing about health."""
+    out: list[tuple[str, Observation]] = []
+    failed = 0
+    for pod in pods:
+        node = (pod.get("spec") or {}).get("nodeName")
+        ip = (pod.get("status") or {}).get("podIP")
+        if not node or not ip:
+            continue
+        try:
+            text = await scraper.scrape(ip)
+        except ScrapeFailed as exc:
+            failed += 1
+            rt.metrics.source_errors.labels("dcgm").inc()
+            log.warning("scrape of %s failed: %s", node, exc)
+            continue
+        now = _now()
+        events, state = dcgm_xid_events(previous.get(node), parse_dcgm_metrics(text), now)
+        previous[node] = state
+        for xe in events:
+            key = f"dcgm/{node}/{xe.gpu_key}/{xe.xid}/{rfc3339_ms(now)}"
+            out.append(
+                (
+                    node,
+                    Observation(
+                        time=now,
+                        xid=xe.xid,
+                        gpu=xe.gpu_key,
+                        message=xe.message,
+                        source="dcgm",
+                        key=key,
+                    ),
+                )
+            )
+    if pods and not failed:
+        _seeing(rt, "dcgm")
+    else:
+        rt.metrics.source_up.labels("dcgm").set(0)
+        if failed:
+            rt.blind.add("dcgm")
+    return out
+
+
+async def _dcgm_pods(rt: Runtime) -> list[dict[str, Any]]:
+    pods = await rt.require_kube().list_pods(rt.config.dcgm_selector, rt.config.dcgm_namespace)
+    return [p for p in pods if (p.get("status") or {}).get("phase") == "Running"]

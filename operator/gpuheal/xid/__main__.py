@@ -1,5 +1,0 @@
-import sys
-
-from gpuheal.xid.cli import main
-
-sys.exit(main(["xid", *sys.argv[1:]]))
