@@ -8,7 +8,8 @@ check passed, 1 that it failed, with one `FAIL: ...` line that says what to look
   crds      each of GPUHEAL_TEST_CRDS is Established and its names accepted
   operator  the Deployment GPUHEAL_TEST_DEPLOYMENT has an available replica; the Lease
             GPUHEAL_TEST_LEASE is held by one of its pods and renewed while we watch; that
-            pod's kopf answers /healthz (start-up finished: watches and sources running)
+            pod's kopf answers /healthz (start-up finished: watches and sources running);
+            the first two may take GPUHEAL_TEST_WAIT seconds (default 60) to come true
   bridge    GPUHEAL_TEST_BRIDGE_URL answers /readyz 200 (slurmctld reachable), accepts the
             token in GPUHEAL_TEST_BRIDGE_TOKEN_FILE and refuses a request without it
 
@@ -28,10 +29,12 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 SA_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+T = TypeVar("T")
 TIMEOUT = 10.0
 
 
@@ -133,19 +136,35 @@ def check_operator() -> str:
     lease_name = env("GPUHEAL_TEST_LEASE", "gpuheal-operator")
     lease_duration = float(env("GPUHEAL_TEST_LEASE_DURATION", "15"))
 
-    dep = kube.get(f"/apis/apps/v1/namespaces/{namespace}/deployments/{deployment}")
-    if dep is None:
-        raise CheckFailed(f"Deployment {namespace}/{deployment} does not exist")
-    available = int((dep.get("status") or {}).get("availableReplicas") or 0)
-    if available < 1:
-        raise CheckFailed(
-            f"Deployment {namespace}/{deployment} has no available replica "
-            f"(kubectl -n {namespace} describe deploy {deployment})"
-        )
+    # Right after `helm install` the pods may still be starting: give them `wait` seconds.
+    deadline = time.monotonic() + float(env("GPUHEAL_TEST_WAIT", "60"))
+
+    def eventually(probe: Callable[[], T]) -> T:
+        while True:
+            try:
+                return probe()
+            except CheckFailed:
+                if time.monotonic() > deadline:
+                    raise
+            time.sleep(1.0)
+
+    def available_replicas() -> int:
+        dep = kube.get(f"/apis/apps/v1/namespaces/{namespace}/deployments/{deployment}")
+        if dep is None:
+            raise CheckFailed(f"Deployment {namespace}/{deployment} does not exist")
+        available = int((dep.get("status") or {}).get("availableReplicas") or 0)
+        if available < 1:
+            raise CheckFailed(
+                f"Deployment {namespace}/{deployment} has no available replica "
+                f"(kubectl -n {namespace} describe deploy {deployment})"
+            )
+        return available
+
+    available = eventually(available_replicas)
 
     # Held, and renewed while we watch (every third of the duration): an active copy, with no
     # comparison of our clock with the holder's.
-    holder, renewed = _lease_holder(kube, namespace, lease_name)
+    holder, renewed = eventually(lambda: _lease_holder(kube, namespace, lease_name))
     deadline = time.monotonic() + lease_duration + 5
     while True:
         time.sleep(1.0)
@@ -160,10 +179,17 @@ def check_operator() -> str:
                 f"{lease_duration:.0f}s: the holder is stuck or gone"
             )
 
-    selector = env("GPUHEAL_TEST_SELECTOR")
-    query = urllib.parse.urlencode({"labelSelector": selector})
+    pod = _holder_pod(kube, namespace, lease_name, holder)
+    _holder_healthy(pod)
+    name = pod["metadata"]["name"]
+    return f"{deployment}: {available} available; {name} holds the Lease, /healthz 200"
+
+
+def _holder_pod(kube: Kube, namespace: str, lease_name: str, holder: str) -> dict[str, Any]:
+    """The release's operator pod that holds the Lease (gpuheal's identity is
+    "<pod name>-<6 hex>", adapters/lease.py)."""
+    query = urllib.parse.urlencode({"labelSelector": env("GPUHEAL_TEST_SELECTOR")})
     pods = (kube.get(f"/api/v1/namespaces/{namespace}/pods?{query}") or {}).get("items") or []
-    # gpuheal's identity is "<pod name>-<6 hex>" (adapters/lease.py).
     mine = [p for p in pods if holder.rsplit("-", 1)[0] == p["metadata"]["name"]]
     if not mine:
         names = sorted(p["metadata"]["name"] for p in pods)
@@ -171,25 +197,28 @@ def check_operator() -> str:
             f"Lease {namespace}/{lease_name} is held by {holder}, which is none of this "
             f"release's operator pods {names}: another gpuheal runs in {namespace}"
         )
-    pod = mine[0]
+    return dict(mine[0])
+
+
+def _holder_healthy(pod: dict[str, Any]) -> None:
+    """kopf serves /healthz once start-up finished (watches and sources running)."""
+    name = pod["metadata"]["name"]
     url = os.environ.get("GPUHEAL_TEST_HEALTH_URL")
     if not url:
         ip = (pod.get("status") or {}).get("podIP")
         if not ip:
-            raise CheckFailed(f"pod {pod['metadata']['name']} holds the Lease but has no IP")
+            raise CheckFailed(f"pod {name} holds the Lease but has no IP")
         host = f"[{ip}]" if ":" in ip else ip
         url = f"http://{host}:{env('GPUHEAL_TEST_HEALTH_PORT')}/healthz"
     try:
         status, body = http_get(url)
     except OSError as exc:
         raise CheckFailed(
-            f"{pod['metadata']['name']} holds the Lease but its /healthz ({url}) does not "
-            f"answer: {exc} (still starting, or a NetworkPolicy blocks the port)"
+            f"{name} holds the Lease but its /healthz ({url}) does not answer: {exc} "
+            "(still starting, or a NetworkPolicy blocks the port)"
         ) from exc
     if status != 200:
         raise CheckFailed(f"{url}: HTTP {status}: {body[:300].decode(errors='replace')}")
-    name = pod["metadata"]["name"]
-    return f"{deployment}: {available} available; {name} holds the Lease, /healthz 200"
 
 
 def check_bridge() -> str:
