@@ -64,9 +64,21 @@ class Helm:
             )
         return result
 
-    def template(self, *args: str, namespace: str = "gpuheal") -> list[dict[str, Any]]:
+    def template(
+        self, *args: str, namespace: str = "gpuheal", tests: bool = False
+    ) -> list[dict[str, Any]]:
+        """The rendered objects; the `helm test` hooks only with ``tests`` (`helm install`
+        never creates them)."""
+        skip = () if tests else ("--skip-tests",)
         out = self(
-            "template", "r", str(CHART), "-n", namespace, f"--kube-version={KUBE_VERSION}", *args
+            "template",
+            "r",
+            str(CHART),
+            "-n",
+            namespace,
+            f"--kube-version={KUBE_VERSION}",
+            *skip,
+            *args,
         )
         return [d for d in yaml.safe_load_all(out.stdout) if d]
 
@@ -115,8 +127,16 @@ def test_every_pod_is_hardened(helm: Helm, values: Path) -> None:
     deployments = _objects(docs, "Deployment")
     assert deployments
     for dep in deployments:
+        component = dep["metadata"]["labels"]["app.kubernetes.io/component"]
         assert dep["spec"]["replicas"] == 1
-        assert dep["spec"]["strategy"] == {"type": "Recreate"}
+        if component == "operator":
+            # Behind the Lease: the new copy starts first and takes over when the old exits.
+            assert dep["spec"]["strategy"] == {
+                "type": "RollingUpdate",
+                "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
+            }
+        else:
+            assert dep["spec"]["strategy"] == {"type": "Recreate"}
         pod = dep["spec"]["template"]["spec"]
         assert pod["securityContext"]["runAsNonRoot"] is True
         assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
@@ -127,7 +147,12 @@ def test_every_pod_is_hardened(helm: Helm, values: Path) -> None:
         assert sc["capabilities"] == {"drop": ["ALL"]}
         assert container["resources"]["requests"]
         assert container["resources"]["limits"]
-        assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
+        probe = container["livenessProbe"]
+        if component == "operator":  # kopf's /healthz, sparing a copy that waits for the Lease
+            assert "/healthz" in probe["exec"]["command"][-1]
+            assert "readinessProbe" not in container
+        else:
+            assert probe["httpGet"]["path"] == "/healthz"
         assert {"name": "tmp", "mountPath": "/tmp"} in container["volumeMounts"]
 
 
@@ -142,6 +167,8 @@ def test_defaults_render_the_operator_as_the_flag_contract_says(helm: Helm) -> N
     assert "--health-port=8080" in args
     assert "--sources=conditions,events" in args
     assert "--log-format=json" in args
+    assert "--lease-duration=15" in args
+    assert dep["spec"]["replicas"] == 1
     assert not any(a.startswith(("--peering", "--standalone")) for a in args)  # not gpuheal's
     assert not any(a.startswith("--bridge-") for a in args), "no bridge configured by default"
     ports = {p["name"]: p["containerPort"] for p in _container(dep)["ports"]}
@@ -170,6 +197,14 @@ def test_defaults_render_the_operator_as_the_flag_contract_says(helm: Helm) -> N
     ]
     for absent in ("ServiceMonitor", "PrometheusRule", "ConfigMap", "Secret"):
         assert not _objects(docs, absent), f"{absent} must be off by default"
+    # One replica: no PodDisruptionBudget (it would block draining the operator's node).
+    assert not _objects(docs, "PodDisruptionBudget")
+    # No policy unless asked: a second priority-0 policy on the same nodes would overlap.
+    assert not _objects(docs, "RemediationPolicy")
+    # Pod deletion only when asked (rbac.forceDrain).
+    assert not [
+        r for _, _, r in _rules(docs) if "pods" in r["resources"] and "delete" in r["verbs"]
+    ]
 
 
 def test_in_cluster_bridge_wires_the_operator_to_its_service(helm: Helm) -> None:
@@ -242,7 +277,43 @@ def test_invalid_values_are_rejected_by_the_schema_with_a_clear_message(helm: He
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (("--set", "operator.replicas=2"), "value must be 1"),
+        (
+            ("--set", "operator.replicas=2", "--set", "operator.leaseDuration=0"),
+            "operator.replicas > 1 needs the Lease",
+        ),
+        (("--set", "operator.replicas=0"), "minimum: got 0, want 1"),
+        (
+            ("--set", "defaultPolicy.enabled=true", "--set", "defaultPolicy.catalogue=false"),
+            "defaultPolicy.enabled=true without a spec",
+        ),
+        (
+            ("--set", "defaultPolicy.enabled=true", "--set-json", 'defaultPolicy.spec={"x":1}'),
+            "defaultPolicy.spec.nodeSelector is required",
+        ),
+        (
+            (
+                "--set",
+                "defaultPolicy.enabled=true",
+                "--set-json",
+                'defaultPolicy.spec={"nodeSelector":{},"rules":[{"name":"a","signals":{"xids":'
+                '[79]},"ladder":[{"name":"r","steps":[{"action":"cordon"}]}]}],"safety":{}}',
+            ),
+            "set exactly one of maxUnhealthy or minHealthy",
+        ),
+        (
+            (
+                "--set",
+                "defaultPolicy.enabled=true",
+                "--set-json",
+                'defaultPolicy.spec={"nodeSelector":{},"rules":[{"name":"a","signals":{"xids":'
+                '[79]}}],"safety":{"maxUnhealthy":1}}',
+            ),
+            "defaultPolicy.spec.rules[0] needs name, signals and a non-empty ladder",
+        ),
+        (
+            ("--set", "defaultReservePool.enabled=true"),
+            "needs defaultReservePool.spec.nodeSelector",
+        ),
         (("--set", "bridge.url=https://b:8443"), "set bridge.token.existingSecret"),
         (("--set", "slurmBridge.enabled=true"), "set bridge.token.existingSecret"),
         (
@@ -314,7 +385,8 @@ def test_rbac_is_least_privilege(helm: Helm, values: Path) -> None:
         if name == "r-gpuheal-operator-events":
             assert (kind, rule["resources"], rule["verbs"]) == ("Role", ["events"], ["create"])
     values_doc = yaml.safe_load(values.read_text()) or {}
-    force = values_doc.get("rbac", {}).get("forceDrain", True)
+    default_force = yaml.safe_load((CHART / "values.yaml").read_text())["rbac"]["forceDrain"]
+    force = values_doc.get("rbac", {}).get("forceDrain", default_force)
     for kind, name, rule in rules:
         where = f"{kind}/{name} {rule}"
         for field in ("apiGroups", "resources", "verbs"):
@@ -376,6 +448,22 @@ def _operator_metrics() -> set[str]:
     return names | {f"{h}_{s}" for h in histograms for s in ("bucket", "sum", "count")}
 
 
+# Metrics the per-incident, pool and bridge alerts need: the operator must export them.
+ALERT_METRICS = {
+    "gpuheal_reserve_pool_min_available",
+    "gpuheal_incident_blocked",
+    "gpuheal_incident_last_progress_timestamp_seconds",
+    "gpuheal_bridge_up",
+}
+
+
+def _pretty(expr: str) -> str:
+    """The expression as promql-parser prints it (one spelling for spaces and line breaks)."""
+    import promql_parser
+
+    return " ".join(str(promql_parser.parse(expr).prettify()).split())
+
+
 def _promql(expr: str) -> set[str]:
     """Parse a PromQL expression (raises on a syntax error); return the gpuheal_ metrics in it."""
     import promql_parser
@@ -402,6 +490,9 @@ def test_monitoring_objects_are_well_formed(helm: Helm) -> None:
         "GpuhealReservePoolLow",
         "GpuhealCircuitBreakerOpen",
         "GpuhealIncidentStuck",
+        "GpuhealApprovalPending",
+        "GpuhealIncidentFailed",
+        "GpuhealBridgeUnavailable",
         "GpuhealSourceBlind",
     }
     used: set[str] = set()
@@ -412,7 +503,8 @@ def test_monitoring_objects_are_well_formed(helm: Helm) -> None:
         assert alert["annotations"]["description"]
         assert alert["annotations"]["runbook_url"].endswith("#" + name.lower())
         used |= _promql(alert["expr"])
-    assert "[90m]" in alerts["GpuhealIncidentStuck"]["expr"]  # from the values file
+    assert "> 5400" in alerts["GpuhealIncidentStuck"]["expr"]  # 90m, from the values file
+    assert _operator_metrics() >= ALERT_METRICS, ALERT_METRICS - _operator_metrics()
     assert used <= _operator_metrics(), used - _operator_metrics()
 
     dashboard = json.loads(_one(docs, "ConfigMap", "-dashboard")["data"]["gpuheal.json"])
@@ -425,6 +517,159 @@ def test_monitoring_objects_are_well_formed(helm: Helm) -> None:
     args = _container(_one(docs, "Deployment"))["args"]
     assert "--sources=conditions,events,dcgm" in args
     assert "--dcgm-selector=app=nvidia-dcgm-exporter" in args
+
+
+def _alerts(docs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    rule = _one(docs, "PrometheusRule")
+    return {r["alert"]: r for g in rule["spec"]["groups"] for r in g["rules"]}
+
+
+def test_alerts_are_per_incident_and_per_pool(helm: Helm) -> None:
+    """The issue's four: bridge unavailable, incident failed, approval pending per incident,
+    each pool against its own minAvailable; stuck per incident, never for one waiting for
+    approval."""
+    alerts = _alerts(helm.template("--set", "monitoring.prometheusRule.enabled=true"))
+    pool = _pretty(alerts["GpuhealReservePoolLow"]["expr"])
+    assert "gpuheal_reserve_pool_min_available" in pool
+    assert "< on (pool)" in pool
+    assert not re.search(r"<\s*[0-9]", pool), "a fixed threshold, not the pool's own minAvailable"
+
+    stuck = _pretty(alerts["GpuhealIncidentStuck"]["expr"])
+    assert "by (incident, node)" in stuck
+    assert "> 7200" in stuck  # incidentStuckAfter: 2h
+    approval_pending = 'gpuheal_incident_blocked{reason="ApprovalPending"}'
+    assert f"unless on (incident) (max by (incident) ({approval_pending}) == 1)" in stuck
+    assert "gpuheal_active_incidents" not in stuck  # cluster-wide: what the issue asked away
+
+    approval = _pretty(alerts["GpuhealApprovalPending"]["expr"])
+    assert approval == (
+        'max by (incident, node) (gpuheal_incident_blocked{reason="ApprovalPending"}) == 1'
+    )
+    assert alerts["GpuhealApprovalPending"]["for"] == "15m"
+
+    failed = _pretty(alerts["GpuhealIncidentFailed"]["expr"])
+    assert 'gpuheal_incidents_completed_total{outcome="failed"}' in failed
+    assert "offset 1h" in failed  # a failure that creates the series is seen too
+
+    bridge = _pretty(alerts["GpuhealBridgeUnavailable"]["expr"])
+    assert "gpuheal_bridge_up" in bridge
+    assert 'reason="BridgeUnavailable"' in bridge
+    assert alerts["GpuhealBridgeUnavailable"]["for"] == "5m"
+    for alert in alerts.values():
+        _promql(alert["expr"])
+
+
+def test_default_policy_is_the_catalogue_in_dry_run(helm: Helm) -> None:
+    """`--set defaultPolicy.enabled=true` creates examples/default-policy.yaml in dry run; a
+    spec of your own replaces it whole; dryRun applies to either."""
+    example = yaml.safe_load((ROOT / "examples" / "default-policy.yaml").read_text())
+    assert example["spec"]["safety"]["dryRun"] is True  # docs/install.md: start in dry run
+    assert (CHART / "files" / "default-policy.yaml").read_text() == (
+        ROOT / "examples" / "default-policy.yaml"
+    ).read_text(), "chart copy drifted: cp examples/default-policy.yaml deploy/helm/gpuheal/files/"
+
+    policy = _one(helm.template("--set", "defaultPolicy.enabled=true"), "RemediationPolicy")
+    assert policy["metadata"]["name"] == "default"
+    assert policy["metadata"]["annotations"]["helm.sh/hook"] == "post-install,post-upgrade"
+    assert policy["spec"] == example["spec"]
+
+    live = helm.template(
+        "--set", "defaultPolicy.enabled=true", "--set", "defaultPolicy.dryRun=false"
+    )
+    assert _one(live, "RemediationPolicy")["spec"]["safety"]["dryRun"] is False
+
+    own = {
+        "nodeSelector": {"matchLabels": {"pool": "a100"}},
+        "rules": [
+            {
+                "name": "x",
+                "signals": {"xids": [79]},
+                "ladder": [{"name": "r", "steps": [{"action": "cordon"}]}],
+            }
+        ],
+        "safety": {"maxUnhealthy": 1},
+    }
+    mine = helm.template(
+        "--set", "defaultPolicy.enabled=true", "--set-json", f"defaultPolicy.spec={json.dumps(own)}"
+    )
+    assert _one(mine, "RemediationPolicy")["spec"] == {
+        **own,
+        "safety": {"maxUnhealthy": 1, "dryRun": True},
+    }
+
+
+def test_two_replicas_behind_the_lease(helm: Helm) -> None:
+    docs = helm.template("--set", "operator.replicas=2")
+    dep = _one(docs, "Deployment")
+    assert dep["spec"]["replicas"] == 2
+    assert dep["spec"]["minReadySeconds"] == 10
+    pdb = _one(docs, "PodDisruptionBudget")
+    assert pdb["spec"]["minAvailable"] == 1
+    assert pdb["spec"]["unhealthyPodEvictionPolicy"] == "AlwaysAllow"
+    assert pdb["spec"]["selector"] == dep["spec"]["selector"]
+    (spread,) = dep["spec"]["template"]["spec"]["topologySpreadConstraints"]
+    assert spread["topologyKey"] == "kubernetes.io/hostname"
+    assert spread["labelSelector"] == dep["spec"]["selector"]
+    assert "--lease-duration=15" in _container(dep)["args"]
+    no_pdb = helm.template(
+        "--set", "operator.replicas=2", "--set", "operator.podDisruptionBudget.enabled=false"
+    )
+    assert not _objects(no_pdb, "PodDisruptionBudget")
+
+
+def _test_hooks(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [
+        d for d in docs if (d["metadata"].get("annotations") or {}).get("helm.sh/hook") == "test"
+    ]
+
+
+@pytest.mark.parametrize("values", CI_VALUES, ids=[p.name for p in CI_VALUES])
+def test_helm_test_pods_check_crds_operator_and_bridge(helm: Helm, values: Path) -> None:
+    docs = helm.template("-f", str(values), tests=True)
+    hooks = _test_hooks(docs)
+    pods = {p["metadata"]["name"]: p for p in _objects(hooks, "Pod")}
+    operator = _one(docs, "Deployment", "r-gpuheal")
+    bridge = any(a.startswith("--bridge-url=") for a in _container(operator)["args"])
+    expected = {"r-gpuheal-test-crds", "r-gpuheal-test-operator"} | (
+        {"r-gpuheal-test-bridge"} if bridge else set()
+    )
+    assert set(pods) == expected
+    script = (CHART / "files" / "helm_test.py").read_text()
+    for name, pod in pods.items():
+        spec = pod["spec"]
+        assert spec["restartPolicy"] == "Never"
+        assert spec["serviceAccountName"] == "r-gpuheal-test"
+        assert spec["securityContext"]["runAsNonRoot"] is True
+        (container,) = spec["containers"]
+        assert container["securityContext"]["readOnlyRootFilesystem"] is True
+        assert container["command"][:3] == ["python", "-c", script]
+        assert container["command"][3] == name.rsplit("-", 1)[1]
+        assert container["image"] == _container(_one(docs, "Deployment", "r-gpuheal"))["image"]
+    if bridge:
+        pod = pods["r-gpuheal-test-bridge"]
+        env = {e["name"]: e["value"] for e in pod["spec"]["containers"][0]["env"]}
+        operator_args = _container(_one(docs, "Deployment", "r-gpuheal"))["args"]
+        assert f"--bridge-url={env['GPUHEAL_TEST_BRIDGE_URL']}" in operator_args
+        volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
+        op_volumes = {
+            v["name"]: v
+            for v in _one(docs, "Deployment", "r-gpuheal")["spec"]["template"]["spec"]["volumes"]
+        }
+        assert volumes["bridge-token"] == op_volumes["bridge-token"]
+        assert pod["spec"]["automountServiceAccountToken"] is False
+    # Their RBAC: read-only, named objects, gone after a passing run.
+    rules = _rules(hooks)
+    assert {name for _, name, _ in rules} == {"r-gpuheal-test"}
+    for _, _, rule in rules:
+        assert set(rule["verbs"]) <= {"get", "list"}, rule
+        if rule["resources"] != ["pods"]:
+            assert rule.get("resourceNames"), f"not limited to named objects: {rule}"
+    for obj in hooks:
+        if obj["kind"] != "Pod":
+            assert "hook-succeeded" in obj["metadata"]["annotations"]["helm.sh/hook-delete-policy"]
+    assert not _test_hooks(
+        helm.template("-f", str(values), "--set", "tests.enabled=false", tests=True)
+    )
 
 
 # --- install on the sandbox ------------------------------------------------------------------
@@ -469,14 +714,6 @@ def _adopt_cluster_objects(sandbox: Sandbox, release: str, namespace: str) -> No
         )
 
 
-def _example_policy_spec() -> dict[str, Any] | None:
-    for path in sorted((ROOT / "examples").glob("*.yaml")):
-        for doc in yaml.safe_load_all(path.read_text()):
-            if doc and doc.get("kind") == "RemediationPolicy":
-                return dict(doc["spec"])
-    return None
-
-
 def _install_values(tmp_path: Path, **extra: Any) -> Path:
     values: dict[str, Any] = {
         "defaultReservePool": {
@@ -486,13 +723,8 @@ def _install_values(tmp_path: Path, **extra: Any) -> Path:
         },
         **extra,
     }
-    spec = _example_policy_spec()
-    if spec is not None:
-        values["defaultPolicy"] = {
-            "enabled": True,
-            "name": f"default-{uuid.uuid4().hex[:6]}",
-            "spec": spec,
-        }
+    # The chart's own default: NVIDIA's catalogue (examples/default-policy.yaml), in dry run.
+    values["defaultPolicy"] = {"enabled": True, "name": f"default-{uuid.uuid4().hex[:6]}"}
     path = tmp_path / "install-values.yaml"
     path.write_text(yaml.safe_dump(values))
     return path
@@ -536,8 +768,13 @@ def test_install_upgrade_uninstall_on_a_real_apiserver(
         # The hooks: the default objects exist once the CRDs do.
         values_doc = yaml.safe_load(values.read_text())
         sandbox.kubectl("get", "reservepool", values_doc["defaultReservePool"]["name"])
-        if "defaultPolicy" in values_doc:
-            sandbox.kubectl("get", "remediationpolicy", values_doc["defaultPolicy"]["name"])
+        policy = json.loads(
+            sandbox.kubectl(
+                "get", "remediationpolicy", values_doc["defaultPolicy"]["name"], "-o", "json"
+            ).stdout
+        )
+        assert policy["spec"]["safety"]["dryRun"] is True  # a safe first install
+        assert {r["name"] for r in policy["spec"]["rules"]} >= {"fell-off-bus", "gpu-reset"}
         # kwok runs the pod: scheduled on the system node, never on a GPU node.
         pods = json.loads(
             sandbox.kubectl(
@@ -634,7 +871,6 @@ OPERATOR_NEEDS = [
     ("watch", "events.events.k8s.io", None),
     ("create", "events", "$ns"),  # kopf's own Events
     ("create", "events", "default"),  # gpuheal's Events about Nodes and NodeRemediations
-    ("delete", "pods", "team-a"),  # rbac.forceDrain (on by default)
     ("create", "jobs.batch", "$ns"),  # rbac.jobHookNamespaces
     ("get", "jobs.batch/status", "$ns"),
     ("create", "noderemediations.gpuheal.io", None),
@@ -651,6 +887,7 @@ OPERATOR_NEEDS = [
     ("watch", "namespaces", None),
 ]
 OPERATOR_MUST_NOT = [
+    ("delete", "pods", "team-a"),  # only with rbac.forceDrain (off by default)
     ("get", "secrets", "kube-system"),
     ("list", "secrets", None),
     ("get", "secrets", "$ns"),

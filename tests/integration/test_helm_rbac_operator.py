@@ -85,7 +85,11 @@ def chart_release(sandbox: Sandbox, namespace: str, tmp_path: Path) -> Iterator[
     release = f"op-{uuid.uuid4().hex[:6]}"
     _adopt_crds(sandbox, release, namespace)
     home = tmp_path / "helm-home"
-    _helm(sandbox, home, "install", release, str(CHART), "-n", namespace)
+    # The policy below drains with `onTimeout: Force`: grant it (off by default).
+    _helm(
+        sandbox, home, "install", release, str(CHART), "-n", namespace,
+        "--set", "rbac.forceDrain=true",
+    )  # fmt: skip
     for crd in GPUHEAL_CRDS:
         sandbox.kubectl("wait", "--for=condition=Established", f"crd/{crd}", "--timeout=60s")
     try:

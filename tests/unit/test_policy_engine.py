@@ -38,8 +38,17 @@ GPU_A = "0000:3b:00"
 GPU_B = "0000:5e:00"
 
 
+def live_example() -> dict[str, Any]:
+    """examples/default-policy.yaml with dry run off (it ships in dry run; these tests are
+    about what its ladders do once it is live)."""
+    doc: dict[str, Any] = yaml.safe_load((ROOT / "examples" / "default-policy.yaml").read_text())
+    assert doc["spec"]["safety"]["dryRun"] is True
+    doc["spec"]["safety"]["dryRun"] = False
+    return doc
+
+
 def default_spec(**safety: Any) -> RemediationPolicySpec:
-    doc = yaml.safe_load((ROOT / "examples" / "default-policy.yaml").read_text())
+    doc = live_example()
     doc["spec"]["safety"].update(safety)
     return RemediationPolicy.model_validate(doc).spec
 
@@ -123,7 +132,7 @@ def test_replayed_old_event_after_resolution_starts_nothing() -> None:
 
 
 def test_xid94_never_replaces_on_first_sight_even_if_policy_says_so() -> None:
-    doc = yaml.safe_load((ROOT / "examples" / "default-policy.yaml").read_text())
+    doc = live_example()
     # A policy that (via the class, which CEL cannot see) puts replace on rung 0 for 94.
     doc["spec"]["rules"] = [
         {
@@ -628,7 +637,7 @@ def test_decide_is_total(obs: list[tuple[int, int, str | None]], minutes: int) -
 
 def test_catalogue_alert_only_guard_overrides_an_eager_policy() -> None:
     """A policy that cordons on XID 13 still only alerts until 13 repeats on the same GPU."""
-    doc = yaml.safe_load((ROOT / "examples" / "default-policy.yaml").read_text())
+    doc = live_example()
     doc["spec"]["rules"] = [
         {
             "name": "eager",

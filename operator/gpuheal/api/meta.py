@@ -216,10 +216,18 @@ class SelectorOperator(enum.StrEnum):
 class LabelSelectorRequirement(Model):
     """One expression of a label selector."""
 
-    key: str = Field(max_length=MAX_LABEL_KEY, pattern=LABEL_KEY_PATTERN)
-    operator: SelectorOperator
+    key: str = Field(
+        max_length=MAX_LABEL_KEY,
+        pattern=LABEL_KEY_PATTERN,
+        description="The label key the expression applies to.",
+    )
+    operator: SelectorOperator = Field(
+        description="In, NotIn, Exists or DoesNotExist: how the key relates to the values."
+    )
     values: list[Annotated[str, Field(max_length=MAX_LABEL_VALUE)]] = Field(
-        default_factory=list, max_length=64
+        default_factory=list,
+        max_length=64,
+        description="Label values: required for In and NotIn, empty for Exists and DoesNotExist.",
     )
 
     @model_validator(mode="after")
@@ -247,8 +255,16 @@ class LabelSelector(Model):
     match_labels: dict[
         Annotated[str, Field(max_length=MAX_LABEL_KEY)],
         Annotated[str, Field(max_length=MAX_LABEL_VALUE)],
-    ] = Field(default_factory=dict, max_length=32)
-    match_expressions: list[LabelSelectorRequirement] = Field(default_factory=list, max_length=32)
+    ] = Field(
+        default_factory=dict,
+        max_length=32,
+        description="Labels a node must carry with exactly these values (all of them).",
+    )
+    match_expressions: list[LabelSelectorRequirement] = Field(
+        default_factory=list,
+        max_length=32,
+        description="Label expressions a node must satisfy (all of them).",
+    )
 
     def is_empty(self) -> bool:
         return not self.match_labels and not self.match_expressions
@@ -277,7 +293,11 @@ class LabelSelector(Model):
 class ObjectRef(Model):
     """Reference to a cluster-scoped object by name."""
 
-    name: str = Field(max_length=MAX_NAME, pattern=DNS_SUBDOMAIN_PATTERN)
+    name: str = Field(
+        max_length=MAX_NAME,
+        pattern=DNS_SUBDOMAIN_PATTERN,
+        description="Name of the referenced object.",
+    )
 
 
 class ConditionStatus(enum.StrEnum):
@@ -289,12 +309,27 @@ class ConditionStatus(enum.StrEnum):
 class Condition(Model):
     """metav1.Condition: one observation of one aspect of the object."""
 
-    type: str = Field(max_length=316, pattern=CONDITION_TYPE_PATTERN)
-    status: ConditionStatus
-    observed_generation: int | None = Field(default=None, ge=0)
-    last_transition_time: dt.datetime
-    reason: str = Field(min_length=1, max_length=1024, pattern=CONDITION_REASON_PATTERN)
-    message: str = Field(default="", max_length=32768)
+    type: str = Field(
+        max_length=316,
+        pattern=CONDITION_TYPE_PATTERN,
+        description="Type of condition in CamelCase (e.g. Ready, Cordoned, Blocked).",
+    )
+    status: ConditionStatus = Field(description="True, False or Unknown.")
+    observed_generation: int | None = Field(
+        default=None,
+        ge=0,
+        description="The metadata.generation the condition was set for.",
+    )
+    last_transition_time: dt.datetime = Field(
+        description="When the condition last changed from one status to another."
+    )
+    reason: str = Field(
+        min_length=1,
+        max_length=1024,
+        pattern=CONDITION_REASON_PATTERN,
+        description="Why, as one CamelCase word for programs (e.g. ApprovalPending).",
+    )
+    message: str = Field(default="", max_length=32768, description="Why, in words for people.")
 
 
 def conditions_field(description: str) -> Any:
@@ -355,13 +390,21 @@ class ObjectMeta(BaseModel):
 
     model_config = ConfigDict(extra="allow")
 
-    name: str = Field(max_length=MAX_NAME)
-    generation: int | None = None
-    resource_version: str | None = None
-    uid: str | None = None
-    labels: dict[str, str] = Field(default_factory=dict)
-    annotations: dict[str, str] = Field(default_factory=dict)
-    creation_timestamp: dt.datetime | None = None
+    name: str = Field(max_length=MAX_NAME, description="The object's name.")
+    generation: int | None = Field(
+        default=None, description="Bumped by the API server on every spec change."
+    )
+    resource_version: str | None = Field(
+        default=None, description="The version for optimistic concurrency."
+    )
+    uid: str | None = Field(default=None, description="Unique id of this object.")
+    labels: dict[str, str] = Field(default_factory=dict, description="The object's labels.")
+    annotations: dict[str, str] = Field(
+        default_factory=dict, description="The object's annotations."
+    )
+    creation_timestamp: dt.datetime | None = Field(
+        default=None, description="When the object was created."
+    )
 
 
 @dataclasses.dataclass(frozen=True)

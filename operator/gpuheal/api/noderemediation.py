@@ -52,21 +52,43 @@ class SignalRecord(Model):
 
     model_config = ConfigDict(json_schema_extra=cel(*_SIGNAL_RULES))
 
-    source: SignalSource
-    observed_at: dt.datetime
-    xid: int | None = Field(default=None, ge=1, le=65535)
-    pci_bus_id: str | None = Field(default=None, max_length=32)
-    gpu_uuid: str | None = Field(default=None, max_length=64)
-    recovery_action: RecoveryAction | None = None
-    condition_type: str | None = Field(default=None, max_length=316)
+    source: SignalSource = Field(
+        description="Where the signal came from: KernelLog, Event, Condition, DcgmExporter "
+        "or Manual."
+    )
+    observed_at: dt.datetime = Field(description="When the signal was observed.")
+    xid: int | None = Field(
+        default=None, ge=1, le=65535, description="The NVIDIA XID code, for XID signals."
+    )
+    pci_bus_id: str | None = Field(
+        default=None, max_length=32, description="PCI bus id of the GPU (e.g. 0000:3b:00)."
+    )
+    gpu_uuid: str | None = Field(
+        default=None, max_length=64, description="UUID of the GPU, when the source names it."
+    )
+    recovery_action: RecoveryAction | None = Field(
+        default=None, description="For XID 154: the recovery action the driver stated."
+    )
+    condition_type: str | None = Field(
+        default=None, max_length=316, description="For Condition signals: the condition type."
+    )
     condition_status: str | None = Field(
         default=None,
         max_length=16,
-        description="The status the condition held (True when absent).",
+        description="For Condition signals: the status the condition held (True when absent).",
     )
-    event_reason: str | None = Field(default=None, max_length=128)
-    event_uid: str | None = Field(default=None, max_length=64, description="For dedupe.")
-    message: str = Field(default="", max_length=MAX_MESSAGE)
+    event_reason: str | None = Field(
+        default=None, max_length=128, description="For Event signals: the Event's reason."
+    )
+    event_uid: str | None = Field(
+        default=None,
+        max_length=64,
+        description="UID of the Event, so that a replayed Event is recognised and not "
+        "counted twice.",
+    )
+    message: str = Field(
+        default="", max_length=MAX_MESSAGE, description="The signal's text (e.g. the XID line)."
+    )
 
     @model_validator(mode="after")
     def _mirror_cel(self) -> SignalRecord:
@@ -79,55 +101,92 @@ class SignalRecord(Model):
 
 
 class NodeRemediationSpec(Model):
+    """The incident: which node, which policy and rule, the signals, and the plan."""
+
     node_name: str = Field(
         max_length=MAX_NAME,
         pattern=DNS_SUBDOMAIN_PATTERN,
+        description="The Node this incident is about (immutable).",
         json_schema_extra=cel(("self == oldSelf", "nodeName is immutable")),
     )
-    policy_ref: ObjectRef
+    policy_ref: ObjectRef = Field(description="The RemediationPolicy that opened the incident.")
     rule: str = Field(max_length=63, description="Name of the policy rule that matched.")
-    signals: list[SignalRecord] = Field(min_length=1, max_length=64)
+    signals: list[SignalRecord] = Field(
+        min_length=1,
+        max_length=64,
+        description="The signals that opened the incident and any that escalated it.",
+    )
     ladder: list[Rung] = Field(
         min_length=1,
         max_length=5,
         description="Snapshot of the rule's ladder when the incident opened: editing the "
         "policy later does not change a running incident.",
     )
-    dry_run: bool = False
+    dry_run: bool = Field(
+        default=False,
+        description="Opened under a dry-run policy: the plan is recorded, nothing is changed.",
+    )
 
 
 class RequeuedJob(Model):
-    job_id: str = Field(max_length=64)
-    name: str | None = Field(default=None, max_length=256)
-    requeued_at: dt.datetime | None = None
+    """A Slurm job that gpuheal requeued for this incident."""
+
+    job_id: str = Field(max_length=64, description="The Slurm job id.")
+    name: str | None = Field(default=None, max_length=256, description="The Slurm job name.")
+    requeued_at: dt.datetime | None = Field(default=None, description="When it was requeued.")
 
 
 class Ownership(Model):
     """What gpuheal itself did, so it only ever undoes its own work."""
 
-    cordoned: bool = False
-    slurm_drained: bool = False
+    cordoned: bool = Field(
+        default=False,
+        description="gpuheal cordoned the node (so it may uncordon it on return to service).",
+    )
+    slurm_drained: bool = Field(
+        default=False,
+        description="gpuheal drained the Slurm node (so it may resume it on return to service).",
+    )
 
 
 class TimelineEntry(Model):
-    time: dt.datetime
-    step: str = Field(max_length=64)
-    message: str = Field(default="", max_length=MAX_MESSAGE)
+    """One event of the incident's story, in order."""
+
+    time: dt.datetime = Field(description="When it happened.")
+    step: str = Field(max_length=64, description="The step or event (e.g. Cordoned, Blocked).")
+    message: str = Field(default="", max_length=MAX_MESSAGE, description="What happened.")
 
 
 class NodeRemediationStatus(Model):
-    observed_generation: int | None = Field(default=None, ge=0)
+    """Progress of the incident (written by gpuheal only)."""
+
+    observed_generation: int | None = Field(
+        default=None, ge=0, description="The metadata.generation this status describes."
+    )
     rung: int = Field(default=0, ge=0, description="Index into spec.ladder being executed.")
     next_step: int = Field(default=0, ge=0, description="Index of the next step in the rung.")
-    requeued_jobs: list[RequeuedJob] = Field(default_factory=list, max_length=1024)
-    replacement_node: str | None = Field(default=None, max_length=MAX_NAME)
+    requeued_jobs: list[RequeuedJob] = Field(
+        default_factory=list, max_length=1024, description="Slurm jobs requeued by this incident."
+    )
+    replacement_node: str | None = Field(
+        default=None,
+        max_length=MAX_NAME,
+        description="The spare node claimed from a ReservePool in place of this one.",
+    )
     slot_taken_at: dt.datetime | None = Field(
         default=None,
         description="When the incident took its first disruptive step and began to count "
         "against the policy's maxUnhealthy (also what the rate limit counts).",
     )
-    ownership: Ownership = Field(default_factory=Ownership)
-    timeline: list[TimelineEntry] = Field(default_factory=list, max_length=200)
+    ownership: Ownership = Field(
+        default_factory=Ownership,
+        description="What gpuheal itself did, so it only ever undoes its own work.",
+    )
+    timeline: list[TimelineEntry] = Field(
+        default_factory=list,
+        max_length=200,
+        description="The incident's story in order (the conditions, as a list of events).",
+    )
     conditions: list[Condition] = conditions_field(
         "One per step (Detected, Cordoned, SlurmDrained, JobsRequeued, Drained, Reset, "
         "Rebooted, ReplacementClaimed, Repaired, Returned), plus Blocked, Failed, Completed."
@@ -137,11 +196,17 @@ class NodeRemediationStatus(Model):
 class NodeRemediation(Model):
     """One incident on one node: what triggered it, the plan, and each step taken."""
 
-    api_version: Literal["gpuheal.io/v1alpha1"] = API_VERSION
-    kind: Literal["NodeRemediation"] = "NodeRemediation"
-    metadata: ObjectMeta
-    spec: NodeRemediationSpec
-    status: NodeRemediationStatus = Field(default_factory=NodeRemediationStatus)
+    api_version: Literal["gpuheal.io/v1alpha1"] = Field(
+        default=API_VERSION, description="gpuheal.io/v1alpha1"
+    )
+    kind: Literal["NodeRemediation"] = Field(
+        default="NodeRemediation", description="NodeRemediation"
+    )
+    metadata: ObjectMeta = Field(description="Standard object metadata.")
+    spec: NodeRemediationSpec = Field(description="The incident and its plan.")
+    status: NodeRemediationStatus = Field(
+        default_factory=NodeRemediationStatus, description="Progress (gpuheal writes it)."
+    )
 
 
 CRD = CrdInfo(

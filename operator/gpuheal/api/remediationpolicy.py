@@ -69,16 +69,37 @@ class EscalationScope(enum.StrEnum):
 class ConditionSignal(Model):
     """A node condition that signals trouble when it holds `status` for at least `for`."""
 
-    type: str = Field(max_length=316)
-    status: ConditionStatus = ConditionStatus.TRUE
-    for_: Duration = Field(default="0s", description="How long the condition must hold.")
+    type: str = Field(
+        max_length=316,
+        description="Node condition type to watch (e.g. Ready, or a node-problem-detector "
+        "condition such as GpuXidError).",
+    )
+    status: ConditionStatus = Field(
+        default=ConditionStatus.TRUE,
+        description="The condition status that signals trouble: True, False or Unknown "
+        "(e.g. Ready with status False).",
+    )
+    for_: Duration = Field(
+        default="0s",
+        description="How long the condition must hold that status before the rule fires "
+        "(a Go duration such as 5m; 0s: at once).",
+    )
 
 
 class EventSignal(Model):
     """A Kubernetes Event on the Node, matched by reason (and optionally a message part)."""
 
-    reason: str = Field(max_length=128, min_length=1)
-    message_contains: str | None = Field(default=None, max_length=256)
+    reason: str = Field(
+        max_length=128,
+        min_length=1,
+        description="The Event's reason, matched exactly (e.g. the reason node-problem-detector "
+        "or your DCGM tooling uses for XID Events).",
+    )
+    message_contains: str | None = Field(
+        default=None,
+        max_length=256,
+        description="Optional: the Event's message must also contain this text (case-sensitive).",
+    )
 
 
 _SIGNAL_RULES = (
@@ -103,19 +124,34 @@ class SignalSelector(Model):
 
     model_config = ConfigDict(json_schema_extra=cel(*_SIGNAL_RULES))
 
-    xids: list[Annotated[int, Field(ge=1, le=65535)]] = Field(default_factory=list, max_length=64)
+    xids: list[Annotated[int, Field(ge=1, le=65535)]] = Field(
+        default_factory=list,
+        max_length=64,
+        description="NVIDIA XID codes that trigger the rule (e.g. [79] for a GPU that fell off "
+        "the bus); `gpuheal xid explain <code>` prints the catalogue entry of each.",
+    )
     xid_classes: list[XidClass] = Field(
         default_factory=list,
         max_length=16,
-        description="Catalogue default: every XID whose catalogue class is listed.",
+        description="XID classes of gpuheal's catalogue: every XID whose class is listed "
+        "triggers the rule (the catalogue default; explicit xids are tried the same way).",
     )
     recovery_actions: list[RecoveryAction] = Field(
         default_factory=list,
         max_length=8,
-        description="For XID 154: only these driver-stated recovery actions match.",
+        description="For XID 154 only: the rule matches only when the driver states one of "
+        "these recovery actions (needs 154 in xids or RecoveryAction in xidClasses).",
     )
-    conditions: list[ConditionSignal] = Field(default_factory=list, max_length=16)
-    events: list[EventSignal] = Field(default_factory=list, max_length=16)
+    conditions: list[ConditionSignal] = Field(
+        default_factory=list,
+        max_length=16,
+        description="Node conditions that trigger the rule when they hold a status long enough.",
+    )
+    events: list[EventSignal] = Field(
+        default_factory=list,
+        max_length=16,
+        description="Kubernetes Events on the Node that trigger the rule (matched by reason).",
+    )
 
     @model_validator(mode="after")
     def _mirror_cel(self) -> SignalSelector:
@@ -131,39 +167,82 @@ class SignalSelector(Model):
 
 
 class SlurmDrainOptions(Model):
-    requeue: RequeueMode = RequeueMode.REQUEUE
+    """How the Slurm node is drained through the bridge, and what happens to its jobs."""
+
+    requeue: RequeueMode = Field(
+        default=RequeueMode.REQUEUE,
+        description="What to do with the node's running jobs: requeue (back in the queue, "
+        "excluding this node), requeueHold (requeued but held for a person), or none (leave "
+        "them running).",
+    )
     checkpoint_signal: str | None = Field(
         default=None,
         max_length=16,
         pattern=r"^(SIG)?[A-Z][A-Z0-9]*$",
-        description="Signal sent to the job before requeue so it can checkpoint (e.g. USR1).",
+        description="Signal sent to the jobs before the requeue so they can checkpoint "
+        "(e.g. USR1); none when omitted.",
     )
-    grace_period: Duration = Field(default="60s", description="Wait after the signal.")
-    reason: str = Field(default="gpuheal", max_length=128)
+    grace_period: Duration = Field(
+        default="60s",
+        description="How long to wait after the checkpoint signal before the requeue "
+        "(at most 10m).",
+    )
+    reason: str = Field(
+        default="gpuheal",
+        max_length=128,
+        description="Not used today: the Slurm drain reason is always `gpuheal: <incident> "
+        "xid=<N>`, which is how gpuheal recognises its own drains.",
+    )
 
 
 class DrainOptions(Model):
-    timeout: PositiveDuration = "10m"
+    """Evicting the node's pods through the Eviction API (PodDisruptionBudgets honoured)."""
+
+    timeout: PositiveDuration = Field(
+        default="10m",
+        description="How long to keep evicting (PDBs may refuse) before onTimeout applies.",
+    )
     grace_period: Duration | None = Field(
-        default=None, description="Overrides the pods' terminationGracePeriodSeconds."
+        default=None,
+        description="Overrides the pods' terminationGracePeriodSeconds; the pods' own value "
+        "when omitted.",
     )
     on_timeout: DrainTimeoutAction = Field(
         default=DrainTimeoutAction.ALERT,
-        description="After timeout (PDBs still blocking): stop and alert, or force.",
+        description="After the timeout, with pods left: Alert (stop, leave the node cordoned, "
+        "say why) or Force (delete the remaining pods without the Eviction API; the chart "
+        "grants that only with rbac.forceDrain=true).",
     )
 
 
 class JobHook(Model):
-    namespace: str = Field(max_length=63, pattern=DNS_LABEL_PATTERN)
+    """A Kubernetes Job that carries out the reset or reboot."""
+
+    namespace: str = Field(
+        max_length=63,
+        pattern=DNS_LABEL_PATTERN,
+        description="Namespace the Job is created in (the chart grants Job rights only in "
+        "rbac.jobHookNamespaces).",
+    )
     template: dict[str, Any] = Field(
-        description="batch/v1 JobSpec template; the node name is passed as NODE_NAME.",
+        description="A batch/v1 JobSpec; gpuheal adds NODE_NAME, GPUHEAL_ACTION and "
+        "GPUHEAL_INCIDENT to every container's environment.",
         json_schema_extra={"x-kubernetes-preserve-unknown-fields": True, "type": "object"},
     )
 
 
 class WebhookHook(Model):
-    url: str = Field(max_length=2048, pattern=r"^https?://")
-    timeout: PositiveDuration = "30s"
+    """An HTTP endpoint (e.g. your BMC or fleet tooling) that carries out the reset or reboot."""
+
+    url: str = Field(
+        max_length=2048,
+        pattern=r"^https?://",
+        description="URL gpuheal POSTs {action, node, incident, xid} to, with the header "
+        "Idempotency-Key: <incident>-<action>; any 2xx is success.",
+    )
+    timeout: PositiveDuration = Field(
+        default="30s", description="How long one call may take before it counts as failed."
+    )
 
 
 class HookSpec(Model):
@@ -180,9 +259,12 @@ class HookSpec(Model):
         )
     )
 
-    type: HookType
-    job: JobHook | None = None
-    webhook: WebhookHook | None = None
+    type: HookType = Field(
+        description="Job (a Kubernetes Job), Webhook (an HTTP call) or Noop (nothing: for "
+        "sandboxes and tests)."
+    )
+    job: JobHook | None = Field(default=None, description="Required when type is Job.")
+    webhook: WebhookHook | None = Field(default=None, description="Required when type is Webhook.")
 
     @model_validator(mode="after")
     def _mirror_cel(self) -> HookSpec:
@@ -194,19 +276,35 @@ class HookSpec(Model):
 
 
 class ResetOptions(Model):
-    hook: HookSpec
-    when_idle: bool = Field(default=True, description="Wait until no GPU job runs on the node.")
-    timeout: PositiveDuration = "10m"
+    """A GPU reset (e.g. nvidia-smi -r) carried out by a hook."""
+
+    hook: HookSpec = Field(description="How the reset is carried out.")
+    when_idle: bool = Field(
+        default=True, description="Wait until no GPU job runs on the node before the reset."
+    )
+    timeout: PositiveDuration = Field(
+        default="10m", description="How long the hook may take before the step fails."
+    )
 
 
 class RebootOptions(Model):
-    hook: HookSpec
-    power_cycle: bool = Field(default=False, description="Cold power-cycle (e.g. via BMC).")
-    timeout: PositiveDuration = "20m"
+    """A node reboot or power-cycle carried out by a hook."""
+
+    hook: HookSpec = Field(description="How the reboot is carried out.")
+    power_cycle: bool = Field(
+        default=False,
+        description="Marks the reboot as a cold power-cycle (e.g. through the BMC) in the "
+        "plan; the hook itself decides how to reboot.",
+    )
+    timeout: PositiveDuration = Field(
+        default="20m", description="How long the hook may take before the step fails."
+    )
 
 
 class ReplaceOptions(Model):
-    reserve_pool_ref: ObjectRef
+    """Bring a spare node from a ReservePool into service in place of this one."""
+
+    reserve_pool_ref: ObjectRef = Field(description="The ReservePool to take the spare from.")
 
 
 _STEP_RULES = (
@@ -232,12 +330,26 @@ class Step(Model):
 
     model_config = ConfigDict(json_schema_extra=cel(*_STEP_RULES))
 
-    action: Action
-    slurm_drain: SlurmDrainOptions | None = None
-    drain: DrainOptions | None = None
-    reset: ResetOptions | None = None
-    reboot: RebootOptions | None = None
-    replace: ReplaceOptions | None = None
+    action: Action = Field(
+        description="alert (Event and condition only), cordon, slurmDrain (drain the Slurm "
+        "node and requeue its jobs through the bridge), drain (evict the pods), reset (GPU "
+        "reset), reboot, or replace (take a spare from a ReservePool)."
+    )
+    slurm_drain: SlurmDrainOptions | None = Field(
+        default=None, description="Options of a slurmDrain step (defaults when omitted)."
+    )
+    drain: DrainOptions | None = Field(
+        default=None, description="Options of a drain step (defaults when omitted)."
+    )
+    reset: ResetOptions | None = Field(
+        default=None, description="Options of a reset step (required: its hook)."
+    )
+    reboot: RebootOptions | None = Field(
+        default=None, description="Options of a reboot step (required: its hook)."
+    )
+    replace: ReplaceOptions | None = Field(
+        default=None, description="Options of a replace step (required: reservePoolRef)."
+    )
 
     @model_validator(mode="after")
     def _mirror_cel(self) -> Step:
@@ -266,16 +378,33 @@ class Step(Model):
 class Rung(Model):
     """One level of the ladder: the steps run, in order, when the rule is at this level."""
 
-    name: str = Field(max_length=63, pattern=DNS_LABEL_PATTERN)
-    steps: list[Step] = Field(min_length=1, max_length=8)
+    name: str = Field(
+        max_length=63,
+        pattern=DNS_LABEL_PATTERN,
+        description="Name of the rung (shown in incidents and Events), e.g. power-cycle.",
+    )
+    steps: list[Step] = Field(
+        min_length=1, max_length=8, description="The steps of this rung, run in this order."
+    )
 
 
 class Escalation(Model):
     """Every `occurrences` matching signals within `window` climb one rung."""
 
-    occurrences: int = Field(default=3, ge=2, le=100)
-    window: PositiveDuration = "24h"
-    scope: EscalationScope = EscalationScope.GPU
+    occurrences: int = Field(
+        default=3,
+        ge=2,
+        le=100,
+        description="How many matching signals within the window climb one rung.",
+    )
+    window: PositiveDuration = Field(
+        default="24h", description="The sliding window the occurrences are counted in."
+    )
+    scope: EscalationScope = Field(
+        default=EscalationScope.GPU,
+        description="Count occurrences per GPU (Gpu: the same PCI bus id or UUID) or per "
+        "node (Node).",
+    )
 
 
 _RULE_RULES = (
@@ -298,10 +427,22 @@ class Rule(Model):
 
     model_config = ConfigDict(json_schema_extra=cel(*_RULE_RULES))
 
-    name: str = Field(max_length=63, pattern=DNS_LABEL_PATTERN)
-    signals: SignalSelector
-    ladder: list[Rung] = Field(min_length=1, max_length=5)
-    escalation: Escalation | None = None
+    name: str = Field(
+        max_length=63,
+        pattern=DNS_LABEL_PATTERN,
+        description="Name of the rule, unique in the policy (recorded in each incident).",
+    )
+    signals: SignalSelector = Field(description="Which signals trigger this rule.")
+    ladder: list[Rung] = Field(
+        min_length=1,
+        max_length=5,
+        description="Rungs, least to most drastic: a first signal runs the first rung; "
+        "escalation climbs to the next.",
+    )
+    escalation: Escalation | None = Field(
+        default=None,
+        description="When to climb the ladder; required when the ladder has more than one rung.",
+    )
 
     @model_validator(mode="after")
     def _mirror_cel(self) -> Rule:
@@ -318,8 +459,14 @@ class Rule(Model):
 
 
 class RateLimit(Model):
-    remediations: int = Field(ge=1, le=10000, description="Incidents started per window.")
-    window: PositiveDuration = "1h"
+    """At most `remediations` incidents started per `window` under this policy."""
+
+    remediations: int = Field(
+        ge=1, le=10000, description="Most incidents started per window under this policy."
+    )
+    window: PositiveDuration = Field(
+        default="1h", description="The sliding window the limit is counted in."
+    )
 
 
 _SAFETY_RULES = (
@@ -346,15 +493,28 @@ class Safety(Model):
         description="Fewest selected nodes that must stay healthy (count or percent, rounded "
         "up); the alternative to maxUnhealthy.",
     )
-    rate_limit: RateLimit | None = None
+    rate_limit: RateLimit | None = Field(
+        default=None,
+        description="Most incidents started per window (none when omitted); more wait with "
+        "Blocked=True, reason RateLimited.",
+    )
     storm_cooldown: Duration = Field(
         default="15m",
         description="After the breaker closes, wait this long before starting new incidents.",
     )
-    dry_run: bool = Field(default=False, description="Record the plan, change nothing.")
-    paused: bool = Field(default=False, description="Start and continue nothing.")
+    dry_run: bool = Field(
+        default=False,
+        description="Record the plan (NodeRemediations with Blocked=True, reason DryRun) and "
+        "change nothing: start a new policy this way.",
+    )
+    paused: bool = Field(
+        default=False, description="Start no new incident and continue none (a kill switch)."
+    )
     opt_out_label: str = Field(
-        default=OPT_OUT_LABEL, max_length=MAX_LABEL_KEY, pattern=LABEL_KEY_PATTERN
+        default=OPT_OUT_LABEL,
+        max_length=MAX_LABEL_KEY,
+        pattern=LABEL_KEY_PATTERN,
+        description="Nodes carrying this label (any value) are left alone by this policy.",
     )
     require_approval: list[Action] = Field(
         default_factory=list,
@@ -374,13 +534,28 @@ class Safety(Model):
 class ReturnToService(Model):
     """Uncordon/resume nodes that stayed healthy long enough; only what gpuheal itself did."""
 
-    enabled: bool = True
-    healthy_for: PositiveDuration = Field(default="10m", description="Hysteresis window.")
-    resume_slurm: bool = True
+    enabled: bool = Field(
+        default=True,
+        description="Return nodes to service at all (false: they stay cordoned for a person).",
+    )
+    healthy_for: PositiveDuration = Field(
+        default="10m",
+        description="How long a node must stay healthy (no new signal, every source readable) "
+        "before it is returned (hysteresis).",
+    )
+    resume_slurm: bool = Field(
+        default=True,
+        description="Also resume the Slurm node, if gpuheal drained it (never someone "
+        "else's drain).",
+    )
 
 
 class RemediationPolicySpec(Model):
-    node_selector: LabelSelector = Field(description="Nodes this policy governs.")
+    """Which nodes, which signals, what to do, and the limits that always hold."""
+
+    node_selector: LabelSelector = Field(
+        description="Nodes this policy governs (an empty selector selects every node)."
+    )
     priority: int = Field(
         default=0,
         ge=0,
@@ -391,10 +566,18 @@ class RemediationPolicySpec(Model):
     rules: list[Rule] = Field(
         min_length=1,
         max_length=32,
+        description="Signals and what to do about them; tried in order, the first rule a "
+        "signal matches decides (put the most severe first).",
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
     )
-    safety: Safety
-    return_to_service: ReturnToService = Field(default_factory=ReturnToService)
+    safety: Safety = Field(
+        description="Limits that hold whatever the signals say: circuit breaker, rate limit, "
+        "dry run, pause, opt-out, approvals."
+    )
+    return_to_service: ReturnToService = Field(
+        default_factory=ReturnToService,
+        description="When and how nodes gpuheal took out come back.",
+    )
 
     @model_validator(mode="after")
     def _unique_rule_names(self) -> RemediationPolicySpec:
@@ -406,17 +589,30 @@ class RemediationPolicySpec(Model):
 
 
 class RemediationPolicyStatus(Model):
-    observed_generation: int | None = Field(default=None, ge=0)
-    selected_nodes: int = 0
-    unhealthy_nodes: int = 0
-    remediating_nodes: int = 0
-    allowed_unhealthy: int = Field(default=0, description="maxUnhealthy resolved to a count.")
+    """What the operator last saw for this policy (written by gpuheal only)."""
+
+    observed_generation: int | None = Field(
+        default=None, ge=0, description="The metadata.generation this status describes."
+    )
+    selected_nodes: int = Field(default=0, description="Nodes the nodeSelector selects.")
+    unhealthy_nodes: int = Field(
+        default=0, description="Selected nodes with an open incident or a signal."
+    )
+    remediating_nodes: int = Field(
+        default=0, description="Selected nodes with an incident in progress."
+    )
+    allowed_unhealthy: int = Field(
+        default=0,
+        description="maxUnhealthy (or minHealthy) resolved to a count of nodes.",
+    )
     unhealthy_node_names: list[str] = Field(
         default_factory=list,
         max_length=256,
         description="Unhealthy nodes, shown also (especially) while the breaker is open.",
     )
-    message: str = Field(default="", max_length=MAX_MESSAGE)
+    message: str = Field(
+        default="", max_length=MAX_MESSAGE, description="A one-line summary for people."
+    )
     conditions: list[Condition] = conditions_field(
         "Ready, CircuitBreakerOpen, Paused, Overlapping."
     )
@@ -425,11 +621,17 @@ class RemediationPolicyStatus(Model):
 class RemediationPolicy(Model):
     """How gpuheal remediates GPU faults on a set of nodes."""
 
-    api_version: Literal["gpuheal.io/v1alpha1"] = API_VERSION
-    kind: Literal["RemediationPolicy"] = "RemediationPolicy"
-    metadata: ObjectMeta
-    spec: RemediationPolicySpec
-    status: RemediationPolicyStatus = Field(default_factory=RemediationPolicyStatus)
+    api_version: Literal["gpuheal.io/v1alpha1"] = Field(
+        default=API_VERSION, description="gpuheal.io/v1alpha1"
+    )
+    kind: Literal["RemediationPolicy"] = Field(
+        default="RemediationPolicy", description="RemediationPolicy"
+    )
+    metadata: ObjectMeta = Field(description="Standard object metadata.")
+    spec: RemediationPolicySpec = Field(description="The desired behaviour.")
+    status: RemediationPolicyStatus = Field(
+        default_factory=RemediationPolicyStatus, description="Observed state (gpuheal writes it)."
+    )
 
 
 CRD = CrdInfo(

@@ -33,13 +33,27 @@ class TaintEffect(enum.StrEnum):
 
 
 class TaintRef(Model):
-    key: _LabelKey
-    effect: TaintEffect | None = Field(default=None, description="Any effect when omitted.")
+    """A taint to remove, by key and (optionally) effect."""
+
+    key: _LabelKey = Field(description="The taint's key.")
+    effect: TaintEffect | None = Field(
+        default=None, description="The taint's effect; any effect when omitted."
+    )
 
 
 class SlurmPromotion(Model):
-    partition: str | None = Field(default=None, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")
-    resume: bool = Field(default=True, description="scontrol update state=RESUME the spare.")
+    """What happens to the spare in Slurm when it is promoted."""
+
+    partition: str | None = Field(
+        default=None,
+        max_length=64,
+        pattern=r"^[A-Za-z0-9_.-]+$",
+        description="Slurm partition the spare joins; unchanged when omitted.",
+    )
+    resume: bool = Field(
+        default=True,
+        description="Resume the spare in Slurm (scontrol update state=RESUME) so jobs can run.",
+    )
 
 
 _PROMOTION_RULES = (
@@ -57,11 +71,23 @@ class Promotion(Model):
     model_config = ConfigDict(json_schema_extra=cel(*_PROMOTION_RULES))
 
     set_labels: dict[_LabelKey, Annotated[str, Field(max_length=MAX_LABEL_VALUE)]] = Field(
-        default_factory=dict, max_length=32
+        default_factory=dict,
+        max_length=32,
+        description="Labels set on the spare (e.g. the pool label of the workers it joins).",
     )
-    remove_labels: list[_LabelKey] = Field(default_factory=list, max_length=32)
-    remove_taints: list[TaintRef] = Field(default_factory=list, max_length=16)
-    slurm: SlurmPromotion | None = None
+    remove_labels: list[_LabelKey] = Field(
+        default_factory=list,
+        max_length=32,
+        description="Label keys removed from the spare (e.g. the label that made it a spare).",
+    )
+    remove_taints: list[TaintRef] = Field(
+        default_factory=list,
+        max_length=16,
+        description="Taints removed from the spare (e.g. the one that kept workloads off it).",
+    )
+    slurm: SlurmPromotion | None = Field(
+        default=None, description="Slurm side of the promotion (nothing in Slurm when omitted)."
+    )
 
     @model_validator(mode="after")
     def _mirror_cel(self) -> Promotion:
@@ -77,7 +103,12 @@ class RefillProvider(enum.StrEnum):
 
 
 class Refill(Model):
-    provider: RefillProvider = RefillProvider.NONE
+    """How the pool gets new spares (only by hand today)."""
+
+    provider: RefillProvider = Field(
+        default=RefillProvider.NONE,
+        description="None: spares are added by labelling nodes; providers may come later.",
+    )
 
 
 _POOL_RULES = (
@@ -91,12 +122,21 @@ _POOL_RULES = (
 
 
 class ReservePoolSpec(Model):
+    """Which nodes are spares, how many should stay ready, and how one is promoted."""
+
     model_config = ConfigDict(json_schema_extra=cel(*_POOL_RULES))
 
     node_selector: LabelSelector = Field(description="Nodes that are spares of this pool.")
-    min_available: int = Field(default=1, ge=0, le=10000, description="Below it: Low=True.")
-    promotion: Promotion = Field(default_factory=Promotion)
-    refill: Refill = Field(default_factory=Refill)
+    min_available: int = Field(
+        default=1,
+        ge=0,
+        le=10000,
+        description="Spares that should stay available; below it the pool reports Low=True.",
+    )
+    promotion: Promotion = Field(
+        default_factory=Promotion, description="What turns a spare into a worker."
+    )
+    refill: Refill = Field(default_factory=Refill, description="How the pool gets new spares.")
 
     @model_validator(mode="after")
     def _mirror_cel(self) -> ReservePoolSpec:
@@ -106,28 +146,40 @@ class ReservePoolSpec(Model):
 
 
 class Claim(Model):
-    node: str = Field(max_length=MAX_NAME)
-    claimed_by: str = Field(max_length=MAX_NAME, description="NodeRemediation name.")
-    claimed_at: dt.datetime
+    """A spare taken by an incident."""
+
+    node: str = Field(max_length=MAX_NAME, description="The spare node.")
+    claimed_by: str = Field(max_length=MAX_NAME, description="The NodeRemediation that claimed it.")
+    claimed_at: dt.datetime = Field(description="When it was claimed.")
 
 
 class ReservePoolStatus(Model):
-    observed_generation: int | None = Field(default=None, ge=0)
-    available: int = 0
-    claimed: int = 0
-    total: int = 0
-    claims: list[Claim] = Field(default_factory=list, max_length=256)
+    """Spares counted by the operator (written by gpuheal only)."""
+
+    observed_generation: int | None = Field(
+        default=None, ge=0, description="The metadata.generation this status describes."
+    )
+    available: int = Field(default=0, description="Spares ready to be claimed.")
+    claimed: int = Field(default=0, description="Spares claimed by incidents.")
+    total: int = Field(default=0, description="Nodes the nodeSelector selects.")
+    claims: list[Claim] = Field(
+        default_factory=list, max_length=256, description="Which incident claimed which spare."
+    )
     conditions: list[Condition] = conditions_field("Ready, Low.")
 
 
 class ReservePool(Model):
     """Spare nodes and how to promote one."""
 
-    api_version: Literal["gpuheal.io/v1alpha1"] = API_VERSION
-    kind: Literal["ReservePool"] = "ReservePool"
-    metadata: ObjectMeta
-    spec: ReservePoolSpec
-    status: ReservePoolStatus = Field(default_factory=ReservePoolStatus)
+    api_version: Literal["gpuheal.io/v1alpha1"] = Field(
+        default=API_VERSION, description="gpuheal.io/v1alpha1"
+    )
+    kind: Literal["ReservePool"] = Field(default="ReservePool", description="ReservePool")
+    metadata: ObjectMeta = Field(description="Standard object metadata.")
+    spec: ReservePoolSpec = Field(description="The spares and how to promote one.")
+    status: ReservePoolStatus = Field(
+        default_factory=ReservePoolStatus, description="Observed state (gpuheal writes it)."
+    )
 
 
 CRD = CrdInfo(

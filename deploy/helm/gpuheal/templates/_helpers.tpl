@@ -98,9 +98,10 @@ app.kubernetes.io/component: slurm-bridge
 
 {{/* Fail early on combinations that would deploy something broken. */}}
 {{- define "gpuheal.validate" -}}
-{{- if ne (int .Values.operator.replicas) 1 -}}
-{{- fail "operator.replicas must be 1: kopf has no leader election (gpuheal runs it standalone)" -}}
+{{- if and (gt (int .Values.operator.replicas) 1) (le (float64 .Values.operator.leaseDuration) 0.0) -}}
+{{- fail "operator.replicas > 1 needs the Lease (operator.leaseDuration > 0): kopf has no leader election, the Lease keeps all but one copy waiting" -}}
 {{- end -}}
+{{- include "gpuheal.validateDefaultPolicy" . -}}
 {{- if eq (include "gpuheal.sources" .) "" -}}
 {{- fail "operator.sources: enable at least one of conditions, events, dcgm" -}}
 {{- end -}}
@@ -115,3 +116,107 @@ app.kubernetes.io/component: slurm-bridge
 {{- end -}}
 {{- end -}}
 
+
+{{/* A defaultPolicy that would only fail later, at the API server (in a post-install hook,
+after the operator is deployed), fails the rendering instead, naming the field. */}}
+{{- define "gpuheal.validateDefaultPolicy" -}}
+{{- $p := .Values.defaultPolicy -}}
+{{- if $p.enabled -}}
+{{- $spec := include "gpuheal.defaultPolicySpec" . | fromYaml -}}
+{{- if not $spec -}}
+{{- fail "defaultPolicy.enabled=true without a spec: set defaultPolicy.catalogue=true (NVIDIA's XID catalogue, in dry run) or give defaultPolicy.spec (a RemediationPolicy spec; see examples/default-policy.yaml)" -}}
+{{- end -}}
+{{- if not (kindIs "map" $spec.nodeSelector) -}}
+{{- fail "defaultPolicy.spec.nodeSelector is required (a label selector; {} selects every node)" -}}
+{{- end -}}
+{{- if not (and (kindIs "slice" $spec.rules) $spec.rules) -}}
+{{- fail "defaultPolicy.spec.rules must be a non-empty list of rules (name, signals, ladder)" -}}
+{{- end -}}
+{{- range $i, $rule := $spec.rules -}}
+{{- if not (and (kindIs "map" $rule) $rule.name $rule.signals (kindIs "slice" $rule.ladder) $rule.ladder) -}}
+{{- fail (printf "defaultPolicy.spec.rules[%d] needs name, signals and a non-empty ladder" $i) -}}
+{{- end -}}
+{{- range $j, $rung := $rule.ladder -}}
+{{- if not (and (kindIs "map" $rung) $rung.name (kindIs "slice" $rung.steps) $rung.steps) -}}
+{{- fail (printf "defaultPolicy.spec.rules[%d] (%s): ladder[%d] needs a name and a non-empty steps list" $i $rule.name $j) -}}
+{{- end -}}
+{{- range $k, $step := $rung.steps -}}
+{{- if not (and (kindIs "map" $step) $step.action) -}}
+{{- fail (printf "defaultPolicy.spec.rules[%d] (%s): ladder[%d].steps[%d] needs an action" $i $rule.name $j $k) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- $safety := $spec.safety | default dict -}}
+{{- if not (kindIs "map" $spec.safety) -}}
+{{- fail "defaultPolicy.spec.safety is required, with exactly one of maxUnhealthy or minHealthy (the circuit breaker)" -}}
+{{- end -}}
+{{- if eq (hasKey $safety "maxUnhealthy") (hasKey $safety "minHealthy") -}}
+{{- fail "defaultPolicy.spec.safety: set exactly one of maxUnhealthy or minHealthy (the circuit breaker)" -}}
+{{- end -}}
+{{- end -}}
+{{- $pool := .Values.defaultReservePool -}}
+{{- if and $pool.enabled (not (and (kindIs "map" ($pool.spec | default dict).nodeSelector) ($pool.spec | default dict).nodeSelector)) -}}
+{{- fail "defaultReservePool.enabled=true needs defaultReservePool.spec.nodeSelector (which nodes are spares; it must not be empty), e.g. examples/reservepool.yaml's spec" -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The spec of the defaultPolicy, as YAML: defaultPolicy.spec when given, else the chart's
+copy of examples/default-policy.yaml when defaultPolicy.catalogue; safety.dryRun from
+defaultPolicy.dryRun. Empty when there is neither. */}}
+{{- define "gpuheal.defaultPolicySpec" -}}
+{{- $p := .Values.defaultPolicy -}}
+{{- $spec := dict -}}
+{{- if $p.spec -}}
+{{- $spec = deepCopy $p.spec -}}
+{{- else if $p.catalogue -}}
+{{- $spec = (.Files.Get "files/default-policy.yaml" | fromYaml).spec -}}
+{{- end -}}
+{{- if and $spec (kindIs "map" $spec.safety) -}}
+{{- $_ := set $spec.safety "dryRun" $p.dryRun -}}
+{{- end -}}
+{{- if $spec }}{{ toYaml $spec }}{{ end -}}
+{{- end -}}
+
+{{/* A Prometheus duration of one unit (30s, 90m, 2h, 1d; the schema allows no other) in
+seconds, for PromQL comparisons with time(). */}}
+{{- define "gpuheal.seconds" -}}
+{{- $n := regexFind "^[0-9]+" . | int -}}
+{{- $unit := trimPrefix (toString $n) . -}}
+{{- mul $n (get (dict "s" 1 "m" 60 "h" 3600 "d" 86400) $unit) -}}
+{{- end -}}
+
+{{/* The operator's liveness probe. kopf serves /healthz only once start-up has finished, and
+a copy waiting for the Lease never finishes start-up: an httpGet probe would restart every
+standby. This one passes while nothing listens on the port (waiting for the Lease, or still
+starting) and otherwise needs /healthz to answer 200 within the timeout. */}}
+{{- define "gpuheal.livenessCommand" -}}
+{{- $port := int .Values.operator.healthPort -}}
+{{- $timeout := int .Values.operator.livenessProbe.timeoutSeconds -}}
+- python
+- -c
+- |
+  import socket, sys, urllib.request
+  try:
+      socket.create_connection(("127.0.0.1", {{ $port }}), timeout={{ $timeout }}).close()
+  except ConnectionRefusedError:
+      sys.exit(0)  # not serving yet: waiting for the Lease, or starting up
+  urllib.request.urlopen("http://127.0.0.1:{{ $port }}/healthz", timeout={{ $timeout }})
+{{- end -}}
+
+{{/* Pod-level placement shared by the operator and its test pods. */}}
+{{- define "gpuheal.operator.placement" -}}
+{{- $op := .Values.operator -}}
+{{- with $op.nodeSelector }}
+nodeSelector:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with $op.affinity }}
+affinity:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with $op.tolerations }}
+tolerations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end -}}
