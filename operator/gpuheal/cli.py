@@ -89,6 +89,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_xid_parser(sub)
     add_status_parser(sub)
     add_explain_parser(sub)
+    from gpuheal.agent.run import add_agent_parser  # the node agent (issue 13)
+
+    add_agent_parser(sub)
 
     sandbox = sub.add_parser("sandbox", help="local Kubernetes (kwok GPU nodes) + Slurm")
     sandbox_sub = sandbox.add_subparsers(dest="action", required=True)
