@@ -513,8 +513,9 @@ def add_agent_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--event-namespace",
-        default=env("POD_NAMESPACE", "default"),
-        help="namespace of the Events (default: $POD_NAMESPACE or default)",
+        default="default",
+        help="namespace of the Events (default: %(default)s, the only one the API server "
+        "accepts for Events about a Node)",
     )
     p.add_argument("--kubeconfig", default=env("KUBECONFIG"), help="default: in-cluster")
     p.add_argument(

@@ -17,9 +17,10 @@ app.kubernetes.io/component: agent
 {{- end -}}
 {{- end -}}
 
-{{/* Namespace of the agent's Events: agent.eventNamespace, else the release namespace. */}}
+{{/* Namespace of the agent's Events: the API server accepts Events about a cluster-scoped
+object (a Node) only in `default`. */}}
 {{- define "gpuheal.agent.eventNamespace" -}}
-{{- default .Release.Namespace .Values.agent.eventNamespace -}}
+default
 {{- end -}}
 
 {{/* The operator's image unless agent.image.repository is set. */}}
