@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -372,6 +374,52 @@ def test_look_alikes_post_nothing(
     cond = gpu_xid_condition(sandbox, node)
     assert cond is not None
     assert (cond["status"], cond["reason"]) == ("False", "NoXid")
+
+
+def test_following_a_log_posts_new_records_promptly_and_stops_cleanly(
+    sandbox: Sandbox,
+    release: tuple[str, str],
+    agent_kubeconfig: Path,
+    agent_node: str,
+    tmp_path: Path,
+) -> None:
+    """The DaemonSet's mode: no --once; records appended to the log reach the API server within
+    a flush interval or two; SIGTERM flushes, saves state and exits 0."""
+    node = agent_node
+    log, state = tmp_path / "kern.log", tmp_path / "state.json"
+    log.write_text(LOOK_ALIKES)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("KUBECONFIG", "GPUHEAL_"))}
+    env["PYTHONPATH"] = f"{REPO / 'operator'}"
+    proc = subprocess.Popen(
+        [
+            sys.executable, "-m", "gpuheal.agent", f"--kmsg={log}", f"--node={node}",
+            f"--kubeconfig={agent_kubeconfig}", "--nvml=off", f"--state-file={state}",
+        ],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+    )  # fmt: skip
+    try:
+        wait_for(lambda: gpu_xid_condition(sandbox, node), "the agent's first condition write")
+        xid79 = FAULT_LOG.splitlines()[13]
+        with log.open("a") as fh:
+            fh.write(xid79 + "\n")
+        started = time.monotonic()
+        wait_for(lambda: events_of(sandbox, node), "the XID 79 Event", timeout=20, every=0.05)
+        latency = time.monotonic() - started
+        assert latency < 5, f"{latency:.2f}s from the log line to the Event"
+        with log.open("a") as fh:
+            fh.write(xid79 + "\n")
+        wait_for(
+            lambda: [e["count"] for e in events_of(sandbox, node)] == [2], "the count bumped to 2"
+        )
+        cond = gpu_xid_condition(sandbox, node)
+        assert cond is not None
+        assert (cond["status"], cond["reason"]) == ("True", "Xid79")
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 0, out
+    assert "orbidden" not in out, out
+    assert json.loads(state.read_text())["cursor"] == len(LOOK_ALIKES.splitlines()) + 2
 
 
 # --- with the operator --------------------------------------------------------------------------

@@ -243,16 +243,22 @@ def load_state(path: Path | None) -> AgentState | None:
         return None
 
 
-def save_state(path: Path | None, state: AgentState) -> None:
+def save_state(path: Path | None, state: AgentState, previous: str | None = None) -> str | None:
+    """Write the state file (atomically) unless it would not change; return what is on disk."""
     if path is None:
-        return
+        return None
+    text = state.dumps()
+    if text == previous:
+        return previous
     tmp = path.with_name(path.name + ".tmp")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp.write_text(state.dumps())
+        tmp.write_text(text)
         os.replace(tmp, path)
     except OSError as exc:  # a read-only or full disk must not stop detection
         log.warning("cannot write state file %s: %s", path, exc)
+        return previous
+    return text
 
 
 class Agent:
@@ -272,6 +278,7 @@ class Agent:
         self._next_probe = 0.0
         self._kmsg: rec.KmsgDevice | None = None
         self._text: rec.TextLog | None = None
+        self._saved: str | None = None
 
     # ---- set-up ---------------------------------------------------------------------------
     async def start(self) -> None:
@@ -373,7 +380,7 @@ class Agent:
             condition = xid_condition(self.agg.series.values(), self.opts.condition_type)
         gpus = self.detector.gpu_map.by_pci
         await self.publisher.sync_node(condition, gpus)
-        save_state(
+        self._saved = save_state(
             self.opts.state_file,
             AgentState(
                 node=self.opts.node,
@@ -383,6 +390,7 @@ class Agent:
                 condition=condition,
                 gpus=dict(gpus),
             ),
+            self._saved,
         )
 
     # ---- the loop -------------------------------------------------------------------------
@@ -440,15 +448,15 @@ async def _first(*events: asyncio.Event) -> None:
 
 
 async def _main(opts: AgentOptions) -> int:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):  # a clean stop: last flush, state saved
+        loop.add_signal_handler(sig, stop.set)
     if opts.dry_run:
-        return await Agent(opts, DryRunSink()).run()
+        return await Agent(opts, DryRunSink()).run(stop)
     from .kube import AgentKube
 
     kube = await AgentKube.connect(opts.kubeconfig)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
     try:
         return await Agent(opts, kube).run(stop)
     finally:

@@ -257,13 +257,16 @@ class KernelLogScanner:
     Adds what single lines cannot give: the GPU UUID (from `NVRM: GPU at PCI:...: GPU-...`
     lines printed before the first XID), the multi-line "fallen off the bus" message that
     carries no XID (reported as XID 79), and de-duplication of that message against a real
-    XID 79 for the same GPU printed next to it.
+    XID 79 for the same GPU printed next to it (within `dedupe_lines`, either order; the
+    fallen-off message repeated after it counts once too). Two XID 79 lines are two records:
+    a consumer that counts repeats (the agent) sees both.
     """
 
     dedupe_lines: int = 20
     _uuids: dict[str, str] = dataclasses.field(default_factory=dict)
     _pending_fallen: tuple[str, int, str] | None = None  # (pci, line number, head line)
-    _recent_79: dict[str, int] = dataclasses.field(default_factory=dict)
+    # pci -> (line number, "xid" | "fallen" | "paired"): the last report of a fall off the bus
+    _recent_79: dict[str, tuple[int, str]] = dataclasses.field(default_factory=dict)
     _lineno: int = 0
 
     def learn_identity(self, line: str) -> bool:
@@ -303,16 +306,24 @@ class KernelLogScanner:
         if event is not None:
             if event.pci_bus_id and event.pci_bus_id in self._uuids:
                 event = dataclasses.replace(event, gpu_uuid=self._uuids[event.pci_bus_id])
-            if event.xid == FALLEN_OFF_BUS_XID and event.pci_bus_id:
-                if self._seen_79(event.pci_bus_id):
-                    return None
-                self._recent_79[event.pci_bus_id] = self._lineno
+            pci = event.pci_bus_id
+            if event.xid == FALLEN_OFF_BUS_XID and pci and self._paired(pci, "xid", {"fallen"}):
+                return None
             return event
         return self._fallen_off(text)
 
-    def _seen_79(self, pci: str) -> bool:
+    def _paired(self, pci: str, kind: str, partners: set[str]) -> bool:
+        """True if this report of a fall off the bus belongs to a recent one (same fault);
+        else it is remembered as a new one. The fallen-off message repeated after its pair
+        stays the same fault; an XID 79 line after a pair is a new report."""
         seen = self._recent_79.get(pci)
-        return seen is not None and self._lineno - seen <= self.dedupe_lines
+        recent = seen is not None and self._lineno - seen[0] <= self.dedupe_lines
+        if seen is not None and recent and seen[1] in partners:
+            paired = "paired" if {kind, seen[1]} == {"xid", "fallen"} else seen[1]
+            self._recent_79[pci] = (self._lineno, paired)
+            return True
+        self._recent_79[pci] = (self._lineno, kind)
+        return False
 
     def _fallen_off(self, text: str) -> XidEvent | None:
         head = _FALLEN_HEAD_RE.search(text)
@@ -328,9 +339,8 @@ class KernelLogScanner:
             if self._lineno - at <= 3:  # the three lines are printed together
                 pci = pending_pci
             self._pending_fallen = None
-        if pci is None or self._seen_79(pci):
+        if pci is None or self._paired(pci, "fallen", {"xid", "fallen", "paired"}):
             return None
-        self._recent_79[pci] = self._lineno
         return XidEvent(
             xid=FALLEN_OFF_BUS_XID,
             pci_bus_id=pci,
