@@ -482,3 +482,51 @@ def test_nvml_findings_reach_the_api_once_across_restarts(tmp_path: Path) -> Non
         parse_gpu_map(annotation).uuid_of("0000:3b:00")
         == "GPU-00000000-0000-0000-0000-000000000000"
     )
+
+
+# --- fuzzing ---------------------------------------------------------------------------------
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+
+def _kmsg_escape(text: str) -> str:
+    """How the kernel prints a record's text in /dev/kmsg (kernel/printk/printk.c)."""
+    return "".join(
+        f"\\x{ord(c):02x}" if ord(c) < 0x20 or ord(c) == 0x7F or c == "\\" else c for c in text
+    )
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(alphabet=st.characters(max_codepoint=0x7F), max_size=200))
+def test_kmsg_escaping_round_trips(text: str) -> None:
+    record = rec.parse_kmsg_record(f"6,1,2,-;{_kmsg_escape(text)}\n SUBSYSTEM=pci")
+    assert record is not None
+    assert record.text == text
+
+
+_LINES = st.one_of(
+    st.text(max_size=200),
+    st.sampled_from([XID79, XID13, "NVRM: The NVIDIA GPU 0000:3b:00.0",
+                     "NVRM: fallen off the bus and is not responding to commands.",
+                     f"NVRM: GPU at PCI:0000:3b:00: {UUID}",
+                     "nvidia-nvswitch0: SXid (PCI:0000:c3:00.0): 24007, Fatal, Link 28"]),
+)  # fmt: skip
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(_LINES, max_size=30))
+def test_detector_never_raises_and_its_messages_read_back(lines: list[str]) -> None:
+    detector = Detector()
+    agg = Aggregator("gpu-1", "s", dt.timedelta(minutes=10))
+    for i, line in enumerate(lines, 1):
+        for record in (rec.text_record(i, line), rec.parse_kmsg_record(line)):
+            if record is None:
+                continue
+            for f in detector.feed(record):
+                agg.add(f, T0)
+                if f.xid is not None:
+                    back = parse_event(f.reason, f.message)
+                    assert back is not None
+                    assert (back.xid, back.pci_bus_id) == (f.xid, f.pci)
+    assert sum(s.count for s in agg.series.values()) >= len(agg.series)

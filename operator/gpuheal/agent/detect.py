@@ -28,6 +28,7 @@ from gpuheal.xid.parse import (
     XID_CONDITION_TYPE,
     XID_EVENT_REASON,
     KernelLogScanner,
+    parse_kernel_line,
 )
 from gpuheal.xid.types import FALLEN_OFF_BUS_XID, SxidEvent, XidEvent
 
@@ -126,7 +127,9 @@ class Detector:
         lines = list(self._recent)
         for i in range(len(lines) - 1, -1, -1):
             if "NVRM: The NVIDIA GPU" in lines[i]:
-                return "\n".join(lines[i:])
+                # Its own lines only: an XID line printed in between is another record.
+                own = [line for line in lines[i:] if parse_kernel_line(line) is None]
+                return "\n".join(own)
         return lines[-1]
 
 
