@@ -390,3 +390,15 @@ def test_very_long_line_is_cut_not_crashed() -> None:
     assert event is not None
     assert event.xid == 79
     assert len(event.message) < 70_000
+
+
+def test_two_xid_79_lines_are_two_records_and_a_pair_is_consumed_once() -> None:
+    """A fallen-off message and an XID 79 next to it are one fault; XID 79 lines repeated are
+    repeats (the agent counts them on one Event), and a report after a pair is a new one."""
+    xid = "NVRM: Xid (PCI:0000:3b:00): 79, pid=1, name=a, GPU has fallen off the bus."
+    fallen = "NVRM: GPU 0000:3b:00.0: GPU has fallen off the bus."
+    assert len(parse_kernel_text(f"{xid}\n{xid}")) == 2
+    assert len(parse_kernel_text(f"{fallen}\n{xid}\n{xid}")) == 2
+    assert len(parse_kernel_text(f"{xid}\n{fallen}\n{fallen}")) == 1
+    far = "\n".join(["kernel: unrelated"] * 25)
+    assert len(parse_kernel_text(f"{fallen}\n{far}\n{xid}")) == 2  # not next to each other

@@ -12,13 +12,14 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-# (name, module, help): the module's `add_parser(subparsers)` registers the subcommand.
+# (name, "module:function", help): the function registers the subcommand on `subparsers`.
 _COMMANDS: tuple[tuple[str, str, str], ...] = (
-    ("run", "gpuheal.cli.run", "run the operator (kopf) against the current cluster"),
-    ("simulate", "gpuheal.cli.simulate", "inject a fault the way a real producer would"),
-    ("xid", "gpuheal.cli.xid", "parse kernel logs for XIDs, explain an XID"),
-    ("status", "gpuheal.cli.status", "incidents (NodeRemediations) with their steps"),
-    ("explain", "gpuheal.cli.explain", "why gpuheal does what it does about a node"),
+    ("run", "gpuheal.cli.run:add_parser", "run the operator (kopf) against the current cluster"),
+    ("agent", "gpuheal.agent.run:add_agent_parser", "the node agent: kernel log -> Events"),
+    ("simulate", "gpuheal.cli.simulate:add_parser", "inject a fault the way a real producer would"),
+    ("xid", "gpuheal.cli.xid:add_parser", "parse kernel logs for XIDs, explain an XID"),
+    ("status", "gpuheal.cli.status:add_parser", "incidents (NodeRemediations) with their steps"),
+    ("explain", "gpuheal.cli.explain:add_parser", "why gpuheal does what it does about a node"),
 )
 
 
@@ -31,11 +32,12 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     known = {c[0] for c in _COMMANDS}
     chosen = next((a for a in argv or () if not a.startswith("-")), None)
-    for name, module, help_ in _COMMANDS:
+    for name, target, help_ in _COMMANDS:
         if chosen not in known or chosen == name:
-            add: Callable[[Any], argparse.ArgumentParser] = importlib.import_module(
-                module
-            ).add_parser
+            module, _, function = target.partition(":")
+            add: Callable[[Any], argparse.ArgumentParser] = getattr(
+                importlib.import_module(module), function
+            )
             add(sub)
         else:
             sub.add_parser(name, help=help_)  # listed in --help, not loaded

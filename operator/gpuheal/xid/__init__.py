@@ -1,12 +1,22 @@
 """XID catalogue and parsers. Pure: no Kubernetes, no I/O (import-linter enforces it).
 
-Stable entry points: `parse_kernel_line`, `parse_event`, `KernelLogScanner`, `lookup`.
+Stable entry points: `parse_kernel_line`, `parse_event`, `KernelLogScanner`, `lookup`, and
+`GpuMap`/`canonical_gpu_key` (one key per GPU across sources).
 """
 
 from gpuheal.xid.catalogue import CATALOGUE, XidEntry, codes_of_class, explain, lookup
+from gpuheal.xid.identity import (
+    GPU_MAP_ANNOTATION,
+    GpuMap,
+    canonical_gpu_key,
+    format_gpu_map,
+    normalize_uuid,
+    parse_gpu_map,
+)
 from gpuheal.xid.parse import (
     DCGM_XID_COUNT,
     DCGM_XID_GAUGE,
+    SXID_EVENT_REASON,
     XID_CONDITION_TYPE,
     XID_EVENT_REASON,
     DcgmSample,
@@ -16,10 +26,13 @@ from gpuheal.xid.parse import (
     normalize_pci,
     parse_dcgm_metrics,
     parse_event,
+    parse_event_all,
     parse_kernel_line,
     parse_kernel_text,
+    parse_sxid_event,
     parse_sxid_line,
     parse_timestamp,
+    unescape_kmsg,
 )
 from gpuheal.xid.types import (
     FALLEN_OFF_BUS_XID,
@@ -36,27 +49,37 @@ __all__ = [
     "DCGM_XID_COUNT",
     "DCGM_XID_GAUGE",
     "FALLEN_OFF_BUS_XID",
+    "GPU_MAP_ANNOTATION",
     "RECOVERY_ACTION_CODES",
+    "SXID_EVENT_REASON",
     "XID_CONDITION_TYPE",
     "XID_EVENT_REASON",
     "DcgmSample",
     "FirstSight",
+    "GpuMap",
     "KernelLogScanner",
     "RecoveryAction",
     "SxidEvent",
     "XidClass",
     "XidEntry",
     "XidEvent",
+    "canonical_gpu_key",
     "codes_of_class",
     "dcgm_xid_events",
     "explain",
+    "format_gpu_map",
     "format_kernel_line",
     "lookup",
     "normalize_pci",
+    "normalize_uuid",
     "parse_dcgm_metrics",
     "parse_event",
+    "parse_event_all",
+    "parse_gpu_map",
     "parse_kernel_line",
     "parse_kernel_text",
+    "parse_sxid_event",
     "parse_sxid_line",
     "parse_timestamp",
+    "unescape_kmsg",
 ]

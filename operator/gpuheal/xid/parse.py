@@ -15,7 +15,14 @@ Formats handled (see tests/unit/test_xid_parse.py for the sources of each sample
 - XID 154 `GPU recovery action changed from 0x0 (None) to 0x1 (GPU Reset Required)`
 - the multi-line `The NVIDIA GPU 0000:b3:00.0 / (PCI ID: ...) installed in this system has /
   fallen off the bus and is not responding to commands.` (no XID printed) - `KernelLogScanner`
-- NVSwitch `SXid` lines, recognised as such and never as XIDs
+- the single-line `NVRM: GPU 0000:18:00.0: GPU has fallen off the bus.` (no XID printed; the
+  PCI domain may be missing) - reported as XID 79
+- `/dev/kmsg` escapes: a multi-line driver message is one record whose newlines read `\x0a`
+  (`unescape_kmsg`); `dmesg`/`journalctl -k` print its continuation lines indented
+- NVSwitch `SXid` lines, recognised as such and never as XIDs (see `SXID_EVENT_REASON`)
+
+Tested against the corpus of real driver lines in tests/data/xid_corpus.yaml (each with its
+public source), look-alikes included.
 """
 
 from __future__ import annotations
@@ -42,15 +49,22 @@ XID_EVENT_REASON = "GpuXid"
 """Event reason gpuheal's own producers (`gpuheal simulate xid`) use; the message is the
 kernel log line verbatim, exactly what node-problem-detector's kernel monitor emits."""
 XID_CONDITION_TYPE = "GpuXid"
+SXID_EVENT_REASON = "NvSwitchSxid"
+"""Event reason for NVSwitch SXid records (`gpuheal agent`, the shipped NPD config). An SXid is
+a fault of the NVSwitch fabric, not of one GPU: `parse_event` never reads it as an XID, so the
+operator sees it as a plain Warning Event that a policy rule matches by reason
+(`signals.events: [{reason: NvSwitchSxid, messageContains: "Fatal"}]`)."""
 
 _A = re.ASCII
 
 # PCI id inside the parentheses: optional "PCI:", domain:bus:device, optional .function,
 # optional MIG attribution. Bounded repetitions keep matching linear on hostile input.
 _PCI = r"(?P<pci>[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2})(?:\.[0-7])?"
+# The same with the domain optional (`NVRM: GPU 18:00.0: GPU has fallen off the bus.`).
+_PCI_OPT = r"(?P<pci>(?:[0-9a-fA-F]{4,8}:)?[0-9a-fA-F]{2}:[0-9a-fA-F]{2})(?:\.[0-7])?"
 _XID_RE = re.compile(
     r"NVRM: Xid \((?:PCI:)?" + _PCI + r"(?P<mig>(?: GPU-C?I:[0-9]{1,3}){0,2})\): "
-    r"(?P<code>[0-9]{1,5})(?:,|$)(?P<rest>.*)",
+    r"(?P<code>[0-9]{1,5})(?:,|\s|$)(?P<rest>.*)",
     _A,
 )
 _MIG_GI_RE = re.compile(r"GPU-I:([0-9]{1,3})", _A)
@@ -77,17 +91,25 @@ _SXID_RE = re.compile(
 _GPU_MAP_RE = re.compile(
     r"NVRM: GPU at (?:PCI:)?" + _PCI + r": (?P<uuid>GPU-[0-9a-fA-F-]{8,64})", _A
 )
-_FALLEN_HEAD_RE = re.compile(r"NVRM: The NVIDIA GPU " + _PCI + r"\s*$", _A)
-_FALLEN_TAIL_RE = re.compile(r"NVRM: fallen off the bus and is not responding to commands", _A)
-_FALLEN_ONELINE_RE = re.compile(
-    r"NVRM: (?:The NVIDIA )?GPU " + _PCI + r"(?::| \(PCI ID: [0-9a-fA-F:]{9}\))? "
-    r"(?:installed in this system )?(?:has )?fallen off the bus",
+# Head of the multi-line message; older drivers wrap after "installed in this".
+_FALLEN_HEAD_RE = re.compile(
+    r"NVRM: The NVIDIA GPU " + _PCI_OPT + r"(?: \(PCI ID: [0-9a-fA-F:]{9}\))?"
+    r"(?: installed in this)?\s*$",
     _A,
 )
+_FALLEN_TAIL_RE = re.compile(
+    r"NVRM: (?:system has )?fallen off the bus and is not responding to commands", _A
+)
+_FALLEN_ONELINE_RE = re.compile(
+    r"NVRM: (?:The NVIDIA )?GPU " + _PCI_OPT + r"(?::| \(PCI ID: [0-9a-fA-F:]{9}\))? "
+    r"(?:GPU )?(?:installed in this system )?(?:has )?fallen off the bus",
+    _A,
+)
+_KMSG_ESCAPE_RE = re.compile(r"\\x([0-9a-fA-F]{2})", _A)
 
 # Timestamp prefixes.
 _ISO_RE = re.compile(
-    r"^\s*(?P<ts>[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(?:[.,][0-9]{1,9})?"
+    r"^\s*(?:[a-z]{2,8}\s*:\s*[a-z]{2,8}\s*:\s*)?(?P<ts>[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(?:[.,][0-9]{1,9})?"
     r"(?:Z|[+-][0-9]{2}:?[0-9]{2})?)",
     _A,
 )
@@ -111,10 +133,20 @@ def normalize_pci(raw: str) -> str:
     text = raw.strip().lower().removeprefix("pci:")
     text = text.split(".", 1)[0]
     parts = text.split(":")
+    if len(parts) == 2:  # `18:00` as some messages print it: domain 0
+        parts = ["0000", *parts]
     if len(parts) != 3:
         return text
     domain, bus, device = parts
     return f"{domain[-4:].rjust(4, '0')}:{bus}:{device}"
+
+
+def unescape_kmsg(text: str) -> str:
+    """Undo `/dev/kmsg` escaping: a record prints its inner newlines (and any byte below 0x20,
+    above 0x7e, or a backslash) as `\\xNN`. node-problem-detector passes them on as is."""
+    if "\\x" not in text:
+        return text
+    return _KMSG_ESCAPE_RE.sub(lambda m: chr(int(m.group(1), 16)), text)
 
 
 def parse_timestamp(line: str) -> dt.datetime | None:
@@ -225,14 +257,42 @@ class KernelLogScanner:
     Adds what single lines cannot give: the GPU UUID (from `NVRM: GPU at PCI:...: GPU-...`
     lines printed before the first XID), the multi-line "fallen off the bus" message that
     carries no XID (reported as XID 79), and de-duplication of that message against a real
-    XID 79 for the same GPU printed next to it.
+    XID 79 for the same GPU printed next to it (within `dedupe_lines`, either order; the
+    fallen-off message repeated after it counts once too). Two XID 79 lines are two records:
+    a consumer that counts repeats (the agent) sees both.
     """
 
     dedupe_lines: int = 20
     _uuids: dict[str, str] = dataclasses.field(default_factory=dict)
     _pending_fallen: tuple[str, int, str] | None = None  # (pci, line number, head line)
-    _recent_79: dict[str, int] = dataclasses.field(default_factory=dict)
+    # pci -> (line number, "xid" | "fallen" | "paired"): the last report of a fall off the bus
+    _recent_79: dict[str, tuple[int, str]] = dataclasses.field(default_factory=dict)
     _lineno: int = 0
+
+    def learn_identity(self, line: str) -> bool:
+        """Record the GPU UUID of a `NVRM: GPU at PCI:...: GPU-...` line; True if it was one."""
+        text = _cut(line)
+        m = _GPU_MAP_RE.search(text) if "GPU at" in text else None
+        if m is None:
+            return False
+        if len(self._uuids) < 4096:  # bounded: a log cannot grow our memory
+            self._uuids[normalize_pci(m.group("pci"))] = m.group("uuid")
+        return True
+
+    @property
+    def gpu_uuids(self) -> dict[str, str]:
+        """PCI address -> UUID, as learnt from the driver's identity lines so far."""
+        return dict(self._uuids)
+
+    def feed_record(self, text: str) -> list[XidEvent | SxidEvent]:
+        """One kernel log record (a `/dev/kmsg` message, maybe several lines with `\\x0a`
+        escapes): everything it completed, in order."""
+        out: list[XidEvent | SxidEvent] = []
+        for line in unescape_kmsg(_cut(text)).splitlines():
+            found = self.feed(line)
+            if found is not None:
+                out.append(found)
+        return out
 
     def feed(self, line: str) -> XidEvent | SxidEvent | None:
         """Consume one line; return what it completed, if anything. Never raises."""
@@ -240,25 +300,30 @@ class KernelLogScanner:
         self._lineno += 1
         if "NVRM" not in text:
             return parse_sxid_line(text) if "SXid" in text else None
-        m = _GPU_MAP_RE.search(text)
-        if m:
-            if len(self._uuids) < 4096:  # bounded: a log cannot grow our memory
-                self._uuids[normalize_pci(m.group("pci"))] = m.group("uuid")
+        if self.learn_identity(text):
             return None
         event = parse_kernel_line(text)
         if event is not None:
             if event.pci_bus_id and event.pci_bus_id in self._uuids:
                 event = dataclasses.replace(event, gpu_uuid=self._uuids[event.pci_bus_id])
-            if event.xid == FALLEN_OFF_BUS_XID and event.pci_bus_id:
-                if self._seen_79(event.pci_bus_id):
-                    return None
-                self._recent_79[event.pci_bus_id] = self._lineno
+            pci = event.pci_bus_id
+            if event.xid == FALLEN_OFF_BUS_XID and pci and self._paired(pci, "xid", {"fallen"}):
+                return None
             return event
         return self._fallen_off(text)
 
-    def _seen_79(self, pci: str) -> bool:
+    def _paired(self, pci: str, kind: str, partners: set[str]) -> bool:
+        """True if this report of a fall off the bus belongs to a recent one (same fault);
+        else it is remembered as a new one. The fallen-off message repeated after its pair
+        stays the same fault; an XID 79 line after a pair is a new report."""
         seen = self._recent_79.get(pci)
-        return seen is not None and self._lineno - seen <= self.dedupe_lines
+        recent = seen is not None and self._lineno - seen[0] <= self.dedupe_lines
+        if seen is not None and recent and seen[1] in partners:
+            paired = "paired" if {kind, seen[1]} == {"xid", "fallen"} else seen[1]
+            self._recent_79[pci] = (self._lineno, paired)
+            return True
+        self._recent_79[pci] = (self._lineno, kind)
+        return False
 
     def _fallen_off(self, text: str) -> XidEvent | None:
         head = _FALLEN_HEAD_RE.search(text)
@@ -274,9 +339,8 @@ class KernelLogScanner:
             if self._lineno - at <= 3:  # the three lines are printed together
                 pci = pending_pci
             self._pending_fallen = None
-        if pci is None or self._seen_79(pci):
+        if pci is None or self._paired(pci, "fallen", {"xid", "fallen", "paired"}):
             return None
-        self._recent_79[pci] = self._lineno
         return XidEvent(
             xid=FALLEN_OFF_BUS_XID,
             pci_bus_id=pci,
@@ -310,41 +374,70 @@ _LOOSE_PCI_RE = re.compile(r"(?:PCI:|pci_bus_id=|pci=)\s*['\"]?" + _PCI, _A | re
 _LOOSE_UUID_RE = re.compile(r"\b(?P<uuid>GPU-[0-9a-fA-F]{8}(?:-[0-9a-fA-F]{4}){3}-[0-9a-fA-F]{12})")
 
 
-def parse_event(reason: str, message: str) -> XidEvent | None:
-    """A Kubernetes Event's reason and message -> XidEvent, or None.
+def parse_event_all(reason: str, message: str) -> list[XidEvent]:
+    """Every XID in a Kubernetes Event's message (one per GPU line), or [].
 
     Accepted:
-    1. any Event whose message contains a kernel XID line (node-problem-detector's kernel
-       monitor copies the matched line into the message; `gpuheal simulate xid` does the same
-       with reason `GpuXid`);
+    1. any Event whose message contains kernel XID lines, or the fallen-off-the-bus message
+       without an XID (single- or multi-line, `\\x0a` escapes as node-problem-detector copies
+       them from `/dev/kmsg`); node-problem-detector's kernel monitor copies the matched lines
+       into the message, `gpuheal agent` and `gpuheal simulate xid` (reason `GpuXid`) too;
     2. Events whose reason mentions "xid" (e.g. `GpuXid`, `NVIDIAXid`, `XidError`) and whose
        message names the code loosely (`XID 79`, `xid=79`).
+    A driver identity line in the message (`NVRM: GPU at PCI:0000:3b:00: GPU-...`, which
+    `gpuheal agent` adds when it knows the UUID) fills `gpu_uuid` of the XIDs on that GPU.
+    SXid lines are never XIDs (see `parse_sxid_event`).
     """
-    msg = _cut(message)
+    msg = unescape_kmsg(_cut(message))
     why = _cut(reason)[:256]
-    if parse_sxid_line(msg) is not None:
-        return None
-    for line in msg.splitlines() or [msg]:
-        event = parse_kernel_line(line)
-        if event is not None:
-            return event
+    lines = msg.splitlines() or [msg]
+    scanner = KernelLogScanner()
+    for line in lines:
+        scanner.learn_identity(line)
+    found = [e for e in map(scanner.feed, lines) if isinstance(e, XidEvent)]
+    if found:
+        return found
+    if any(parse_sxid_line(line) is not None for line in lines):
+        return []
     if "xid" not in why.lower():
-        return None
+        return []
     m = _LOOSE_XID_RE.search(msg)
     if m is None:
-        return None
+        return []
     code = int(m.group("code"))
     if code > MAX_XID:
-        return None
+        return []
     pci = _LOOSE_PCI_RE.search(msg)
     uuid = _LOOSE_UUID_RE.search(msg)
-    return XidEvent(
-        xid=code,
-        pci_bus_id=normalize_pci(pci.group("pci")) if pci else None,
-        gpu_uuid=uuid.group("uuid") if uuid else None,
-        message=msg.strip()[:1024],
-        recovery_action=_recovery_action(msg) if code == 154 else None,
-    )
+    return [
+        XidEvent(
+            xid=code,
+            pci_bus_id=normalize_pci(pci.group("pci")) if pci else None,
+            gpu_uuid=uuid.group("uuid") if uuid else None,
+            message=msg.strip()[:1024],
+            recovery_action=_recovery_action(msg) if code == 154 else None,
+        )
+    ]
+
+
+def parse_event(reason: str, message: str) -> XidEvent | None:
+    """A Kubernetes Event's reason and message -> its (first) XidEvent, or None.
+
+    Stable entry point of the operator's Event intake; `parse_event_all` gives every GPU of a
+    message that names several.
+    """
+    found = parse_event_all(reason, message)
+    return found[0] if found else None
+
+
+def parse_sxid_event(reason: str, message: str) -> SxidEvent | None:
+    """The NVSwitch SXid in an Event's message (reason `NvSwitchSxid` or any other), or None."""
+    del reason  # the line itself is unambiguous
+    for line in unescape_kmsg(_cut(message)).splitlines():
+        sxid = parse_sxid_line(line)
+        if sxid is not None:
+            return sxid
+    return None
 
 
 def format_kernel_line(
