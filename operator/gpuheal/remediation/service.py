@@ -19,10 +19,11 @@ from tenacity import (
     wait_exponential_jitter,
 )
 
-from gpuheal.adapters.kube import Kube, make_api_client
+from gpuheal.adapters.kube import Kube
 from gpuheal.adapters.lease import Lease
 from gpuheal.adapters.slurm import BridgeSlurm
 from gpuheal.api.names import NREM_PLURAL, POLICY_PLURAL, POOL_PLURAL
+from gpuheal.kubeapi import make_api_client
 from gpuheal.remediation import objects, report, sources
 from gpuheal.remediation.state import Runtime
 
