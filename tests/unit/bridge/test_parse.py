@@ -11,6 +11,8 @@ from gpuheal_bridge.backends.base import NotFound, Rejected, Unavailable
 from gpuheal_bridge.backends.cli import CommandResult, classify_failure
 from gpuheal_bridge.backends.parse import (
     jobs_on,
+    parse_excluded_lines,
+    parse_job_lines,
     parse_jobs_json,
     parse_node_line,
     parse_node_lines,
@@ -126,6 +128,24 @@ def test_squeue_json_jobs_and_flags() -> None:
     assert jobs[2].requeue is False  # --no-requeue
     assert jobs[4].batch is False  # srun allocation
     assert jobs[3].state == "CANCELLED"  # --json includes finished jobs
+
+
+def test_squeue_fields_read_as_the_json_says() -> None:
+    """The filtered ``squeue -O`` listing (what the CLI backend runs) gives the same jobs as
+    22.05's full ``--json`` dump, captured at the same moment: a finished job, a requeued one
+    (BeginTime, restart 1, no host), held ones, a name with ``|`` and spaces, an exclusion."""
+    excluded = parse_excluded_lines(read("squeue_excluded_all.txt"))
+    assert excluded[3] == ["n-a1"]
+    assert excluded[5] == []
+    got = {j.job_id: j for j in parse_job_lines(read("squeue_fields_all.txt"), excluded)}
+    want = {j.job_id: j for j in parse_jobs_json(json.loads(read("squeue_same_jobs.json")))}
+    assert got == want
+    assert got[2].name == "we|ird name"
+    assert (got[1].state, got[1].reason, got[1].restart_count, got[1].batch_host) == (
+        "PENDING", "BeginTime", 1, None)  # fmt: skip
+    assert got[5].requeue is False
+    with pytest.raises(ValueError, match="unexpected squeue line"):
+        parse_job_lines("12|RUNNING|None")
 
 
 def test_jobs_on_filters_node_and_finished_jobs() -> None:
