@@ -67,6 +67,29 @@ def test_bad_settings_exit_with_the_reason(argv: list[str], why: str) -> None:
     assert why in str(info.value)
 
 
+@pytest.mark.parametrize(
+    ("argv", "refused"),
+    [
+        (["--listen", "0.0.0.0:8787"], True),
+        (["--listen", "[::]:8787"], True),
+        (["--listen", "10.1.2.3:8787"], True),
+        (["--listen", "slurm-ctl.example:8787"], True),  # a name: resolved later, not trusted
+        (["--listen", "127.0.0.1:8787"], False),
+        (["--listen", "[::1]:8787"], False),
+        (["--listen", "localhost:8787"], False),
+        (["--listen", "0.0.0.0:8787", "--tls-cert", "/c", "--tls-key", "/k"], False),
+        (["--listen", "0.0.0.0:8787", "--insecure-http", "true"], False),
+    ],
+)
+def test_plain_http_off_loopback_is_refused(argv: list[str], refused: bool) -> None:
+    """Bearer tokens never cross a network in clear unless someone says so."""
+    if refused:
+        with pytest.raises(SystemExit, match="not a loopback address"):
+            parse_config(argv)
+    else:
+        assert parse_config(argv).listen == argv[1]
+
+
 def test_unknown_flag_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
         parse_config(["--listen-on", "x"])
