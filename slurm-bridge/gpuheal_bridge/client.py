@@ -160,6 +160,7 @@ class BridgeClient:
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
         self.timeout = timeout
+        self.base_url = base_url.rstrip("/")
         self._retrying = AsyncRetrying(
             stop=stop_after_attempt(retries + 1),
             wait=retry_wait(backoff, max_backoff),
@@ -168,7 +169,7 @@ class BridgeClient:
             reraise=True,  # the last BridgeUnavailable, not tenacity's RetryError
         )
         self._http = httpx.AsyncClient(
-            base_url=base_url.rstrip("/"),
+            base_url=self.base_url,
             headers={"User-Agent": "gpuheal-bridge-client"},
             auth=BearerAuth(token),
             timeout=timeout,

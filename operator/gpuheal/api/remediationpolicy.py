@@ -64,6 +64,21 @@ class HookType(enum.StrEnum):
     WEBHOOK = "Webhook"
 
 
+class NotifyFormat(enum.StrEnum):
+    GENERIC = "Generic"  # one JSON object per message (gpuheal's fields)
+    SLACK = "Slack"  # {"text": ...}: Slack incoming webhooks and compatible (Mattermost, ...)
+
+
+class NotifyEvent(enum.StrEnum):
+    """An incident's transitions people are told about."""
+
+    OPENED = "Opened"
+    BLOCKED = "Blocked"  # held back, with why (breaker, PDB, bridge unavailable, ...)
+    APPROVAL_PENDING = "ApprovalPending"  # a person must approve the next step
+    COMPLETED = "Completed"  # replaced, returned, remediated, dry run done
+    FAILED = "Failed"  # a step failed for good; the node stays as it is
+
+
 class EscalationScope(enum.StrEnum):
     GPU = "Gpu"  # count occurrences per GPU (PCI id or UUID)
     NODE = "Node"
@@ -238,6 +253,39 @@ class WebhookHook(Model):
     )
     timeout: PositiveDuration = Field(
         default="30s", description="How long one call may take before it counts as failed."
+    )
+
+
+class NotifyWebhook(Model):
+    """A receiver of incident notifications."""
+
+    url: str = Field(
+        max_length=2048,
+        pattern=r"^https?://",
+        description="URL gpuheal POSTs each message to (JSON). Readable by whoever can read "
+        "this policy: prefer the operator's --notify-webhooks (from a Secret) for URLs that "
+        "carry a secret, such as Slack's.",
+    )
+    format: NotifyFormat = Field(
+        default=NotifyFormat.GENERIC,
+        description="Generic: a JSON object with the event, incident, node, reason, message; "
+        "Slack: {text} as Slack incoming webhooks (and compatible ones) expect.",
+    )
+    events: list[NotifyEvent] = Field(
+        default_factory=list,
+        max_length=5,
+        description="Which transitions to send (Opened, Blocked, ApprovalPending, Completed, "
+        "Failed); empty: all of them.",
+        json_schema_extra={"x-kubernetes-list-type": "set"},
+    )
+
+
+class Notifications(Model):
+    """Who is told when this policy's incidents open, block, wait for approval, end or fail.
+    Sent in the background: a slow or dead receiver never holds a remediation up."""
+
+    webhooks: list[NotifyWebhook] = Field(
+        min_length=1, max_length=8, description="Receivers, each with its format and events."
     )
 
 
@@ -572,6 +620,19 @@ class RemediationPolicySpec(Model):
     return_to_service: ReturnToService = Field(
         default_factory=ReturnToService,
         description="When and how nodes gpuheal took out come back.",
+    )
+    notifications: Notifications | None = Field(
+        default=None,
+        description="Webhooks told about this policy's incidents (on top of the operator's "
+        "--notify-webhooks).",
+    )
+    slurm_cluster: str | None = Field(
+        default=None,
+        max_length=63,
+        pattern=DNS_LABEL_PATTERN,
+        description="The Slurm cluster of these nodes, so the bridge that drains them: a "
+        "cluster named in the operator's --bridges-file (or its --bridge-cluster). A node's "
+        "gpuheal.io/slurm-cluster label wins; with neither, the operator's --bridge-url.",
     )
 
     @model_validator(mode="after")
