@@ -24,6 +24,7 @@ Retry-After *instead of* its backoff.
 from __future__ import annotations
 
 import asyncio
+import ssl
 import uuid
 from collections.abc import Awaitable, Callable, Generator
 from dataclasses import dataclass
@@ -155,7 +156,7 @@ class BridgeClient:
         retries: int = 4,
         backoff: float = 0.5,
         max_backoff: float = 30.0,
-        verify: bool | str = True,
+        verify: bool | str | ssl.SSLContext = True,
         transport: httpx.AsyncBaseTransport | None = None,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
@@ -168,6 +169,8 @@ class BridgeClient:
             sleep=sleep,
             reraise=True,  # the last BridgeUnavailable, not tenacity's RetryError
         )
+        if isinstance(verify, str):  # a CA bundle (PEM): trust it, and only it
+            verify = ssl.create_default_context(cafile=verify)
         self._http = httpx.AsyncClient(
             base_url=self.base_url,
             headers={"User-Agent": "gpuheal-bridge-client"},

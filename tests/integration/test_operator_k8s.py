@@ -301,7 +301,13 @@ def test_xid79_cordons_evicts_through_pdb_and_claims_a_spare(
     assert {"GpuXid", "RemediationCreated"} <= reasons
     reasons = {e.reason for e in node_events(core, name, "NodeRemediation")}
     # one Event reason per step outcome (no catch-all "RemediationStep" any more)
-    assert {"RemediationBlocked", "Cordoned", "Drained", "ReplacementClaimed", "Replaced"} <= reasons
+    assert {
+        "RemediationBlocked",
+        "Cordoned",
+        "Drained",
+        "ReplacementClaimed",
+        "Replaced",
+    } <= reasons
     assert "RemediationStep" not in reasons
     m = op.metrics()
     assert m['gpuheal_incidents_total{source="events",trigger="xid"}'] == 1
