@@ -191,6 +191,8 @@ class SlurmConfig:
     cred_expire: int = MIN_CRED_EXPIRE
     cluster_name: str = "gpuheal"
     partition: str = "main"
+    #: port of a slurmdbd on 127.0.0.1 (`gpuheal_dev.sandbox.slurmdbd`); None: no accounting
+    dbd_port: int | None = None
 
 
 def validate_node_names(nodes: Sequence[str]) -> list[str]:
@@ -259,7 +261,17 @@ def render_slurm_conf(cfg: SlurmConfig) -> str:
         "SwitchType=switch/none",
         "MpiDefault=none",
         "JobAcctGatherType=jobacct_gather/none",
-        "AccountingStorageType=accounting_storage/none",
+        *(
+            [
+                "AccountingStorageType=accounting_storage/slurmdbd",
+                "AccountingStorageHost=127.0.0.1",
+                f"AccountingStoragePort={cfg.dbd_port}",
+                # the munge socket for the dbd connection (the default is /run/munge's)
+                f"AccountingStoragePass={lay.munge_socket}",
+            ]
+            if cfg.dbd_port
+            else ["AccountingStorageType=accounting_storage/none"]
+        ),
         "JobCompType=jobcomp/none",
         "SelectType=select/cons_tres",
         "SelectTypeParameters=CR_Core",
@@ -418,6 +430,7 @@ class SlurmCluster:
         memory_mb: int = 64000,
         install: bool = True,
         start_timeout: float = 60.0,
+        dbd_port: int | None = None,
     ) -> None:
         if cred_expire < MIN_CRED_EXPIRE:
             raise ValueError(
@@ -435,6 +448,7 @@ class SlurmCluster:
         self.memory_mb = memory_mb
         self.install = install
         self.start_timeout = start_timeout
+        self.dbd_port = dbd_port  # accounting (AdminLevel, users) through a slurmdbd there
         self.ctld_port: int | None = None
         self.node_ports: dict[str, int] = {}
         #: seconds the last successful ``start()`` took
@@ -594,6 +608,7 @@ class SlurmCluster:
             cpus_per_node=self.cpus_per_node,
             memory_mb=self.memory_mb,
             cred_expire=self.cred_expire,
+            dbd_port=self.dbd_port,
         )
 
     def _prepare_files(self) -> None:

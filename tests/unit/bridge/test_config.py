@@ -140,3 +140,22 @@ def test_rest_backend_with_fallback() -> None:
     assert isinstance(backend, RestBackend)
     assert isinstance(backend.fallback, CliBackend)
     assert backend.fallback.timeout == 4
+
+
+def test_the_systemd_unit_runs_as_its_own_user_over_https(monkeypatch: pytest.MonkeyPatch) -> None:
+    unit = (REPO / "slurm-bridge/systemd/gpuheal-slurm-bridge.service").read_text()
+    service = dict(
+        line.split("=", 1) for line in unit.splitlines() if "=" in line and line[0] != "#"
+    )
+    assert (service["User"], service["Group"]) == ("gpuheal-bridge", "gpuheal-bridge")
+    assert service["ExecReload"] == "/bin/kill -HUP $MAINPID"  # reload = token rotation
+    sysusers = (REPO / "slurm-bridge/systemd/gpuheal-slurm-bridge.sysusers").read_text()
+    assert "u gpuheal-bridge " in sysusers
+    for line in unit.splitlines():
+        if line.startswith("Environment=GPUHEAL_BRIDGE_"):
+            name, _, value = line.removeprefix("Environment=").partition("=")
+            monkeypatch.setenv(name, value)
+    config = parse_config([])  # what the unit starts with: accepted, HTTPS off loopback
+    assert config.listen == "0.0.0.0:8787"
+    assert config.tls_cert is not None
+    assert config.insecure_http is False
