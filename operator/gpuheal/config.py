@@ -245,7 +245,7 @@ def config_from_args(args: argparse.Namespace) -> OperatorConfig:
             f"--{str(e['loc'][0]).replace('_', '-')}: {e['msg'].removeprefix('Value error, ')}"
             for e in exc.errors()
         )
-        raise SystemExit(f"gpuheal run: {reasons}") from None
+        raise SystemExit(f"error: {reasons}") from None
     try:
         bridge_targets(cfg)
     except ValidationError as exc:
@@ -253,8 +253,8 @@ def config_from_args(args: argparse.Namespace) -> OperatorConfig:
             f"{'.'.join(str(x) for x in e['loc'])}: {e['msg'].removeprefix('Value error, ')}"
             for e in exc.errors()
         )
-        raise SystemExit(f"gpuheal run: --bridges-file {cfg.bridges_file}: {why}") from None
+        raise SystemExit(f"error: --bridges-file {cfg.bridges_file}: {why}") from None
     except (OSError, ValueError, yaml.YAMLError) as exc:
         why = " ".join(str(exc).split())
-        raise SystemExit(f"gpuheal run: --bridges-file {cfg.bridges_file}: {why}") from None
+        raise SystemExit(f"error: --bridges-file {cfg.bridges_file}: {why}") from None
     return cfg
