@@ -9,9 +9,8 @@ from __future__ import annotations
 import argparse
 import re
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-import yaml
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -23,12 +22,16 @@ from pydantic import (
 from pydantic.alias_generators import to_camel
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from gpuheal.api.meta import DNS_LABEL_PATTERN
-from gpuheal.api.names import SLURM_CLUSTER_LABEL
-from gpuheal.api.remediationpolicy import NotifyEvent, NotifyFormat
+if TYPE_CHECKING:
+    from gpuheal.api.remediationpolicy import NotifyEvent, NotifyFormat
 
 SOURCES = ("conditions", "events", "dcgm")
 ENV_PREFIX = "GPUHEAL_"
+# Copies of API names (gpuheal.api.*), kept literal so that `gpuheal run --help` does not load
+# the CRD models; tests/unit/test_slurm_clusters.py checks that they agree.
+DNS_LABEL_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+SLURM_CLUSTER_LABEL = "gpuheal.io/slurm-cluster"
+NOTIFY_EVENTS = "Opened,Blocked,ApprovalPending,Completed,Failed"
 
 
 class OperatorConfig(BaseSettings):
@@ -71,7 +74,7 @@ class OperatorConfig(BaseSettings):
         "messages (a policy's spec.notifications adds its own)",
     )
     notify_events: str = Field(
-        ",".join(e.value for e in NotifyEvent),
+        NOTIFY_EVENTS,
         description="which transitions --notify-webhooks receive, comma-separated",
     )
     notify_queue_size: int = Field(
@@ -146,6 +149,8 @@ class OperatorConfig(BaseSettings):
 
 def parse_webhooks(text: str) -> list[tuple[NotifyFormat, str]]:
     """``"slack:https://hooks.slack.com/x,https://ops.example/hook"`` -> formats and URLs."""
+    from gpuheal.api.remediationpolicy import NotifyFormat
+
     out = []
     for item in (i.strip() for i in text.split(",")):
         if not item:
@@ -161,6 +166,8 @@ def parse_webhooks(text: str) -> list[tuple[NotifyFormat, str]]:
 
 
 def parse_events(text: str) -> frozenset[NotifyEvent]:
+    from gpuheal.api.remediationpolicy import NotifyEvent
+
     names = [n.strip() for n in text.split(",") if n.strip()]
     unknown = [n for n in names if n not in NotifyEvent._value2member_map_]
     if unknown:
@@ -207,7 +214,12 @@ def bridge_targets(cfg: OperatorConfig) -> dict[str, BridgeTarget]:
             url=cfg.bridge_url, token_file=cfg.bridge_token_file, ca_file=cfg.bridge_ca_file
         )
     if cfg.bridges_file:
-        doc = yaml.safe_load(Path(cfg.bridges_file).read_text()) or {}
+        import yaml
+
+        try:
+            doc = yaml.safe_load(Path(cfg.bridges_file).read_text()) or {}
+        except yaml.YAMLError as exc:
+            raise ValueError(str(exc)) from None
         more = BridgesFile.model_validate(doc).clusters
         twice = sorted(set(more) & set(targets))
         if twice:
@@ -254,7 +266,7 @@ def config_from_args(args: argparse.Namespace) -> OperatorConfig:
             for e in exc.errors()
         )
         raise SystemExit(f"error: --bridges-file {cfg.bridges_file}: {why}") from None
-    except (OSError, ValueError, yaml.YAMLError) as exc:
+    except (OSError, ValueError) as exc:
         why = " ".join(str(exc).split())
         raise SystemExit(f"error: --bridges-file {cfg.bridges_file}: {why}") from None
     return cfg

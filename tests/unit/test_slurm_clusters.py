@@ -137,3 +137,15 @@ def test_token_file_is_read_again_when_it_changes(tmp_path: Path) -> None:
     assert token() == "new-token-0123456789-longer"  # unreadable for a moment: the last stays
     with pytest.raises(FileNotFoundError):
         TokenFile(tmp_path / "never")
+
+
+def test_the_run_flags_copies_of_api_names_agree() -> None:
+    """config.py keeps a few API names literal (so `gpuheal run --help` loads no CRD model)."""
+    from gpuheal import config
+    from gpuheal.api.meta import DNS_LABEL_PATTERN
+    from gpuheal.api.names import SLURM_CLUSTER_LABEL
+    from gpuheal.api.remediationpolicy import NotifyEvent
+
+    assert config.DNS_LABEL_PATTERN == DNS_LABEL_PATTERN
+    assert config.SLURM_CLUSTER_LABEL == SLURM_CLUSTER_LABEL
+    assert ",".join(e.value for e in NotifyEvent) == config.NOTIFY_EVENTS

@@ -35,14 +35,13 @@ def build_parser(argv: list[str] | None = None, prog: str = "gpuheal") -> argpar
     parser = Parser(
         prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument(
-        "--version", action="version", version=f"%(prog)s {_version()}", help="print the version"
-    )
+    parser.add_argument("--version", action=_Version, nargs=0, help="print the version and exit")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     known = {c[0] for c in _COMMANDS}
     chosen = next((a for a in argv or () if not a.startswith("-")), None)
     for name, target, help_ in _COMMANDS:
-        if chosen not in known or chosen == name:
+        version_only = chosen is None and "--version" in (argv or ())
+        if (chosen not in known and not version_only) or chosen == name:
             module, _, function = target.partition(":")
             add: Callable[[Any], argparse.ArgumentParser] = getattr(
                 importlib.import_module(module), function
@@ -51,6 +50,14 @@ def build_parser(argv: list[str] | None = None, prog: str = "gpuheal") -> argpar
         else:
             sub.add_parser(name, help=help_)  # listed in --help, not loaded
     return parser
+
+
+class _Version(argparse.Action):
+    """``--version``, looked up only when asked (reading the package metadata takes time)."""
+
+    def __call__(self, parser: argparse.ArgumentParser, *_: Any) -> None:
+        print(f"{parser.prog} {_version()}")
+        parser.exit()
 
 
 def _version() -> str:
