@@ -271,11 +271,10 @@ class NotifyWebhook(Model):
         description="Generic: a JSON object with the event, incident, node, reason, message; "
         "Slack: {text} as Slack incoming webhooks (and compatible ones) expect.",
     )
-    events: list[NotifyEvent] = Field(
-        default_factory=list,
-        max_length=5,
-        description="Which transitions to send (Opened, Blocked, ApprovalPending, Completed, "
-        "Failed); empty: all of them.",
+    events: list[NotifyEvent] = list_of(
+        5,
+        "Which transitions to send (Opened, Blocked, ApprovalPending, Completed, Failed); "
+        "empty: all of them.",
         json_schema_extra={"x-kubernetes-list-type": "set"},
     )
 
