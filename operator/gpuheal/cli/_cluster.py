@@ -104,7 +104,8 @@ def watch_custom(
     api_client: client.ApiClient, plural: str, resource_version: str, **kw: Any
 ) -> Iterator[tuple[str, dict[str, Any]]]:
     """(type, object) for each change after ``resource_version``, until the server ends the
-    watch (the caller lists again)."""
+    watch (the caller watches again from the last version) or says the version is too old
+    (``("ERROR", {})``: the caller lists again)."""
     from kubernetes import watch
 
     custom: Any = client.CustomObjectsApi(api_client)
@@ -113,5 +114,10 @@ def watch_custom(
         resource_version=resource_version, allow_watch_bookmarks=False, **kw,
     )  # fmt: skip
     with said_plainly(f"{plural}.{GROUP}"):
-        for event in stream:
-            yield str(event["type"]), dict(event["object"])
+        try:
+            for event in stream:
+                yield str(event["type"]), dict(event["object"])
+        except ApiException as exc:
+            if exc.status != 410:  # 410 Gone: the version is too old; the caller lists again
+                raise
+            yield "ERROR", {}
