@@ -81,6 +81,11 @@ class HistoryEntry(Model):
         description="Signals: the GPU as repeat counting keys it (its UUID when the source "
         "named one, else its PCI address); the id of a record in status.gpus.",
     )
+    pci_bus_id: str | None = Field(
+        default=None,
+        max_length=32,
+        description="Signals: the GPU's PCI address, where the source gave both it and a UUID.",
+    )
     recovery_action: RecoveryAction | None = Field(
         default=None, description="Signals, XID 154: the recovery action the driver stated."
     )

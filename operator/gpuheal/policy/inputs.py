@@ -31,6 +31,7 @@ from gpuheal.policy.types import (
     NodeCondition,
     NodeView,
     Observation,
+    VerificationState,
 )
 from gpuheal.xid.parse import parse_event
 
@@ -141,6 +142,7 @@ def event_observation(ev: NodeEvent, seen_at: dt.datetime) -> Observation | None
         source="events",
         key=ev.dedupe_key,
         event_uid=ev.uid,
+        pci_bus_id=xid.pci_bus_id if xid else None,
     )
 
 
@@ -190,14 +192,24 @@ def recorded_observations(nrem: NodeRemediation) -> list[Observation]:
     ]
 
 
-def done_actions(nrem: NodeRemediation) -> tuple[frozenset[Action], dt.datetime | None]:
+#: Repairs a later rung repeats when it names them again (a reboot after a reset that did not
+#: hold is a new reboot); every other action is done once per incident (one cordon, one drain).
+_PER_RUNG = frozenset({Action.RESET, Action.REBOOT})
+
+
+def done_actions(
+    nrem: NodeRemediation, rung_name: str | None = None
+) -> tuple[frozenset[Action], dt.datetime | None]:
     """Actions recorded as done (timeline entries ``<rung>/<action>`` without a "would") and
-    when the last one was."""
+    when the last one was. With ``rung_name``, a reset or reboot counts only when that rung
+    did it."""
     done: set[Action] = set()
     last = None
     for entry in nrem.status.timeline:
-        _, sep, action = entry.step.partition("/")
+        rung, sep, action = entry.step.partition("/")
         if sep and action in Action.__members__.values():
+            if rung_name is not None and Action(action) in _PER_RUNG and rung != rung_name:
+                continue
             done.add(Action(action))
             last = entry.time
     return frozenset(done), last
@@ -227,14 +239,33 @@ def started_at(nrem: NodeRemediation) -> dt.datetime:
 def incident_view(nrem: NodeRemediation, *, approve_annotation: str) -> IncidentView:
     """The engine's view of an open incident, from the object alone (restart-proof)."""
     spec = nrem.spec
-    done, last = done_actions(nrem)
+    status = nrem.status
+    rung = min(status.rung, len(spec.ladder) - 1)
+    done, last = done_actions(nrem, spec.ladder[rung].name)
     started = started_at(nrem)
     first = spec.signals[0]
+    repair = status.repair
+    repair_failed = (
+        (repair.message or f"{repair.action} failed")
+        if repair is not None and repair.rung == rung and repair.failed_at is not None
+        else None
+    )
+    run = status.verification
+    verification = (
+        VerificationState(
+            started_at=run.started_at,
+            passed_at=run.passed_at,
+            failed_at=run.failed_at,
+            message=run.message,
+        )
+        if run is not None and run.rung == rung
+        else None
+    )
     return IncidentView(
         name=nrem.metadata.name,
         rule=spec.rule,
         ladder=spec.ladder,
-        rung=min(nrem.status.rung, len(spec.ladder) - 1),
+        rung=rung,
         started_at=started,
         done=done,
         last_step_at=last,
@@ -245,6 +276,9 @@ def incident_view(nrem: NodeRemediation, *, approve_annotation: str) -> Incident
         trigger_gpu=first.gpu_uuid or first.pci_bus_id,
         holds_slot=nrem.status.slot_taken_at is not None,
         dry_run=spec.dry_run,
+        replaced_by=status.replacement_node,
+        repair_failed=repair_failed,
+        verification=verification,
     )
 
 

@@ -17,6 +17,7 @@ class Move(enum.StrEnum):
 
     OPEN = "open"  # record a NodeRemediation for a new trigger
     ESCALATE = "escalate"  # record the incident's climb to a higher rung
+    VERIFY = "verify"  # run (or look at) the policy's check before return to service
     RETURN_TO_SERVICE = "returnToService"  # uncordon / resume in Slurm what gpuheal did
     CLOSE = "close"  # incident over without returning the node (replaced, alert only)
 
@@ -38,9 +39,10 @@ class Observation:
     condition_type: str | None = None
     condition_status: str | None = None
     message: str = ""
-    source: str = ""  # events | conditions | dcgm | record (read back from an incident)
+    source: str = ""  # events | conditions | dcgm | record | history (read back from the API)
     key: str = ""  # dedupe key: the same signal seen again has the same key
     event_uid: str | None = None
+    pci_bus_id: str | None = None  # the GPU's PCI address when `gpu` is its UUID
 
     @classmethod
     def from_xid(cls, event: XidEvent, seen_at: dt.datetime) -> Observation:
@@ -50,6 +52,7 @@ class Observation:
             gpu=event.gpu_key,
             recovery_action=event.recovery_action,
             message=event.message,
+            pci_bus_id=event.pci_bus_id,
         )
 
     @property
@@ -112,6 +115,16 @@ class NodeView:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class VerificationState:
+    """The current rung's run of the policy's check (NodeRemediation status.verification)."""
+
+    started_at: dt.datetime
+    passed_at: dt.datetime | None = None
+    failed_at: dt.datetime | None = None
+    message: str = ""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class IncidentView:
     """The open NodeRemediation of the node, as far as decisions go."""
 
@@ -129,6 +142,9 @@ class IncidentView:
     holds_slot: bool = False  # counts against maxUnhealthy already (took a disruptive step)
     dry_run: bool = False  # the incident's own snapshot: editing the policy does not flip it
     name: str = ""
+    replaced_by: str | None = None  # the spare that took over (the node is handed to repair)
+    repair_failed: str | None = None  # the current rung's reset/reboot failed: why
+    verification: VerificationState | None = None  # the current rung's check, if it ran
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -142,7 +158,7 @@ class IncidentSummary:
     holds_slot: bool
     trigger_keys: frozenset[str] = frozenset()
     recorded: frozenset[tuple[object, ...]] = frozenset()  # identities of its signals
-    replacement: str | None = None
+    replacement: str | None = None  # a spare took over: the node is handed to repair
     slot_taken_at: dt.datetime | None = None
     started_at: dt.datetime | None = None
     completed_at: dt.datetime | None = None
@@ -150,11 +166,29 @@ class IncidentSummary:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class History:
+    """What the engine knows of the node's past: its signals (this process's, the open
+    incident's record and the node's FaultHistory, merged), the open incident, and when the
+    last one ended. `elsewhere` holds signals of the same GPUs (by UUID) seen on other nodes:
+    a GPU that moved keeps its record, counted only where a rule counts per GPU."""
+
     observations: Sequence[Observation] = ()
     incident: IncidentView | None = None
     last_resolved_at: dt.datetime | None = None
     """When the node's previous incident ended: older signals were dealt with (a replayed
     Event from before it must not open a new incident)."""
+    elsewhere: Sequence[Observation] = ()
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class PoolCounts:
+    """A ReservePool as far as a return decision goes."""
+
+    available: int
+    min_available: int
+
+    @property
+    def low(self) -> bool:
+        return self.available < self.min_available
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -167,6 +201,7 @@ class ClusterCounts:
     recent_starts: Sequence[dt.datetime] = ()  # when slots were taken (rate limit)
     breaker_open: bool = False
     breaker_changed_at: dt.datetime | None = None  # last open/close transition
+    pools: Mapping[str, PoolCounts] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -180,6 +215,7 @@ class Trigger:
     count: int  # occurrences counted for escalation
     signal: Observation
     why: str
+    repeat: str = ""  # in words, from the history: "3rd XID 94 on GPU-8f6c... in 7d"
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -198,6 +234,8 @@ class Act:
     breaker: bool | None = None  # the policy's breaker opens (True) / closes (False) now
     uncordon: bool = False  # RETURN_TO_SERVICE only
     resume_slurm: bool = False  # RETURN_TO_SERVICE only
+    to_pool: str | None = None  # RETURN_TO_SERVICE: back to this ReservePool as a spare
+    restart: bool = False  # VERIFY: start a new run of the check (none yet, or a stale one)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -349,7 +349,7 @@ async def _job_hook(
     ns = hook.job.namespace
     job = await kube.get_job(ns, name)
     if job is None:
-        spec = _job_spec(hook.job.template, node=node, action=action, incident=incident)
+        spec = _job_spec(hook.job.template or {}, node=node, action=action, incident=incident)
         body = {
             "apiVersion": "batch/v1",
             "kind": "Job",
