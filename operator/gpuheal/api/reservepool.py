@@ -221,12 +221,6 @@ class ReservePoolStatus(Model):
     claims: list[Claim] = Field(
         default_factory=list, max_length=256, description="Which incident claimed which spare."
     )
-    returned: int = Field(
-        default=0,
-        ge=0,
-        description="Repaired nodes gpuheal put back into the pool (counted since the pool "
-        "was created).",
-    )
     refill: RefillStatus | None = Field(
         default=None, description="The last refill request (refill.provider Webhook)."
     )

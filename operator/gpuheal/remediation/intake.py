@@ -20,6 +20,7 @@ from gpuheal.api.names import (
     NODE_LABEL,
     NREM_PLURAL,
     TRIGGER_ANNOTATION,
+    WHY_ANNOTATION,
     EventReason,
     Reason,
     incident_name,
@@ -38,6 +39,7 @@ from gpuheal.policy.types import (
     Trigger,
     Wait,
 )
+from gpuheal.remediation import history
 from gpuheal.remediation.driver import ensure_driver
 from gpuheal.remediation.state import Runtime
 
@@ -52,6 +54,8 @@ async def observe(rt: Runtime, node: str, obs: Observation) -> str:
     """Handle one signal; returns what became of it (also counted in gpuheal_signals_total)."""
     result = await _observe(rt, node, obs)
     rt.metrics.signals.labels(obs.source, result).inc()
+    if result not in ("duplicate", "pending"):
+        history.signal(rt, node, obs, result)
     if result not in ("duplicate", "ignored", "pending"):
         log.info(
             "signal %s on %s: %s",
@@ -68,6 +72,8 @@ async def _observe(rt: Runtime, node: str, obs: Observation) -> str:  # noqa: PL
         return "duplicate"
     if any(obs.key in i.trigger_keys or obs.identity in i.recorded for i in rt.incidents.values()):
         return "duplicate"  # a signal an incident recorded, seen again (relist, restart)
+    if rt.seen_in_history(node, obs):
+        return "duplicate"  # in the node's FaultHistory: handled before a restart
     view = await _node_view(rt, node)
     policy = rt.policy_of(node)
     if view is None or policy is None:
@@ -130,6 +136,7 @@ async def _open(rt: Runtime, policy: RemediationPolicy, view: NodeView, trigger:
             annotations={
                 TRIGGER_ANNOTATION: signal.key[:1000],
                 INITIAL_RUNG_ANNOTATION: str(trigger.rung),
+                WHY_ANNOTATION: (trigger.repeat or trigger.why)[:256],
             },
         ),
         spec=NodeRemediationSpec(
@@ -156,6 +163,10 @@ async def _open(rt: Runtime, policy: RemediationPolicy, view: NodeView, trigger:
         "xid" if signal.xid is not None else "condition", signal.source or "manual"
     ).inc()
     ensure_driver(rt, name)
+    history.opened(
+        rt, view.name, name, rule=trigger.rule.name, rung=trigger.rung,
+        why=trigger.repeat or trigger.why,
+    )  # fmt: skip
     await _post(
         rt,
         view,
