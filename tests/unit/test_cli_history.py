@@ -71,3 +71,29 @@ def test_history_loads_no_kubernetes_client_to_parse() -> None:
         [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True
     )
     assert out.stdout.split() == []
+
+
+def test_explain_counts_the_fault_history_like_the_operator() -> None:
+    """Two XIDs known only from the FaultHistory (their Events expired) and one Event: the
+    Event's XID is the 3rd in the window, as the operator would count it."""
+    from gpuheal.cli.explain import explain_node
+    from tests.unit.test_cli_status_explain import NODE, xid_events
+    from tests.unit.test_cli_status_explain import NOW as EXPLAIN_NOW
+    from tests.unit.test_policy_select import make_policy
+
+    past = [
+        fh.signal_entry(Observation(time=EXPLAIN_NOW - dt.timedelta(minutes=m), xid=94,
+                                    gpu="0000:3b:00", event_uid=f"old{m}"))
+        for m in (30, 20)
+    ]  # fmt: skip
+    status = fh.summarise(past, previous=None, now=EXPLAIN_NOW, retention=30 * DAY)
+    history = FaultHistory.model_validate(
+        {"metadata": {"name": "n1"}, "spec": {"nodeName": "n1"}, "status": status.to_k8s()}
+    )
+    policy = make_policy()
+    without, _ = explain_node(NODE, [policy], xid_events(55), [], now=EXPLAIN_NOW)
+    assert "now: opens an incident (rule ecc, rung 0)" in "\n".join(without)
+    with_history, _ = explain_node(
+        NODE, [policy], xid_events(55), [], now=EXPLAIN_NOW, history=history
+    )
+    assert "now: opens an incident (rule ecc, rung 1)" in "\n".join(with_history)
