@@ -463,3 +463,32 @@ def test_retention_must_cover_every_window_and_a_day() -> None:
     with pytest.raises(ValidationError, match="at least 24h"):
         spec([ECC]).model_validate({**spec([ECC]).to_k8s(), "history": {"retention": "12h"}})
     assert spec([ECC]).history.retention == "720h"
+
+
+# --- the shipped default policy ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("code", [79, 62, 48])
+def test_the_default_policy_never_returns_these_without_a_repair_and_a_check(code: int) -> None:
+    """Every rung an XID 79/62/48 node can be on either keeps it out (replace/retire) or
+    resets/reboots it through a real hook (never Noop), and the policy checks every node
+    before it returns."""
+    import pathlib
+
+    import yaml
+
+    from gpuheal.api.remediationpolicy import CheckType, HookType
+    from gpuheal.policy.select import rule_matches
+
+    root = pathlib.Path(__file__).resolve().parents[2]
+    doc = yaml.safe_load((root / "examples" / "default-policy.yaml").read_text())
+    policy = RemediationPolicy.model_validate(doc).spec
+    assert policy.return_to_service.check.type is CheckType.JOB
+    rule = next(r for r in policy.rules if rule_matches(r, xid(code, T0)))
+    for rung in rule.ladder:
+        actions = [s.action for s in rung.steps]
+        if Action.REPLACE in actions or Action.RETIRE in actions:
+            continue
+        repairs = [s.reset or s.reboot for s in rung.steps if s.reset or s.reboot]
+        assert repairs, f"{rule.name}/{rung.name} returns XID {code} without a reset/reboot"
+        assert all(r.hook.type is not HookType.NOOP for r in repairs), rung.name
