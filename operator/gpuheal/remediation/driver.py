@@ -465,6 +465,7 @@ async def _complete(
     rec.event(NremCondition.COMPLETED, f"{reason}: {message}")
     await rec.write(rt.require_kube())
     history.outcome(rt, nrem, reason, message)
+    await history.write_now(rt, nrem.spec.node_name)
     rt.metrics.incidents_completed.labels(reason.lower()).inc()
     event_reason = {
         "Replaced": EventReason.REPLACED,

@@ -162,6 +162,22 @@ async def write_queued(rt: Runtime) -> None:
     await asyncio.gather(*(one(n, e) for n, e in queue.items()))
 
 
+async def write_now(rt: Runtime, node: str) -> None:
+    """Write the node's queued entries at once (an incident's end: not on any hot path, and
+    the last word on the node should not wait for the writer)."""
+    entries = rt.history_queue.pop(node, None)
+    if not entries:
+        return
+    try:
+        await flush(rt, node, entries)
+    except asyncio.CancelledError:
+        raise
+    except Exception as exc:  # the writer task tries again
+        log.warning("fault history of %s not written (%s); queued again", node, exc)
+        rt.history_queue.setdefault(node, [])[:0] = entries
+        rt.history_wakeup.set()
+
+
 async def flush(rt: Runtime, node: str, entries: list[HistoryEntry]) -> FaultHistory:
     """Merge `entries` into the node's FaultHistory (creating it) and write its status."""
     kube = rt.require_kube()
