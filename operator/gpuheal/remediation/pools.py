@@ -57,7 +57,7 @@ async def _post(pool: ReservePool, available: int, ask: RefillAsk) -> tuple[str,
         "available": available,
         "minAvailable": pool.spec.min_available,
         "wanted": ask.wanted,
-        "nodeSelector": pool.spec.node_selector.to_k8s(),
+        "nodeSelector": {k: v for k, v in pool.spec.node_selector.to_k8s().items() if v},
         "since": ask.since.isoformat(),
     }
     try:
