@@ -23,7 +23,14 @@ UUID = "GPU-8f6c1a2b-1111-2222-3333-444455556666"
 
 def _history(node: str, *signals: tuple[int, dt.timedelta, str]) -> FaultHistory:
     entries = [
-        fh.signal_entry(Observation(time=NOW - ago, xid=x, gpu=gpu, pci_bus_id="0000:3b:00"))
+        fh.signal_entry(
+            Observation(
+                time=NOW - ago,
+                xid=x,
+                gpu="0000:3b:00" if gpu == UUID else gpu,
+                gpu_uuid=gpu if gpu == UUID else None,
+            )
+        )
         for x, ago, gpu in signals
     ]
     entries.append(fh.event_entry(EntryKind.OUTCOME, NOW, "nrem-1", outcome="Replaced"))

@@ -96,8 +96,14 @@ FELL_OFF = {
 }
 
 
-def xid(code: int, at: dt.datetime, gpu: str = UUID, **kw: Any) -> Observation:
-    return Observation(time=at, xid=code, gpu=gpu, **kw)
+PCI = "0000:3b:00"
+
+
+def xid(
+    code: int, at: dt.datetime, gpu: str = PCI, *, gpu_uuid: str | None = UUID, **kw: Any
+) -> Observation:
+    """An XID on the GPU keyed by its PCI address (the canonical key), UUID known."""
+    return Observation(time=at, xid=code, gpu=gpu, gpu_uuid=gpu_uuid, **kw)
 
 
 def incident(policy: RemediationPolicySpec, rule: str, rung: int, **kw: Any) -> IncidentView:
@@ -161,14 +167,15 @@ def test_a_seven_day_window_counts_back_dated_history(age: dt.timedelta, rung: i
 
 def test_a_moved_gpu_brings_its_record_per_gpu_not_per_node() -> None:
     policy = spec([ECC])
-    elsewhere = [xid(94, T0 - 2 * DAY), xid(94, T0 - DAY)]  # the same UUID on another node
+    # The same GPU (its UUID) in another node's slot: another PCI address there.
+    elsewhere = [xid(94, T0 - 2 * DAY, gpu="0000:5e:00"), xid(94, T0 - DAY, gpu="0000:5e:00")]
     new = xid(94, T0)
     decision = decide(
         policy, NODE, History(observations=[new], elsewhere=elsewhere), CALM, T0, new=new
     )
     assert isinstance(decision, Act)
     assert decision.rung == 1
-    other_gpu = xid(94, T0, gpu="GPU-00000000-1111-2222-3333-444455556666")
+    other_gpu = xid(94, T0, gpu_uuid="GPU-00000000-1111-2222-3333-444455556666")
     decision = decide(
         policy, NODE, History(observations=[other_gpu], elsewhere=elsewhere), CALM, T0,
         new=other_gpu,
@@ -201,7 +208,7 @@ def test_words() -> None:
     assert (
         repeat_phrase(2, xid(79, T0), "24h", per_gpu=False, node="n1") == "2nd XID 79 on n1 in 24h"
     )
-    assert repeat_phrase(11, xid(48, T0, gpu="0000:3b:00"), "1h", per_gpu=True) == (
+    assert repeat_phrase(11, xid(48, T0, gpu_uuid=None), "1h", per_gpu=True) == (
         "11th XID 48 on GPU 0000:3b:00 in 1h"
     )
 
@@ -412,9 +419,9 @@ def test_merge_keeps_the_retention_and_the_cap_and_each_entry_once() -> None:
 def test_summary_per_gpu_and_offenders() -> None:
     other = "0000:5e:00"
     entries = [
-        fh.signal_entry(xid(94, T0 - 3 * DAY, pci_bus_id="0000:3b:00")),
-        fh.signal_entry(xid(94, T0 - DAY)),
-        fh.signal_entry(xid(48, T0 - HOUR, gpu=other)),
+        fh.signal_entry(xid(94, T0 - 3 * DAY)),
+        fh.signal_entry(xid(94, T0 - DAY, gpu_uuid=None)),  # a reporter that names no UUID
+        fh.signal_entry(xid(48, T0 - HOUR, gpu=other, gpu_uuid=None)),
         fh.event_entry(EntryKind.INCIDENT, T0 - HOUR, "nrem-1", rule="ecc", rung=0),
         fh.event_entry(EntryKind.OUTCOME, T0 - MIN, "nrem-1", outcome="Returned"),
     ]

@@ -26,11 +26,11 @@ from gpuheal.api.meta import (
     CrdInfo,
     Duration,
     Model,
-    ObjectMeta,
+    Resource,
     cel,
+    column,
     conditions_field,
 )
-from gpuheal.api.names import API_VERSION
 from gpuheal.xid.types import RecoveryAction
 
 MAX_ENTRIES = 512
@@ -78,13 +78,14 @@ class HistoryEntry(Model):
     gpu: str | None = Field(
         default=None,
         max_length=64,
-        description="Signals: the GPU as repeat counting keys it (its UUID when the source "
-        "named one, else its PCI address); the id of a record in status.gpus.",
+        description="Signals: the GPU as repeat counting keys it on this node (its PCI "
+        "address; its UUID when nothing else is known).",
     )
-    pci_bus_id: str | None = Field(
+    gpu_uuid: str | None = Field(
         default=None,
-        max_length=32,
-        description="Signals: the GPU's PCI address, where the source gave both it and a UUID.",
+        max_length=64,
+        description="Signals: the GPU's UUID, where a source (or the node's GPU map) named it; "
+        "a GPU moved to another node is found by it.",
     )
     recovery_action: RecoveryAction | None = Field(
         default=None, description="Signals, XID 154: the recovery action the driver stated."
@@ -107,6 +108,11 @@ class HistoryEntry(Model):
         default=None,
         max_length=256,
         description="Signals: gpuheal's dedupe key (the same signal seen again has it).",
+    )
+    reporter: str | None = Field(
+        default=None,
+        max_length=128,
+        description="Signals: who reported it (two reporters of one fault count once).",
     )
     rule: str | None = Field(
         default=None, max_length=63, description="Incidents: the policy rule that matched."
@@ -217,36 +223,25 @@ class FaultHistoryStatus(Model):
     )
 
 
-class FaultHistory(Model):
+class FaultHistory(Resource):
     """One node's GPU faults, incidents, actions and outcomes, kept for the policy's
     retention: what escalation windows and repeat-offender lists read."""
 
-    api_version: Literal["gpuheal.io/v1alpha1"] = Field(
-        default=API_VERSION, description="gpuheal.io/v1alpha1"
-    )
     kind: Literal["FaultHistory"] = Field(default="FaultHistory", description="FaultHistory")
-    metadata: ObjectMeta = Field(description="Standard object metadata (name = the node's).")
     spec: FaultHistorySpec = Field(description="The node.")
     status: FaultHistoryStatus = Field(
         default_factory=FaultHistoryStatus, description="The record (gpuheal writes it)."
     )
 
 
-CRD = CrdInfo(
-    kind="FaultHistory",
-    singular="faulthistory",
-    plural="faulthistories",
-    short_names=("fh",),
-    spec_model=FaultHistorySpec,
-    status_model=FaultHistoryStatus,
-    description=FaultHistory.__doc__ or "",
-    printer_columns=(
-        {"name": "Faults", "type": "integer", "jsonPath": ".status.faults"},
-        {"name": "Incidents", "type": "integer", "jsonPath": ".status.incidents"},
-        {"name": "Worst-GPU", "type": "string", "jsonPath": ".status.worstGpu"},
-        {"name": "GPU-Faults", "type": "integer", "jsonPath": ".status.worstGpuFaults"},
-        {"name": "Last-Fault", "type": "date", "jsonPath": ".status.lastFaultAt"},
-        {"name": "Last-Outcome", "type": "string", "jsonPath": ".status.lastOutcome"},
-        {"name": "Summary", "type": "string", "jsonPath": ".status.summary", "priority": 1},
-    ),
+CRD = CrdInfo.of(
+    FaultHistory,
+    ("fh",),
+    column("Faults", "integer", ".status.faults"),
+    column("Incidents", "integer", ".status.incidents"),
+    column("Worst-GPU", "string", ".status.worstGpu"),
+    column("GPU-Faults", "integer", ".status.worstGpuFaults"),
+    column("Last-Fault", "date", ".status.lastFaultAt"),
+    column("Last-Outcome", "string", ".status.lastOutcome"),
+    column("Summary", "string", ".status.summary", priority=1),
 )

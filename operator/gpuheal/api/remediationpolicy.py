@@ -24,14 +24,17 @@ from gpuheal.api.meta import (
     IntOrPercent,
     LabelSelector,
     Model,
-    ObjectMeta,
     ObjectRef,
     PositiveDuration,
+    Resource,
     cel,
+    column,
+    condition_column,
     conditions_field,
+    list_of,
     parse_duration,
 )
-from gpuheal.api.names import API_VERSION, OPT_OUT_LABEL
+from gpuheal.api.names import OPT_OUT_LABEL
 from gpuheal.xid.types import RecoveryAction, XidClass
 
 
@@ -142,33 +145,26 @@ class SignalSelector(Model):
 
     model_config = ConfigDict(json_schema_extra=cel(*_SIGNAL_RULES))
 
-    xids: list[Annotated[int, Field(ge=1, le=65535)]] = Field(
-        default_factory=list,
-        max_length=64,
-        description="NVIDIA XID codes that trigger the rule (e.g. [79] for a GPU that fell off "
+    xids: list[Annotated[int, Field(ge=1, le=65535)]] = list_of(
+        64,
+        "NVIDIA XID codes that trigger the rule (e.g. [79] for a GPU that fell off "
         "the bus); `gpuheal xid explain <code>` prints the catalogue entry of each.",
     )
-    xid_classes: list[XidClass] = Field(
-        default_factory=list,
-        max_length=16,
-        description="XID classes of gpuheal's catalogue: every XID whose class is listed "
+    xid_classes: list[XidClass] = list_of(
+        16,
+        "XID classes of gpuheal's catalogue: every XID whose class is listed "
         "triggers the rule (the catalogue default; explicit xids are tried the same way).",
     )
-    recovery_actions: list[RecoveryAction] = Field(
-        default_factory=list,
-        max_length=8,
-        description="For XID 154 only: the rule matches only when the driver states one of "
+    recovery_actions: list[RecoveryAction] = list_of(
+        8,
+        "For XID 154 only: the rule matches only when the driver states one of "
         "these recovery actions (needs 154 in xids or RecoveryAction in xidClasses).",
     )
-    conditions: list[ConditionSignal] = Field(
-        default_factory=list,
-        max_length=16,
-        description="Node conditions that trigger the rule when they hold a status long enough.",
+    conditions: list[ConditionSignal] = list_of(
+        16, "Node conditions that trigger the rule when they hold a status long enough."
     )
-    events: list[EventSignal] = Field(
-        default_factory=list,
-        max_length=16,
-        description="Kubernetes Events on the Node that trigger the rule (matched by reason).",
+    events: list[EventSignal] = list_of(
+        16, "Kubernetes Events on the Node that trigger the rule (matched by reason)."
     )
 
     @model_validator(mode="after")
@@ -590,10 +586,9 @@ class Safety(Model):
         pattern=LABEL_KEY_PATTERN,
         description="Nodes carrying this label (any value) are left alone by this policy.",
     )
-    require_approval: list[Action] = Field(
-        default_factory=list,
-        max_length=8,
-        description="Actions that wait for the gpuheal.io/approve annotation on the "
+    require_approval: list[Action] = list_of(
+        8,
+        "Actions that wait for the gpuheal.io/approve annotation on the "
         "NodeRemediation (typically [replace]).",
         json_schema_extra={"x-kubernetes-list-type": "set"},
     )
@@ -825,10 +820,8 @@ class RemediationPolicyStatus(Model):
         default=0,
         description="maxUnhealthy (or minHealthy) resolved to a count of nodes.",
     )
-    unhealthy_node_names: list[str] = Field(
-        default_factory=list,
-        max_length=256,
-        description="Unhealthy nodes, shown also (especially) while the breaker is open.",
+    unhealthy_node_names: list[str] = list_of(
+        256, "Unhealthy nodes, shown also (especially) while the breaker is open."
     )
     message: str = Field(
         default="", max_length=MAX_MESSAGE, description="A one-line summary for people."
@@ -838,40 +831,25 @@ class RemediationPolicyStatus(Model):
     )
 
 
-class RemediationPolicy(Model):
+class RemediationPolicy(Resource):
     """How gpuheal remediates GPU faults on a set of nodes."""
 
-    api_version: Literal["gpuheal.io/v1alpha1"] = Field(
-        default=API_VERSION, description="gpuheal.io/v1alpha1"
-    )
     kind: Literal["RemediationPolicy"] = Field(
         default="RemediationPolicy", description="RemediationPolicy"
     )
-    metadata: ObjectMeta = Field(description="Standard object metadata.")
     spec: RemediationPolicySpec = Field(description="The desired behaviour.")
     status: RemediationPolicyStatus = Field(
         default_factory=RemediationPolicyStatus, description="Observed state (gpuheal writes it)."
     )
 
 
-CRD = CrdInfo(
-    kind="RemediationPolicy",
-    singular="remediationpolicy",
-    plural="remediationpolicies",
-    short_names=("rp",),
-    spec_model=RemediationPolicySpec,
-    status_model=RemediationPolicyStatus,
-    description=RemediationPolicy.__doc__ or "",
-    printer_columns=(
-        {"name": "Selected", "type": "integer", "jsonPath": ".status.selectedNodes"},
-        {"name": "Unhealthy", "type": "integer", "jsonPath": ".status.unhealthyNodes"},
-        {"name": "Remediating", "type": "integer", "jsonPath": ".status.remediatingNodes"},
-        {
-            "name": "Breaker",
-            "type": "string",
-            "jsonPath": '.status.conditions[?(@.type=="CircuitBreakerOpen")].status',
-        },
-        {"name": "Paused", "type": "boolean", "jsonPath": ".spec.safety.paused"},
-        {"name": "DryRun", "type": "boolean", "jsonPath": ".spec.safety.dryRun"},
-    ),
+CRD = CrdInfo.of(
+    RemediationPolicy,
+    ("rp",),
+    column("Selected", "integer", ".status.selectedNodes"),
+    column("Unhealthy", "integer", ".status.unhealthyNodes"),
+    column("Remediating", "integer", ".status.remediatingNodes"),
+    condition_column("Breaker", "CircuitBreakerOpen"),
+    column("Paused", "boolean", ".spec.safety.paused"),
+    column("DryRun", "boolean", ".spec.safety.dryRun"),
 )

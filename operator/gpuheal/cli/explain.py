@@ -18,7 +18,7 @@ from gpuheal.api.remediationpolicy import RemediationPolicy
 from gpuheal.policy import history as fault_history
 from gpuheal.policy.explain import Verdict, explain
 from gpuheal.policy.inputs import (
-    event_observation,
+    event_observations,
     incident_summary,
     incident_view,
     merge_observations,
@@ -45,9 +45,8 @@ def explain_node(
     observations = []
     for body in events:
         ev = node_event(body)
-        obs = event_observation(ev, now) if ev is not None else None
-        if obs is not None:
-            observations.append(obs)
+        if ev is not None:
+            observations.extend(event_observations(ev, now, view.gpus))
     open_ = next((n for n in incidents if n.spec.node_name == view.name and not _done(n)), None)
     summaries = [incident_summary(n) for n in incidents]
     recorded = [

@@ -277,10 +277,20 @@ def _count(
     per_gpu: bool,
     elsewhere: Sequence[Observation] = (),
 ) -> int:
-    """Matching signals within the rule's window (on the same GPU when `per_gpu`, wherever
-    that GPU was), `signal` included."""
-    seen = _repeats(rule, observations, signal.gpu, now, per_gpu=per_gpu, elsewhere=elsewhere)
-    return len(seen | {signal.identity})
+    """Faults matching the rule within its window (on the same GPU when `per_gpu`, wherever
+    that GPU was: `elsewhere`, by UUID), `signal` included; one fault reported by two
+    reporters counts once."""
+    return len(
+        _repeats(
+            rule,
+            [*observations, signal],
+            signal.gpu,
+            now,
+            per_gpu=per_gpu,
+            elsewhere=elsewhere,
+            uuid=signal.gpu_uuid,
+        )
+    )
 
 
 def _repeats(
@@ -291,14 +301,56 @@ def _repeats(
     *,
     per_gpu: bool,
     elsewhere: Sequence[Observation] = (),
-) -> set[tuple[object, ...]]:
+    uuid: str | None = None,
+) -> list[list[Observation]]:
+    """The matching observations in the rule's window, grouped into faults; per GPU, the
+    same GPU's (by `uuid`) observations on other nodes (`elsewhere`) too."""
     since = now - parse_duration(rule.escalation_or_default().window)
-    pool = [*observations, *elsewhere] if per_gpu and gpu else observations
-    return {
-        o.identity
-        for o in pool
+    matching = {
+        o.identity: o
+        for o in observations
         if since <= o.time <= now and (not per_gpu or o.gpu == gpu) and rule_matches(rule, o)
     }
+    if per_gpu and uuid:
+        for o in elsewhere:
+            if since <= o.time <= now and o.gpu_uuid == uuid and rule_matches(rule, o):
+                matching.setdefault(o.identity, o)
+    return faults(matching.values())
+
+
+SAME_FAULT_WITHIN = dt.timedelta(minutes=2)
+"""Two reporters of one XID on one GPU this close in time report one fault: node-problem-
+detector posts the XID 79 line and the "fallen off the bus" message as two Events, and
+dcgm-exporter's scrape (every 15 s by default) sees a kernel XID a little later."""
+
+
+def same_fault(a: Observation, b: Observation) -> bool:
+    """Is `b` another report of `a`'s fault (same XID, same GPU, another reporter, close in
+    time)? A repeat from the same reporter is a new fault."""
+    return (
+        a.xid is not None
+        and (a.xid, a.gpu) == (b.xid, b.gpu)
+        and bool(a.reporter)
+        and bool(b.reporter)
+        and a.reporter != b.reporter
+        and abs(a.time - b.time) <= SAME_FAULT_WITHIN
+    )
+
+
+def faults(observations: Iterable[Observation]) -> list[list[Observation]]:
+    """Observations grouped into faults (oldest first): an observation joins the first
+    fault it is another report of, where that reporter has not reported yet."""
+    groups: list[list[Observation]] = []
+    for o in sorted(observations, key=lambda o: o.time):
+        home = next(
+            (g for g in groups if same_fault(g[0], o) and all(x.reporter != o.reporter for x in g)),
+            None,
+        )
+        if home is None:
+            groups.append([o])
+        else:
+            home.append(o)
+    return groups
 
 
 def _ordinal(n: int) -> str:
@@ -324,7 +376,7 @@ def repeat_phrase(
         what = f"{signal.condition_type}={signal.condition_status}"
     else:
         what = f"{signal.event_reason}"
-    gpu = signal.gpu
+    gpu = signal.gpu_uuid or signal.gpu
     if per_gpu and gpu:
         where = gpu if gpu.startswith(("GPU-", "MIG-")) else f"GPU {gpu}"
     else:
@@ -500,7 +552,13 @@ def incident_steps(
     if rule is None:  # the policy dropped the rule: guard as on first sight
         return _guarded_steps(steps, incident.trigger_xid, 1)
     seen = _repeats(
-        rule, observations, incident.trigger_gpu, now, per_gpu=True, elsewhere=elsewhere
+        rule,
+        observations,
+        incident.trigger_gpu,
+        now,
+        per_gpu=True,
+        elsewhere=elsewhere,
+        uuid=incident.trigger_gpu_uuid,
     )
     return _guarded_steps(steps, incident.trigger_xid, len(seen))
 

@@ -39,6 +39,10 @@ def _uuid(gpu: str | None) -> str | None:
     return gpu if gpu and gpu.startswith(("GPU-", "MIG-")) else None
 
 
+def _uuid_of(obs: Observation) -> str | None:
+    return obs.gpu_uuid or _uuid(obs.gpu)
+
+
 def signal_entry(obs: Observation, *, incident: str | None = None) -> HistoryEntry:
     """How a signal is recorded (its identity survives the round trip: `observations`)."""
     return HistoryEntry(
@@ -54,7 +58,8 @@ def signal_entry(obs: Observation, *, incident: str | None = None) -> HistoryEnt
         condition_type=obs.condition_type,
         condition_status=obs.condition_status,
         key=obs.key[:256] if obs.key else None,
-        pci_bus_id=obs.pci_bus_id if obs.pci_bus_id and obs.pci_bus_id != obs.gpu else None,
+        gpu_uuid=_uuid_of(obs),
+        reporter=obs.reporter[:128] or None,
         message=_short(obs.message),
     )
 
@@ -107,25 +112,26 @@ def merge(
 
 
 def _gpu_records(
-    entries: Sequence[HistoryEntry], known: Mapping[str, GpuRecord]
+    entries: Sequence[HistoryEntry], known: Mapping[str, GpuRecord], pci_of: Mapping[str, str]
 ) -> list[GpuRecord]:
+    """One record per GPU key of the node (its PCI address, as repeat counting keys it),
+    named by its UUID where one is known."""
     faults: dict[str, list[HistoryEntry]] = {}
     for e in entries:
         if e.kind is EntryKind.SIGNAL and e.gpu:
             faults.setdefault(e.gpu, []).append(e)
     records = []
     for gpu, mine in faults.items():
-        old = known.get(gpu)
         xids = list(dict.fromkeys(e.xid for e in reversed(mine) if e.xid is not None))
-        seen_pci = next((e.pci_bus_id for e in reversed(mine) if e.pci_bus_id), None)
+        uuid = next((e.gpu_uuid for e in reversed(mine) if e.gpu_uuid), None) or _uuid(gpu)
+        old = known.get(uuid or gpu) or known.get(gpu)
+        pci = None if _uuid(gpu) else gpu
         records.append(
             GpuRecord(
-                id=gpu,
-                uuid=_uuid(gpu) or (old.uuid if old else None),
+                id=uuid or gpu,
+                uuid=uuid or (old.uuid if old else None),
                 serial=old.serial if old else None,
-                pci_bus_id=seen_pci
-                or (old.pci_bus_id if old else None)
-                or (None if _uuid(gpu) else gpu),
+                pci_bus_id=pci or (pci_of.get(uuid) if uuid else None),
                 faults=len(mine),
                 first_fault_at=mine[0].time,
                 last_fault_at=mine[-1].time,
@@ -147,16 +153,9 @@ def summarise(
 ) -> FaultHistoryStatus:
     """The status for these entries: counts, one record per GPU, the worst GPU, a summary
     line and the RepeatOffender condition. `pci_of`: UUID -> PCI address (the node's GPU
-    map), so a UUID-keyed GPU also shows its slot."""
+    map), so a GPU known only by its UUID also shows its slot."""
     known = {g.id: g for g in (previous.gpus if previous else [])}
-    for uuid, pci in (pci_of or {}).items():
-        rec = known.get(uuid)
-        known[uuid] = (
-            rec.model_copy(update={"pci_bus_id": pci})
-            if rec
-            else GpuRecord(id=uuid, uuid=uuid, pci_bus_id=pci)
-        )
-    gpus = _gpu_records(entries, known)
+    gpus = _gpu_records(entries, known, pci_of or {})
     signals = [e for e in entries if e.kind is EntryKind.SIGNAL]
     incidents = {e.incident for e in entries if e.kind is EntryKind.INCIDENT and e.incident}
     outcomes = [e for e in entries if e.kind is EntryKind.OUTCOME]
@@ -210,6 +209,8 @@ def observations(history: FaultHistory) -> list[Observation]:
             source="history",
             key=e.key or "",
             event_uid=e.event_uid,
+            reporter=e.reporter or "",
+            gpu_uuid=e.gpu_uuid,
         )
         for e in history.status.entries
         if e.kind is EntryKind.SIGNAL
@@ -266,22 +267,23 @@ def offenders(
                 )
             )
             continue
-        pci = {g.id: g.pci_bus_id for g in fh.status.gpus}
+        named = {g.pci_bus_id: g.id for g in fh.status.gpus if g.pci_bus_id}
         per_gpu: dict[str, list[HistoryEntry]] = {}
         for e in signals:
             if e.gpu:
                 per_gpu.setdefault(e.gpu, []).append(e)
         for gpu, mine in per_gpu.items():
+            uuid = next((e.gpu_uuid for e in reversed(mine) if e.gpu_uuid), None)
             rows.append(
                 Offender(
                     node=node,
-                    gpu=gpu,
+                    gpu=uuid or named.get(gpu) or gpu,
                     faults=len(mine),
                     xids=Counter(e.xid for e in mine if e.xid is not None),
                     incidents=len({e.incident for e in mine if e.incident}),
                     last_fault=mine[-1].time,
                     last_outcome=outcomes[-1] if outcomes else None,
-                    pci_bus_id=pci.get(gpu) if pci.get(gpu) != gpu else None,
+                    pci_bus_id=None if _uuid(gpu) else gpu,
                 )
             )
     rows.sort(key=lambda r: (-r.faults, r.node, r.gpu or ""))

@@ -9,6 +9,7 @@ from collections.abc import Mapping, Sequence
 
 from gpuheal.api.names import Reason
 from gpuheal.api.remediationpolicy import Action, Rule, Rung, Step
+from gpuheal.xid.identity import NO_GPUS, GpuMap
 from gpuheal.xid.types import RecoveryAction, XidEvent
 
 
@@ -42,7 +43,8 @@ class Observation:
     source: str = ""  # events | conditions | dcgm | record | history (read back from the API)
     key: str = ""  # dedupe key: the same signal seen again has the same key
     event_uid: str | None = None
-    pci_bus_id: str | None = None  # the GPU's PCI address when `gpu` is its UUID
+    reporter: str = ""  # who told us (see inputs.reporter_of): two reporters, one fault
+    gpu_uuid: str | None = None  # the GPU's UUID when known (`gpu` is its PCI address then)
 
     @classmethod
     def from_xid(cls, event: XidEvent, seen_at: dt.datetime) -> Observation:
@@ -52,7 +54,7 @@ class Observation:
             gpu=event.gpu_key,
             recovery_action=event.recovery_action,
             message=event.message,
-            pci_bus_id=event.pci_bus_id,
+            gpu_uuid=event.gpu_uuid,
         )
 
     @property
@@ -96,6 +98,7 @@ class NodeView:
     cordoned_by: str | None = None  # the incident whose cordon this is (our annotation)
     claimed_by: str | None = None  # the incident that claimed this node as a spare
     taints: tuple[str, ...] = ()
+    gpus: GpuMap = NO_GPUS  # PCI <-> UUID (the agent's annotation)
     sources_readable_since: dt.datetime | None = ALWAYS
     """Since when every signal source for this node has been readable; None = blind now.
     A blind source never starts nor ends an incident, and blind time is not healthy time."""
@@ -139,6 +142,7 @@ class IncidentView:
     slurm_drained_by_us: bool = False
     trigger_xid: int | None = None
     trigger_gpu: str | None = None
+    trigger_gpu_uuid: str | None = None
     holds_slot: bool = False  # counts against maxUnhealthy already (took a disruptive step)
     dry_run: bool = False  # the incident's own snapshot: editing the policy does not flip it
     name: str = ""

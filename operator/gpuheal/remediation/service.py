@@ -20,10 +20,11 @@ from tenacity import (
     wait_exponential_jitter,
 )
 
-from gpuheal.adapters.kube import Kube, make_api_client
+from gpuheal.adapters.kube import Kube
 from gpuheal.adapters.lease import Lease
 from gpuheal.adapters.slurm import BridgeSlurm
 from gpuheal.api.names import HISTORY_PLURAL, NREM_PLURAL, POLICY_PLURAL, POOL_PLURAL
+from gpuheal.kubeapi import make_api_client
 from gpuheal.remediation import history, objects, report, sources
 from gpuheal.remediation.state import Runtime
 

@@ -59,7 +59,7 @@ def node_record(history: FaultHistory) -> NodeRecord:
         observations=obs,
         identities=frozenset(o.identity for o in obs),
         last_outcome_at=fault_history.last_outcome_at(history),
-        uuids=frozenset(o.gpu for o in obs if o.gpu and o.gpu.startswith(("GPU-", "MIG-"))),
+        uuids=frozenset(o.gpu_uuid for o in obs if o.gpu_uuid),
     )
 
 
@@ -279,14 +279,14 @@ class Runtime:
         record = self.fault_history.get(node, NodeRecord())
         observations = merge_observations(self.history.get(node, ()), record.observations, extra)
         resolved = [last_resolved(self.incidents.values(), node), record.last_outcome_at]
-        uuids = {o.gpu for o in observations if o.gpu and o.gpu.startswith(("GPU-", "MIG-"))}
+        uuids = {o.gpu_uuid for o in observations if o.gpu_uuid}
         elsewhere = [
             o
             for uuid in uuids
             for other in self.gpu_nodes.get(uuid, ())
-            if other != node
+            if other != node and other in self.fault_history
             for o in self.fault_history[other].observations
-            if o.gpu == uuid
+            if o.gpu_uuid == uuid
         ]
         return History(
             observations=observations,
