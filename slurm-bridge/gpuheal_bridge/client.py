@@ -51,7 +51,12 @@ from gpuheal_bridge.api.models import (
     JobState,
     NodeState,
     Readiness,
+    RebootNextState,
+    RebootRequest,
+    RebootResponse,
     RequeueOptions,
+    ReserveRequest,
+    ReserveResponse,
     ResumeRequest,
     ResumeResponse,
 )
@@ -232,6 +237,29 @@ class BridgeClient:
     ) -> ResumeResponse:
         body = ResumeRequest(incident=incident, force=force)
         return await self._post(f"/v1/nodes/{node}/resume", ResumeResponse, body, idempotency_key)
+
+    async def reboot(
+        self,
+        node: str,
+        *,
+        incident: str,
+        xid: int | None = None,
+        next_state: RebootNextState = RebootNextState.DRAIN,
+        idempotency_key: str | None = None,
+    ) -> RebootResponse:
+        body = RebootRequest(incident=incident, xid=xid, next_state=next_state)
+        return await self._post(f"/v1/nodes/{node}/reboot", RebootResponse, body, idempotency_key)
+
+    async def reserve(
+        self,
+        node: str,
+        *,
+        incident: str,
+        reason: str = "reserve pool",
+        idempotency_key: str | None = None,
+    ) -> ReserveResponse:
+        body = ReserveRequest(incident=incident, reason=reason)
+        return await self._post(f"/v1/nodes/{node}/reserve", ReserveResponse, body, idempotency_key)
 
     async def requeue_job(
         self,

@@ -77,6 +77,8 @@ def node_state(k8s_name: str, node: SlurmNode) -> NodeState:
         owner=info.owner,
         incident=info.incident,
         xid=info.xid,
+        boot_time=node.boot_time,
+        slurmd_start_time=node.slurmd_start_time,
     )
 
 

@@ -504,3 +504,57 @@ async def test_rest_backend_reads_and_capabilities(
     finally:
         await rest.aclose()
         cluster.run("scancel", str(jid))
+
+
+# ---- reboot and the reserve pool ---------------------------------------------------------------
+
+
+def test_reboot_goes_through_slurms_reboot_states_and_stays_ours_until_resumed(
+    bridge: Bridge,
+) -> None:
+    """`POST /reboot` on a node in service: drained with our reason, rebooted by Slurm's
+    RebootProgram (the sandbox restarts its slurmd with -b), back with a new BootTime and
+    still drained by us; then resume, and hand another node to the reserve pool."""
+    node = NODES[0]
+    body = {"incident": "nrem-rb1", "xid": 79}
+    first = bridge.http.post(f"/v1/nodes/{node}/reboot", headers=AUTH, json=body)
+    assert first.status_code == 200, first.text
+    answer = first.json()
+    assert answer["outcome"] == "requested"
+    assert answer["previous"]["owner"] == "none"
+    assert answer["current"]["incident"] == "nrem-rb1"
+    assert any(f.startswith("REBOOT") for f in answer["current"]["flags"]), answer["current"]
+    before = answer["previous"]["boot_time"]
+    assert before
+    again = bridge.http.post(f"/v1/nodes/{node}/reboot", headers=AUTH, json=body)
+    assert again.json()["outcome"] in ("already_requested", "requested")
+
+    def back() -> bool:
+        st = bridge.http.get(f"/v1/nodes/{node}", headers=AUTH).json()
+        return not any(f.startswith("REBOOT") for f in st["flags"]) and st["boot_time"] != before
+
+    wait_for(back, "rebooted", timeout=60)
+    st = bridge.http.get(f"/v1/nodes/{node}", headers=AUTH).json()
+    assert (st["drain"], st["owner"], st["incident"]) == (True, "gpuheal", "nrem-rb1")
+    resumed = bridge.http.post(
+        f"/v1/nodes/{node}/resume", headers=AUTH, json={"incident": "nrem-rb1"}
+    )
+    assert resumed.json()["outcome"] == "resumed"
+
+    theirs = NODES[1]
+    bridge.cluster.run("scontrol", "update", f"NodeName={theirs}", "State=DRAIN",
+                       "Reason=admin: firmware")  # fmt: skip
+    refused = bridge.http.post(f"/v1/nodes/{theirs}/reboot", headers=AUTH, json=body)
+    assert refused.status_code == 409
+    assert refused.json()["owner"] == "other"
+
+    pool_node = NODES[2]
+    bridge.http.post(f"/v1/nodes/{pool_node}/drain", headers=AUTH, json={"incident": "nrem-rb2"})
+    reserved = bridge.http.post(
+        f"/v1/nodes/{pool_node}/reserve", headers=AUTH, json={"incident": "nrem-rb2"}
+    )
+    assert reserved.status_code == 200, reserved.text
+    assert reserved.json()["current"]["reason"] == "reserve pool"
+    assert reserved.json()["current"]["owner"] == "other"
+    text = bridge.cluster.run("scontrol", "show", "node", "-o", pool_node).stdout
+    assert "Reason=reserve pool [" in text

@@ -32,6 +32,7 @@ GPUHEAL_CRDS = (
     "noderemediations.gpuheal.io",
     "remediationpolicies.gpuheal.io",
     "reservepools.gpuheal.io",
+    "faulthistories.gpuheal.io",  # issue 12: each node's memory of faults
 )
 
 
@@ -188,6 +189,7 @@ def test_defaults_render_the_operator_as_the_flag_contract_says(helm: Helm) -> N
     assert kinds == [
         "ClusterRole",
         "ClusterRoleBinding",
+        "ConfigMap",  # gpuheal-node-jobs: the reset/reboot/check Job templates (nodeJobs)
         "CustomResourceDefinition",
         "DaemonSet",  # the node agent (on by default; its own checks: test_helm_agent.py)
         "Deployment",
@@ -196,8 +198,10 @@ def test_defaults_render_the_operator_as_the_flag_contract_says(helm: Helm) -> N
         "Service",
         "ServiceAccount",
     ]
-    for absent in ("ServiceMonitor", "PrometheusRule", "ConfigMap", "Secret"):
+    for absent in ("ServiceMonitor", "PrometheusRule", "Secret"):
         assert not _objects(docs, absent), f"{absent} must be off by default"
+    # The only ConfigMap by default is the node Job templates (the dashboard's is off).
+    assert [c["metadata"]["name"] for c in _objects(docs, "ConfigMap")] == ["gpuheal-node-jobs"]
     # One replica: no PodDisruptionBudget (it would block draining the operator's node).
     assert not _objects(docs, "PodDisruptionBudget")
     # No policy unless asked: a second priority-0 policy on the same nodes would overlap.
@@ -394,6 +398,7 @@ def test_rbac_is_least_privilege(helm: Helm, values: Path) -> None:
         "r-gpuheal-operator",
         "r-gpuheal-operator-events",  # events create in `default` only (checked below)
         "r-gpuheal-job-hooks",
+        "r-gpuheal-node-jobs",  # Jobs + the one ConfigMap gpuheal-node-jobs, release namespace
     }
     for kind, name, rule in rules:
         if name == "r-gpuheal-operator-events":
@@ -405,9 +410,10 @@ def test_rbac_is_least_privilege(helm: Helm, values: Path) -> None:
         where = f"{kind}/{name} {rule}"
         for field in ("apiGroups", "resources", "verbs"):
             assert "*" not in rule[field], f"wildcard in {where}"
-        assert not {"secrets", "configmaps", "serviceaccounts/token"} & set(rule["resources"]), (
-            where
-        )
+        assert not {"secrets", "serviceaccounts/token"} & set(rule["resources"]), where
+        if "configmaps" in rule["resources"]:  # the node Job templates, by name, read only
+            assert (kind, name) == ("Role", "r-gpuheal-node-jobs"), where
+            assert (rule["resourceNames"], rule["verbs"]) == (["gpuheal-node-jobs"], ["get"])
         assert not {"escalate", "bind", "impersonate", "deletecollection"} & set(rule["verbs"])
         if "nodes" in rule["resources"]:
             assert not {"delete", "create", "update"} & set(rule["verbs"]), where
@@ -434,6 +440,8 @@ def test_rbac_is_least_privilege(helm: Helm, values: Path) -> None:
         "remediationpolicies/status",
         "reservepools/status",
         "noderemediations/status",
+        "faulthistories",  # written by gpuheal only (issue 12)
+        "faulthistories/status",
     }
     bindings = _objects(docs, "ClusterRoleBinding") + _objects(docs, "RoleBinding")
     for binding in (b for b in bindings if not b["metadata"]["name"].startswith("r-gpuheal-agent")):
@@ -895,6 +903,10 @@ OPERATOR_NEEDS = [
     ("patch", "remediationpolicies.gpuheal.io/status", None),
     ("update", "reservepools.gpuheal.io", None),
     ("patch", "reservepools.gpuheal.io/status", None),
+    ("create", "faulthistories.gpuheal.io", None),
+    ("watch", "faulthistories.gpuheal.io", None),
+    ("patch", "faulthistories.gpuheal.io/status", None),
+    ("get", "configmaps/gpuheal-node-jobs", "$ns"),  # nodeJobs: the Job templates
     ("list", "customresourcedefinitions.apiextensions.k8s.io", None),
     ("watch", "customresourcedefinitions.apiextensions.k8s.io", None),
     ("list", "namespaces", None),
@@ -906,6 +918,7 @@ OPERATOR_MUST_NOT = [
     ("list", "secrets", None),
     ("get", "secrets", "$ns"),
     ("list", "configmaps", "kube-system"),
+    ("get", "configmaps/kube-root-ca.crt", "$ns"),  # only gpuheal-node-jobs
     ("delete", "nodes", None),
     ("update", "nodes", None),
     ("create", "nodes", None),

@@ -33,6 +33,7 @@ GPUHEAL_CRDS = (
     "noderemediations.gpuheal.io",
     "remediationpolicies.gpuheal.io",
     "reservepools.gpuheal.io",
+    "faulthistories.gpuheal.io",  # issue 12: each node's memory of faults
 )
 
 

@@ -45,6 +45,7 @@ GPUHEAL_CRDS = (
     "noderemediations.gpuheal.io",
     "remediationpolicies.gpuheal.io",
     "reservepools.gpuheal.io",
+    "faulthistories.gpuheal.io",  # issue 12: each node's memory of faults
 )
 LEASE_SECONDS = 4
 
@@ -266,7 +267,7 @@ def test_helm_test_checks_and_the_standby_replica(
 
     crds = _run_check("crds", {**test_env, **envs["crds"]})
     assert crds.returncode == 0, crds.stdout + crds.stderr
-    assert crds.stdout.startswith("PASS: 3 CRDs established")
+    assert crds.stdout.startswith("PASS: 4 CRDs established")
 
     # Before any copy runs: nobody holds the Lease.
     no_lease = _run_check("operator", {**test_env, **envs["operator"], "GPUHEAL_TEST_WAIT": "15"})

@@ -38,7 +38,7 @@ CLAIMED_BY = "gpuheal.io/claimed-by"
 @pytest.fixture(scope="session")
 def gpuheal_crds(sandbox: Sandbox) -> None:
     sandbox.kubectl("apply", "-f", str(REPO / "crds"))
-    for plural in ("noderemediations", "remediationpolicies", "reservepools"):
+    for plural in ("noderemediations", "remediationpolicies", "reservepools", "faulthistories"):
         sandbox.kubectl(
             "wait", "--for=condition=Established", f"crd/{plural}.gpuheal.io", "--timeout=60s"
         )

@@ -273,3 +273,43 @@ def test_port_taken_between_pick_and_bind_is_retried(
     assert len(calls) == 2
     assert cluster.ctld_port != port
     assert cluster.node_states() == {"gpu-node-0": "idle"}
+
+
+def test_scontrol_reboot_restarts_the_nodes_slurmd_through_the_reboot_states(
+    slurm_cluster: SlurmCluster,
+) -> None:
+    """The sandbox's RebootProgram restarts that node's slurmd with -b: Slurm shows the node
+    REBOOT_REQUESTED / REBOOT_ISSUED, then back with a new BootTime, still drained (a drained
+    node rebooted without nextstate keeps its drain), and the new slurmd is the cluster's
+    (its PID recorded, stopped with it)."""
+    c = slurm_cluster
+    node = SLURM_TEST_NODES[0]
+
+    def show() -> tuple[str, str]:
+        out = c.run("scontrol", "show", "node", "-o", node).stdout
+        state, boot = re.search(r"State=(\S+)", out), re.search(r"BootTime=(\S+)", out)
+        assert state is not None
+        assert boot is not None
+        return state[1], boot[1]
+
+    old_pid = next(d.pid for d in c.status().daemons if d.name == f"slurmd@{node}")
+    c.run("scontrol", "update", f"NodeName={node}", "State=DRAIN", "Reason=gpuheal: t reboot")
+    _, boot_before = show()
+    time.sleep(1.1)  # BootTime has whole seconds
+    c.run("scontrol", "reboot", "reason=gpuheal: t reboot", node)
+    seen: list[str] = []
+
+    def back() -> bool:
+        state, boot = show()
+        seen.append(state)
+        return "REBOOT" not in state and boot != boot_before
+
+    wait_for(back, "node back with a new BootTime", timeout=60)
+    assert any("REBOOT_REQUESTED" in s or "REBOOT_ISSUED" in s for s in seen), seen
+    assert "DRAIN" in show()[0]
+    assert node_reason(c, node).startswith("gpuheal: t reboot")
+    new_pid = next(d.pid for d in c.status().daemons if d.name == f"slurmd@{node}")
+    assert new_pid != old_pid
+    assert _proc.pid_alive(new_pid)
+    c.stop()
+    assert not _proc.pid_alive(new_pid)

@@ -79,7 +79,7 @@ def test_crd_names_and_columns() -> None:
 
 def test_generator_writes_files(tmp_path: pathlib.Path) -> None:
     written = gen.write_all(tmp_path)
-    assert len(written) == 3
+    assert len(written) == len(gen.CRDS) == 4
     for path in written:
         assert yaml.safe_load(path.read_text())["kind"] == "CustomResourceDefinition"
 
@@ -113,11 +113,11 @@ def test_every_model_field_has_a_description() -> None:
     """`description=` on every pydantic field of the API models (the source of the above)."""
     import inspect
 
-    from gpuheal.api import meta, noderemediation, reservepool
+    from gpuheal.api import faulthistory, meta, noderemediation, reservepool
 
     models = {
         obj
-        for module in (meta, remediationpolicy, noderemediation, reservepool)
+        for module in (meta, remediationpolicy, noderemediation, reservepool, faulthistory)
         for _, obj in inspect.getmembers(module, inspect.isclass)
         if issubclass(obj, meta.BaseModel) and obj.__module__ == module.__name__
     }

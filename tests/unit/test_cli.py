@@ -72,7 +72,7 @@ def test_a_subcommand_loads_only_its_own_module() -> None:
         timeout=60,
         check=True,
     ).stdout
-    for command in ("run", "agent", "simulate", "xid", "status", "explain"):
+    for command in ("run", "agent", "simulate", "xid", "status", "explain", "history"):
         assert command in help_text
 
 

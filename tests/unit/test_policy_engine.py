@@ -26,6 +26,7 @@ from gpuheal.policy.types import (
     NodeCondition,
     NodeView,
     Observation,
+    VerificationState,
     Wait,
 )
 from gpuheal.xid import RecoveryAction
@@ -448,8 +449,26 @@ def test_replaced_incident_closes_without_returning_the_node() -> None:
 ALL_79 = {Action.CORDON, Action.SLURM_DRAIN, Action.DRAIN, Action.REBOOT}
 
 
-def test_return_waits_for_hysteresis() -> None:
+def checked(at: dt.datetime) -> VerificationState:
+    """The default policy's check (returnToService.check: the gpu-check Job) passed at `at`:
+    the return-to-service tests below start from there (tests/unit/test_policy_history.py
+    covers the check itself)."""
+    return VerificationState(started_at=at, passed_at=at)
+
+
+def test_the_default_policy_checks_the_node_before_any_return() -> None:
     incident = incident_79(ALL_79, last_step_at=T0 + 5 * MIN, cordoned_by_us=True)
+    decision = decide(
+        SPEC, NODE, History(observations=[xid(79, T0)], incident=incident), CALM, T0 + HOUR
+    )
+    assert isinstance(decision, Act)
+    assert decision.operation is Move.VERIFY
+
+
+def test_return_waits_for_hysteresis() -> None:
+    incident = incident_79(
+        ALL_79, last_step_at=T0 + 5 * MIN, cordoned_by_us=True, verification=checked(T0 + 5 * MIN)
+    )
     decision = decide(
         SPEC, NODE, History(observations=[xid(79, T0)], incident=incident), CALM, T0 + 8 * MIN
     )
@@ -460,7 +479,11 @@ def test_return_waits_for_hysteresis() -> None:
 
 def test_return_after_hysteresis_undoes_only_what_we_did() -> None:
     incident = incident_79(
-        ALL_79, last_step_at=T0 + 5 * MIN, cordoned_by_us=True, slurm_drained_by_us=False
+        ALL_79,
+        last_step_at=T0 + 5 * MIN,
+        cordoned_by_us=True,
+        slurm_drained_by_us=False,
+        verification=checked(T0 + 5 * MIN),
     )
     decision = decide(
         SPEC, NODE, History(observations=[xid(79, T0)], incident=incident), CALM, T0 + 15 * MIN
@@ -471,7 +494,9 @@ def test_return_after_hysteresis_undoes_only_what_we_did() -> None:
 
 
 def test_nothing_owned_closes_without_uncordon() -> None:
-    incident = incident_79(ALL_79, last_step_at=T0 + 5 * MIN)  # an admin had cordoned it
+    incident = incident_79(  # an admin had cordoned it
+        ALL_79, last_step_at=T0 + 5 * MIN, verification=checked(T0 + 5 * MIN)
+    )
     decision = decide(
         SPEC, NODE, History(observations=[xid(79, T0)], incident=incident), CALM, T0 + HOUR
     )
@@ -483,7 +508,7 @@ def test_breaker_never_blocks_return_to_service() -> None:
     storm = ClusterCounts(
         selected=100, unhealthy=90, remediating=50, breaker_open=True, breaker_changed_at=T0
     )
-    incident = incident_79(ALL_79, last_step_at=T0, cordoned_by_us=True)
+    incident = incident_79(ALL_79, last_step_at=T0, cordoned_by_us=True, verification=checked(T0))
     decision = decide(
         SPEC, NODE, History(observations=[xid(79, T0)], incident=incident), storm, T0 + HOUR
     )
@@ -492,7 +517,7 @@ def test_breaker_never_blocks_return_to_service() -> None:
 
 
 def test_blind_is_not_healthy_for_return() -> None:
-    incident = incident_79(ALL_79, last_step_at=T0, cordoned_by_us=True)
+    incident = incident_79(ALL_79, last_step_at=T0, cordoned_by_us=True, verification=checked(T0))
     node = NodeView(name="n", sources_readable_since=None)
     decision = decide(
         SPEC, node, History(observations=[xid(79, T0)], incident=incident), CALM, T0 + HOUR
@@ -517,6 +542,7 @@ def test_still_bad_condition_keeps_node_out() -> None:
         started_at=T0,
         done=frozenset({Action.CORDON, Action.SLURM_DRAIN}),
         cordoned_by_us=True,
+        verification=checked(T0 + 50 * MIN),
     )
     node = NodeView(name="n", conditions=[NodeCondition("Ready", "False", T0 - HOUR)])
     decision = decide(SPEC, node, History(incident=incident), CALM, T0 + HOUR)
@@ -526,7 +552,9 @@ def test_still_bad_condition_keeps_node_out() -> None:
     assert isinstance(
         decide(SPEC, recovered, History(incident=incident), CALM, T0 + 55 * MIN), Wait
     )
-    assert isinstance(decide(SPEC, recovered, History(incident=incident), CALM, T0 + HOUR), Act)
+    returned = decide(SPEC, recovered, History(incident=incident), CALM, T0 + HOUR)
+    assert isinstance(returned, Act)
+    assert returned.operation is Move.RETURN_TO_SERVICE
 
 
 def test_paused_holds_everything_including_return() -> None:

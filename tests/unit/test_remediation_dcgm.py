@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, HTTPServer
@@ -13,6 +14,7 @@ from prometheus_client import CollectorRegistry
 from gpuheal.adapters.dcgm import DcgmScraper
 from gpuheal.config import OperatorConfig
 from gpuheal.metrics import Metrics
+from gpuheal.policy.types import ALWAYS, NodeView
 from gpuheal.remediation.sources import scrape_once
 from gpuheal.remediation.state import Runtime
 
@@ -82,5 +84,28 @@ async def test_unreadable_exporter_is_blind_not_healthy(exporter: int) -> None:
     await http.close()
     assert out == []
     assert rt.metrics.source_up.labels("dcgm")._value.get() == 0
-    assert "dcgm" in rt.blind
+    # Blind for the node whose exporter cannot be read, and only for it (issue 12: a blind
+    # source holds back only the nodes it covers; this used to make every node blind).
+    assert rt.blind_nodes["dcgm"] == {"n2"}
+    assert rt.engine_view(NodeView(name="n2")).sources_readable_since is None
+    assert rt.engine_view(NodeView(name="n1")).sources_readable_since is not None
     assert rt.metrics.source_errors.labels("dcgm")._value.get() == 1
+    # Read again: readable from now on (blind time is not healthy time).
+    http = DcgmScraper(port=exporter, timeout=1)
+    await scrape_once(rt, http, [pod("n1"), pod("n2")], {})
+    await http.close()
+    back = rt.engine_view(NodeView(name="n2")).sources_readable_since
+    assert back is not None
+    assert back > dt.datetime.now(dt.UTC) - dt.timedelta(minutes=1)
+    assert rt.engine_view(NodeView(name="n1")).sources_readable_since == ALWAYS
+
+
+async def test_listing_the_exporters_failing_blinds_the_nodes_they_covered() -> None:
+    rt = Runtime(OperatorConfig(), Metrics(CollectorRegistry()))
+    rt.dcgm_nodes = {"n1"}
+    for node in rt.dcgm_nodes:
+        rt.set_blind("dcgm", node)
+    assert rt.engine_view(NodeView(name="n1")).sources_readable_since is None
+    assert rt.engine_view(NodeView(name="n9")).sources_readable_since == ALWAYS
+    rt.set_blind("events")  # a global source: every node
+    assert rt.engine_view(NodeView(name="n9")).sources_readable_since is None

@@ -155,6 +155,10 @@ class SlurmLayout:
         return self.run / "slurmrestd.sock"
 
     @property
+    def reboot_program(self) -> Path:
+        return self.etc / "reboot-program.sh"
+
+    @property
     def saved_spec(self) -> Path:
         return self.root / "cluster.json"
 
@@ -193,6 +197,7 @@ class SlurmConfig:
     partition: str = "main"
     #: port of a slurmdbd on 127.0.0.1 (`gpuheal_dev.sandbox.slurmdbd`); None: no accounting
     dbd_port: int | None = None
+    reboot_timeout: int = 60
 
 
 def validate_node_names(nodes: Sequence[str]) -> list[str]:
@@ -288,6 +293,10 @@ def render_slurm_conf(cfg: SlurmConfig) -> str:
         "SlurmdTimeout=30",
         "SlurmctldTimeout=30",
         "MessageTimeout=5",
+        "# `scontrol reboot` restarts the node's slurmd with -b (see reboot-program.sh); a node",
+        "# that does not come back within ResumeTimeout goes DOWN 'reboot timed out'",
+        f"RebootProgram={lay.reboot_program}",
+        f"ResumeTimeout={cfg.reboot_timeout}",
     ]
     gres = f" Gres=gpu:{cfg.gpus_per_node}" if cfg.gpus_per_node else ""
     for name, port in cfg.node_ports.items():
@@ -632,6 +641,8 @@ class SlurmCluster:
             p.unlink(missing_ok=True)
         for f in lay.gpu_files(self.gpus_per_node):
             f.symlink_to("/dev/null")
+        shutil.copyfile(Path(__file__).parent / "data" / "reboot-program.sh", lay.reboot_program)
+        lay.reboot_program.chmod(0o755)
         cfg = self.config()
         lay.conf.write_text(render_slurm_conf(cfg))
         lay.gres_conf.write_text(render_gres_conf(cfg))

@@ -178,6 +178,7 @@ class Kube:
         annotations: Mapping[str, str | None] | None = None,
         resource_version: str | None = None,
         remove_taints: frozenset[str] = frozenset(),
+        add_taints: tuple[JSON, ...] = (),
         current: JSON | None = None,
     ) -> JSON:
         meta: JSON = {}
@@ -188,10 +189,12 @@ class Kube:
         if resource_version:
             meta["resourceVersion"] = resource_version
         patch: JSON = {"metadata": meta}
-        if remove_taints and current is not None:
+        if (remove_taints or add_taints) and current is not None:
             taints = current.get("spec", {}).get("taints") or []
             kept = [t for t in taints if t.get("key") not in remove_taints]
-            if len(kept) != len(taints):
+            have = {(t.get("key"), t.get("effect")) for t in kept}
+            kept += [t for t in add_taints if (t.get("key"), t.get("effect")) not in have]
+            if kept != taints:
                 patch["spec"] = {"taints": kept or None}
         return await self._patch_node(node, patch)
 
@@ -423,6 +426,12 @@ class Kube:
         finally:
             resp.release()
 
+    async def get_configmap(self, namespace: str, name: str) -> JSON | None:
+        """A ConfigMap (a Job hook's `templateFrom`); None when absent."""
+        return await unless(
+            404, self.core.read_namespaced_config_map(name, namespace, _preload_content=False)
+        )
+
     # ---- jobs (reset / reboot hooks) -----------------------------------------------------
     async def get_job(self, namespace: str, name: str) -> JSON | None:
         call = self.batch.read_namespaced_job_status(name, namespace, _preload_content=False)
@@ -456,6 +465,13 @@ class Kube:
             names.GROUP, names.VERSION, plural, body, _preload_content=False
         )
         return await unless(409, call)
+
+    async def delete_custom(self, plural: str, name: str) -> bool:
+        """Delete; False when it was gone already (404)."""
+        call = self.custom.delete_cluster_custom_object(
+            names.GROUP, names.VERSION, plural, name, _preload_content=False
+        )
+        return await unless(404, call) is not None
 
     async def patch_custom(self, plural: str, name: str, patch: JSON) -> JSON:
         return await self._patch_custom(plural, name, patch, status=False)

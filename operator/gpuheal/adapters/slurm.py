@@ -16,7 +16,9 @@ import httpx
 from gpuheal_bridge.api.models import (
     DrainResponse,
     NodeState,
+    RebootResponse,
     RequeueOptions,
+    ReserveResponse,
     ResumeResponse,
 )
 from gpuheal_bridge.client import (
@@ -159,6 +161,26 @@ class BridgeSlurm:
             "resume",
             self.client.resume(
                 node, incident=incident, force=force, idempotency_key=idempotency_key
+            ),
+        )
+
+    async def reboot(
+        self, node: str, *, incident: str, xid: int | None, idempotency_key: str
+    ) -> RebootResponse:
+        """`scontrol reboot` through the bridge; the node stays drained afterwards (ours)."""
+        return await self._guard(
+            "reboot",
+            self.client.reboot(node, incident=incident, xid=xid, idempotency_key=idempotency_key),
+        )
+
+    async def reserve(
+        self, node: str, *, incident: str, reason: str, idempotency_key: str
+    ) -> ReserveResponse:
+        """Hand our drain of the node to the reserve pool (its drain reason)."""
+        return await self._guard(
+            "reserve",
+            self.client.reserve(
+                node, incident=incident, reason=reason, idempotency_key=idempotency_key
             ),
         )
 

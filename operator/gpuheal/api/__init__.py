@@ -3,6 +3,7 @@
 The CRDs in `crds/` are generated from these models: `python -m gpuheal.api.gen`.
 """
 
+from gpuheal.api.faulthistory import FaultHistory, FaultHistorySpec, FaultHistoryStatus
 from gpuheal.api.meta import (
     Condition,
     ConditionStatus,
@@ -37,6 +38,9 @@ __all__ = [
     "Action",
     "Condition",
     "ConditionStatus",
+    "FaultHistory",
+    "FaultHistorySpec",
+    "FaultHistoryStatus",
     "LabelSelector",
     "NodeRemediation",
     "NodeRemediationSpec",

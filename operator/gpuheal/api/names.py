@@ -20,9 +20,11 @@ API_VERSION: Final = "gpuheal.io/v1alpha1"
 NREM_KIND: Final = "NodeRemediation"
 POLICY_KIND: Final = "RemediationPolicy"
 POOL_KIND: Final = "ReservePool"
+HISTORY_KIND: Final = "FaultHistory"
 NREM_PLURAL: Final = "noderemediations"
 POLICY_PLURAL: Final = "remediationpolicies"
 POOL_PLURAL: Final = "reservepools"
+HISTORY_PLURAL: Final = "faulthistories"
 
 # ---- labels and annotations people set --------------------------------------------------
 OPT_OUT_LABEL: Final = "gpuheal.io/opt-out"
@@ -42,6 +44,9 @@ REPLACES_ANNOTATION: Final = "gpuheal.io/replaces"  # on a promoted spare: the n
 NODE_LABEL: Final = "gpuheal.io/node"  # on a NodeRemediation: the node's name (selectable)
 TRIGGER_ANNOTATION: Final = "gpuheal.io/trigger"  # on a NodeRemediation: the signal's key
 INITIAL_RUNG_ANNOTATION: Final = "gpuheal.io/initial-rung"  # rung the incident opened at
+WHY_ANNOTATION: Final = "gpuheal.io/why"  # on a NodeRemediation: why it opened, in words
+RETIRED_LABEL: Final = "gpuheal.io/retired"  # on a Node: gpuheal retired it (value: incident)
+RETIRED_WHY_ANNOTATION: Final = "gpuheal.io/retired-why"  # on a retired Node: why
 
 
 class NremCondition(enum.StrEnum):
@@ -56,6 +61,8 @@ class NremCondition(enum.StrEnum):
     RESET = "Reset"
     REBOOTED = "Rebooted"
     REPLACEMENT_CLAIMED = "ReplacementClaimed"
+    RETIRED = "Retired"
+    VERIFIED = "Verified"
     REPAIRED = "Repaired"
     RETURNED = "Returned"
     BLOCKED = "Blocked"
@@ -105,6 +112,11 @@ class Reason(enum.StrEnum):
     POLICY_NOT_FOUND = "PolicyNotFound"
     STALE = "StaleSignal"
     NO_RULE = "NoRuleMatches"
+    RETIRED = "Retired"
+    VERIFY = "VerificationPending"
+    VERIFICATION_FAILED = "VerificationFailed"
+    REPAIR_FAILED = "RepairFailed"
+    AWAITING_REPAIR = "AwaitingRepair"
     # policy and pool status
     ACTIVE = "Active"
     TOO_MANY_UNHEALTHY = "TooManyUnhealthy"
@@ -145,6 +157,9 @@ class EventReason(enum.StrEnum):
     COMPLETED = "RemediationCompleted"
     RETIRED = "Retired"
     SOURCE_BLIND = "SourceUnavailable"
+    RETURNED_TO_POOL = "ReturnedToPool"
+    VERIFICATION_FAILED = "VerificationFailed"
+    REFILL_REQUESTED = "RefillRequested"
 
 
 _DNS_BAD = re.compile(r"[^a-z0-9-]+")

@@ -152,6 +152,48 @@ class Ownership(Model):
     )
 
 
+class RepairRecord(Model):
+    """A reset or reboot this incident asked for, and how gpuheal knows it happened: never
+    from a hook's exit code or 2xx alone, but from the node (boot ID, Slurm's boot time, the
+    GPUs allocatable again)."""
+
+    action: str = Field(max_length=16, description="reset or reboot.")
+    rung: int = Field(ge=0, le=16, description="The rung it belongs to (a later rung repeats it).")
+    via: str = Field(max_length=16, description="Noop, Job, Webhook or Slurm.")
+    requested_at: dt.datetime = Field(description="When gpuheal asked for it.")
+    boot_id_before: str | None = Field(
+        default=None,
+        max_length=64,
+        description="node.status.nodeInfo.bootID when it was asked for (a reboot changes it).",
+    )
+    slurm_boot_time_before: str | None = Field(
+        default=None,
+        max_length=32,
+        description="Slurm's BootTime of the node when it was asked for (Slurm reboots).",
+    )
+    hook_done_at: dt.datetime | None = Field(
+        default=None, description="When the hook reported success (then verification)."
+    )
+    verified_at: dt.datetime | None = Field(
+        default=None, description="When gpuheal saw that it happened."
+    )
+    failed_at: dt.datetime | None = Field(
+        default=None, description="When it failed (the ladder climbs from here)."
+    )
+    message: str = Field(default="", max_length=MAX_MESSAGE, description="What was seen.")
+
+
+class VerificationRecord(Model):
+    """The check a repaired node must pass before it returns (returnToService.check)."""
+
+    rung: int = Field(ge=0, le=16, description="The rung whose repair it verifies.")
+    attempt: int = Field(default=1, ge=1, le=1000, description="1 for the first run.")
+    started_at: dt.datetime = Field(description="When the check started.")
+    passed_at: dt.datetime | None = Field(default=None, description="When it passed.")
+    failed_at: dt.datetime | None = Field(default=None, description="When it failed.")
+    message: str = Field(default="", max_length=MAX_MESSAGE, description="The verdict.")
+
+
 class TimelineEntry(Model):
     """One event of the incident's story, in order."""
 
@@ -183,12 +225,30 @@ class NodeRemediationStatus(Model):
         default_factory=Ownership,
         description="What gpuheal itself did, so it only ever undoes its own work.",
     )
+    why: str = Field(
+        default="",
+        max_length=256,
+        description="Why the incident opened or last climbed a rung, from the node's fault "
+        "history (e.g. '3rd XID 94 on GPU GPU-8f6c... in 7d').",
+    )
+    repair: RepairRecord | None = Field(
+        default=None, description="The reset or reboot of the current rung, and its proof."
+    )
+    verification: VerificationRecord | None = Field(
+        default=None, description="The check before return to service (the current rung's)."
+    )
+    returned_to: str | None = Field(
+        default=None,
+        max_length=MAX_NAME + 16,
+        description="Where the node went at the end: Service, or ReservePool/<name>.",
+    )
     timeline: list[TimelineEntry] = list_of(
         200, "The incident's story in order (the conditions, as a list of events)."
     )
     conditions: list[Condition] = conditions_field(
         "One per step (Detected, Cordoned, SlurmDrained, JobsRequeued, Drained, Reset, "
-        "Rebooted, ReplacementClaimed, Repaired, Returned), plus Blocked, Failed, Completed."
+        "Rebooted, ReplacementClaimed, Retired, Verified, Repaired, Returned), plus Blocked, "
+        "Failed, Completed."
     )
 
 
@@ -214,5 +274,6 @@ CRD = CrdInfo.of(
     condition_column("Completed", "Completed", "reason"),
     condition_column("Blocked", "Blocked", "reason"),
     column("Replacement", "string", ".status.replacementNode"),
+    column("Why", "string", ".status.why"),
     column("DryRun", "boolean", ".spec.dryRun", priority=1),
 )

@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import enum
 from typing import Annotated, Any, Literal
 
 from pydantic import ConfigDict, Field, model_validator
 
 from gpuheal.api.meta import (
+    CONDITION_TYPE_PATTERN,
     DNS_LABEL_PATTERN,
+    DNS_SUBDOMAIN_PATTERN,
     LABEL_KEY_PATTERN,
     MAX_LABEL_KEY,
+    MAX_LABEL_VALUE,
     MAX_MESSAGE,
+    MAX_NAME,
     Condition,
     ConditionStatus,
     CrdInfo,
@@ -27,6 +32,7 @@ from gpuheal.api.meta import (
     condition_column,
     conditions_field,
     list_of,
+    parse_duration,
 )
 from gpuheal.api.names import OPT_OUT_LABEL
 from gpuheal.xid.types import RecoveryAction, XidClass
@@ -42,6 +48,7 @@ class Action(enum.StrEnum):
     RESET = "reset"
     REBOOT = "reboot"
     REPLACE = "replace"
+    RETIRE = "retire"  # keep the node out for good (hardware inspection / RMA)
 
 
 DISRUPTIVE_ACTIONS = frozenset(a for a in Action if a is not Action.ALERT)
@@ -62,6 +69,17 @@ class HookType(enum.StrEnum):
     NOOP = "Noop"
     JOB = "Job"
     WEBHOOK = "Webhook"
+    SLURM = "Slurm"  # reboot only: `scontrol reboot` through the Slurm bridge
+
+
+class CheckType(enum.StrEnum):
+    """How a repaired node proves it is healthy before it returns (returnToService.check)."""
+
+    NONE = "None"  # no check: healthyFor alone
+    JOB = "Job"  # a Job on the node (a DCGM diagnostic, an nvidia-smi query): its exit code
+    WEBHOOK = "Webhook"  # an HTTP checker: 2xx passed, 4xx failed
+    NODE_CONDITION = "NodeCondition"  # a node condition an external checker sets
+    NODE_LABEL = "NodeLabel"  # a node label an external checker sets
 
 
 class NotifyFormat(enum.StrEnum):
@@ -226,8 +244,31 @@ class DrainOptions(Model):
     )
 
 
+class ConfigMapKeyRef(Model):
+    """A key of a ConfigMap in the Job's namespace."""
+
+    name: str = Field(
+        max_length=MAX_NAME, pattern=DNS_SUBDOMAIN_PATTERN, description="The ConfigMap's name."
+    )
+    key: str = Field(
+        max_length=253,
+        pattern=r"^[-._a-zA-Z0-9]+$",
+        description="The key whose value is the JobSpec (YAML).",
+    )
+
+
+_JOB_RULES = (
+    (
+        "has(self.template) != has(self.templateFrom)",
+        "a Job hook needs exactly one of template or templateFrom",
+    ),
+)
+
+
 class JobHook(Model):
-    """A Kubernetes Job that carries out the reset or reboot."""
+    """A Kubernetes Job on the node (a reset, a reboot, or a check)."""
+
+    model_config = ConfigDict(json_schema_extra=cel(*_JOB_RULES))
 
     namespace: str = Field(
         max_length=63,
@@ -235,11 +276,28 @@ class JobHook(Model):
         description="Namespace the Job is created in (the chart grants Job rights only in "
         "rbac.jobHookNamespaces).",
     )
-    template: dict[str, Any] = Field(
+    template: dict[str, Any] | None = Field(
+        default=None,
         description="A batch/v1 JobSpec; gpuheal adds NODE_NAME, GPUHEAL_ACTION and "
         "GPUHEAL_INCIDENT to every container's environment.",
         json_schema_extra={"x-kubernetes-preserve-unknown-fields": True, "type": "object"},
     )
+    template_from: ConfigMapKeyRef | None = Field(
+        default=None,
+        description="Read the JobSpec from a ConfigMap key in the Job's namespace instead (the "
+        "chart ships gpuheal-node-jobs with gpu-reset, node-reboot and gpu-check).",
+    )
+    run_on_node: bool = Field(
+        default=True,
+        description="Pin the Job's pod to the node (spec.nodeName, tolerating every taint); "
+        "false for a Job that acts from elsewhere (e.g. through the BMC).",
+    )
+
+    @model_validator(mode="after")
+    def _mirror_cel(self) -> JobHook:
+        if (self.template is None) == (self.template_from is None):
+            raise ValueError(_JOB_RULES[0][1])
+        return self
 
 
 class WebhookHook(Model):
@@ -303,8 +361,11 @@ class HookSpec(Model):
     )
 
     type: HookType = Field(
-        description="Job (a Kubernetes Job), Webhook (an HTTP call) or Noop (nothing: for "
-        "sandboxes and tests)."
+        description="Job (a Kubernetes Job), Webhook (an HTTP call), Slurm (reboot only: "
+        "`scontrol reboot` through the Slurm bridge) or Noop (nothing: for sandboxes and "
+        "tests). Success is verified, never taken from an exit code or a 2xx: a reboot "
+        "must change the node's boot ID (node.status.nodeInfo.bootID) or Slurm's boot "
+        "time, a reset must leave every GPU allocatable."
     )
     job: JobHook | None = Field(default=None, description="Required when type is Job.")
     webhook: WebhookHook | None = Field(default=None, description="Required when type is Webhook.")
@@ -321,6 +382,12 @@ class HookSpec(Model):
 class ResetOptions(Model):
     """A GPU reset (e.g. nvidia-smi -r) carried out by a hook."""
 
+    model_config = ConfigDict(
+        json_schema_extra=cel(
+            ("self.hook.type != 'Slurm'", "Slurm can reboot a node, not reset a GPU")
+        )
+    )
+
     hook: HookSpec = Field(description="How the reset is carried out.")
     when_idle: bool = Field(
         default=True, description="Wait until no GPU job runs on the node before the reset."
@@ -328,6 +395,12 @@ class ResetOptions(Model):
     timeout: PositiveDuration = Field(
         default="10m", description="How long the hook may take before the step fails."
     )
+
+    @model_validator(mode="after")
+    def _mirror_cel(self) -> ResetOptions:
+        if self.hook.type is HookType.SLURM:
+            raise ValueError("Slurm can reboot a node, not reset a GPU")
+        return self
 
 
 class RebootOptions(Model):
@@ -376,7 +449,8 @@ class Step(Model):
     action: Action = Field(
         description="alert (Event and condition only), cordon, slurmDrain (drain the Slurm "
         "node and requeue its jobs through the bridge), drain (evict the pods), reset (GPU "
-        "reset), reboot, or replace (take a spare from a ReservePool)."
+        "reset), reboot, replace (take a spare from a ReservePool), or retire (keep the "
+        "node out for good: label gpuheal.io/retired, never returned or put in a pool)."
     )
     slurm_drain: SlurmDrainOptions | None = Field(
         default=None, description="Options of a slurmDrain step (defaults when omitted)."
@@ -453,9 +527,9 @@ class Escalation(Model):
 _RULE_RULES = (
     (
         "!has(self.signals.xids) || !(94 in self.signals.xids) || "
-        "!self.ladder[0].steps.exists(s, s.action == 'replace')",
+        "!self.ladder[0].steps.exists(s, s.action == 'replace' || s.action == 'retire')",
         "XID 94 (contained ECC error) must never replace on first sight: "
-        "move replace to a later rung",
+        "move replace (and retire) to a later rung",
     ),
     (
         "size(self.ladder) == 1 || has(self.escalation)",
@@ -490,7 +564,7 @@ class Rule(Model):
     @model_validator(mode="after")
     def _mirror_cel(self) -> Rule:
         if 94 in self.signals.xids and any(
-            s.action is Action.REPLACE for s in self.ladder[0].steps
+            s.action in (Action.REPLACE, Action.RETIRE) for s in self.ladder[0].steps
         ):
             raise ValueError(_RULE_RULES[0][1])
         if len(self.ladder) > 1 and self.escalation is None:
@@ -573,6 +647,97 @@ class Safety(Model):
         return self
 
 
+class NodeConditionCheck(Model):
+    """A node condition an external checker (NHC, a DCGM health DaemonSet) sets."""
+
+    type: str = Field(
+        max_length=316,
+        pattern=CONDITION_TYPE_PATTERN,
+        description="The condition type, e.g. GpuHealthy.",
+    )
+    status: ConditionStatus = Field(
+        default=ConditionStatus.TRUE,
+        description="The status that means healthy; the opposite status (reported after the "
+        "check started) means the check failed.",
+    )
+
+
+class NodeLabelCheck(Model):
+    """A node label an external checker sets; gpuheal removes it when the check starts, so
+    only a verdict given after that counts."""
+
+    key: str = Field(
+        max_length=MAX_LABEL_KEY, pattern=LABEL_KEY_PATTERN, description="The label key."
+    )
+    pass_value: str = Field(
+        default="true", max_length=MAX_LABEL_VALUE, description="The value that means healthy."
+    )
+    fail_value: str = Field(
+        default="false", max_length=MAX_LABEL_VALUE, description="The value that means not."
+    )
+
+
+_CHECK_RULES = (
+    (
+        "(self.type == 'Job') == has(self.job) && "
+        "(self.type == 'Webhook') == has(self.webhook) && "
+        "(self.type == 'NodeCondition') == has(self.nodeCondition) && "
+        "(self.type == 'NodeLabel') == has(self.nodeLabel)",
+        "check.job, check.webhook, check.nodeCondition and check.nodeLabel are required "
+        "exactly when check.type names them",
+    ),
+)
+
+
+class VerificationCheck(Model):
+    """What a repaired node must pass before it returns to service (or to its pool).
+
+    Runs once the ladder's steps are done (after the reset or reboot); a failure climbs the
+    ladder (on the last rung: the incident fails and the node stays out). A Job reports
+    through its exit code: run a DCGM diagnostic (`dcgmi diag -r 2`) or an nvidia-smi query
+    on the node (the chart's gpuheal-node-jobs ConfigMap has one, key gpu-check).
+    """
+
+    model_config = ConfigDict(json_schema_extra=cel(*_CHECK_RULES))
+
+    type: CheckType = Field(
+        default=CheckType.NONE,
+        description="None (healthyFor alone), Job, Webhook, NodeCondition or NodeLabel.",
+    )
+    job: JobHook | None = Field(
+        default=None,
+        description="Required when type is Job: runs on the node; exit code 0 passes "
+        "(the Job's Complete condition), a Failed Job fails the check.",
+    )
+    webhook: WebhookHook | None = Field(
+        default=None,
+        description="Required when type is Webhook: POST {check, node, incident}; 2xx "
+        "passes, 4xx fails, 5xx/429/unreachable are retried until the timeout.",
+    )
+    node_condition: NodeConditionCheck | None = Field(
+        default=None, description="Required when type is NodeCondition."
+    )
+    node_label: NodeLabelCheck | None = Field(
+        default=None, description="Required when type is NodeLabel."
+    )
+    timeout: PositiveDuration = Field(
+        default="30m", description="No verdict within this long fails the check."
+    )
+
+    @model_validator(mode="after")
+    def _mirror_cel(self) -> VerificationCheck:
+        blocks = {
+            CheckType.JOB: self.job,
+            CheckType.WEBHOOK: self.webhook,
+            CheckType.NODE_CONDITION: self.node_condition,
+            CheckType.NODE_LABEL: self.node_label,
+        }
+        for kind, block in blocks.items():
+            if (self.type is kind) != (block is not None):
+                raise ValueError(_CHECK_RULES[0][1])
+        return self
+
+
 class ReturnToService(Model):
     """Uncordon/resume nodes that stayed healthy long enough; only what gpuheal itself did."""
 
@@ -590,10 +755,54 @@ class ReturnToService(Model):
         description="Also resume the Slurm node, if gpuheal drained it (never someone "
         "else's drain).",
     )
+    check: VerificationCheck = Field(
+        default_factory=VerificationCheck,
+        description="The check a repaired node must pass before healthyFor starts (none "
+        "when omitted); a failure climbs the ladder.",
+    )
+
+
+class HistorySettings(Model):
+    """How long the node's FaultHistory keeps signals, incidents, actions and outcomes."""
+
+    retention: PositiveDuration = Field(
+        default="720h",
+        description="Entries older than this are dropped (default 720h = 30 days; at least "
+        "24h, the default escalation window); it must cover every escalation window of the "
+        "policy.",
+        json_schema_extra=cel(
+            (
+                "!self.matches('^([0-9]+([.][0-9]+)?(ms|s|m|h))+$') || "
+                "duration(self) >= duration('24h')",
+                "history.retention must be at least 24h (the default escalation window)",
+            )
+        ),
+    )
+
+    @model_validator(mode="after")
+    def _mirror_cel(self) -> HistorySettings:
+        if parse_duration(self.retention) < dt.timedelta(hours=24):
+            raise ValueError(
+                "history.retention must be at least 24h (the default escalation window)"
+            )
+        return self
+
+
+_POLICY_RULES = (
+    (
+        "self.rules.all(r, !has(r.escalation) || !has(r.escalation.window) || "
+        "duration(r.escalation.window) <= "
+        "(has(self.history) && has(self.history.retention) ? "
+        "duration(self.history.retention) : duration('720h')))",
+        "history.retention (default 720h) must cover every rule's escalation window",
+    ),
+)
 
 
 class RemediationPolicySpec(Model):
     """Which nodes, which signals, what to do, and the limits that always hold."""
+
+    model_config = ConfigDict(json_schema_extra=cel(*_POLICY_RULES))
 
     node_selector: LabelSelector = Field(
         description="Nodes this policy governs (an empty selector selects every node)."
@@ -633,6 +842,11 @@ class RemediationPolicySpec(Model):
         "cluster named in the operator's --bridges-file (or its --bridge-cluster). A node's "
         "gpuheal.io/slurm-cluster label wins; with neither, the operator's --bridge-url.",
     )
+    history: HistorySettings = Field(
+        default_factory=HistorySettings,
+        description="How long the nodes' FaultHistory keeps what happened (escalation "
+        "windows are counted in it).",
+    )
 
     @model_validator(mode="after")
     def _unique_rule_names(self) -> RemediationPolicySpec:
@@ -640,6 +854,12 @@ class RemediationPolicySpec(Model):
         names = [rule.name for rule in self.rules]
         if len(names) != len(set(names)):
             raise ValueError("rule names must be unique")
+        retention = parse_duration(self.history.retention)
+        if any(
+            r.escalation is not None and parse_duration(r.escalation.window) > retention
+            for r in self.rules
+        ):
+            raise ValueError(_POLICY_RULES[0][1])
         return self
 
 

@@ -17,6 +17,7 @@ from gpuheal.api.meta import (
     CrdInfo,
     LabelSelector,
     Model,
+    PositiveDuration,
     Resource,
     cel,
     column,
@@ -45,17 +46,21 @@ class TaintRef(Model):
 
 
 class SlurmPromotion(Model):
-    """What happens to the spare in Slurm when it is promoted."""
+    """What happens to the spare in Slurm when it is promoted (and when a repaired node
+    goes back to the pool). Partitions are Slurm's configuration (slurm.conf), not gpuheal's:
+    a spare should already be in the partitions it will serve."""
 
-    partition: str | None = Field(
-        default=None,
-        max_length=64,
-        pattern=r"^[A-Za-z0-9_.-]+$",
-        description="Slurm partition the spare joins; unchanged when omitted.",
-    )
     resume: bool = Field(
         default=True,
         description="Resume the spare in Slurm (scontrol update state=RESUME) so jobs can run.",
+    )
+    reserve_reason: str = Field(
+        default="reserve pool",
+        min_length=1,
+        max_length=128,
+        pattern=r"^[^\[\]]+$",
+        description="The Slurm drain reason of a spare waiting in the pool: a repaired node "
+        "that goes back to the pool is drained with it (promotion resumes it).",
     )
 
 
@@ -94,18 +99,59 @@ class Promotion(Model):
 
 
 class RefillProvider(enum.StrEnum):
-    """Extension point: `None` today; Cluster API / cloud webhook providers plug in here."""
+    """Where new spares come from when the pool is below minAvailable."""
 
-    NONE = "None"
+    NONE = "None"  # by hand: label nodes into the pool; repaired nodes come back by themselves
+    WEBHOOK = "Webhook"  # ask a site's provisioning system (Cluster API, a cloud, a BMC script)
+
+
+class RefillWebhook(Model):
+    """The provisioning system's endpoint. gpuheal POSTs {pool, available, minAvailable,
+    wanted, nodeSelector} with header Idempotency-Key: <pool>-<shortfall start>; any 2xx
+    means "accepted" (the new nodes join the pool by carrying its labels); 4xx is recorded
+    and not retried until the shortfall changes; 5xx, 429 or no answer are retried."""
+
+    url: str = Field(
+        max_length=2048,
+        pattern=r"^https?://",
+        description="URL gpuheal POSTs the refill request to.",
+    )
+    timeout: PositiveDuration = Field(
+        default="30s", description="How long one call may take before it counts as failed."
+    )
+    interval: PositiveDuration = Field(
+        default="10m",
+        description="While the pool stays below minAvailable, ask again after this long.",
+    )
+
+
+_REFILL_RULES = (
+    (
+        "(self.provider == 'Webhook') == has(self.webhook)",
+        "refill.webhook is required exactly when refill.provider is Webhook",
+    ),
+)
 
 
 class Refill(Model):
-    """How the pool gets new spares (only by hand today)."""
+    """How the pool gets new spares when it runs low."""
+
+    model_config = ConfigDict(json_schema_extra=cel(*_REFILL_RULES))
 
     provider: RefillProvider = Field(
         default=RefillProvider.NONE,
-        description="None: spares are added by labelling nodes; providers may come later.",
+        description="None: spares are added by labelling nodes (and repaired nodes come "
+        "back); Webhook: gpuheal asks a provisioning system for more.",
     )
+    webhook: RefillWebhook | None = Field(
+        default=None, description="Required when provider is Webhook."
+    )
+
+    @model_validator(mode="after")
+    def _mirror_cel(self) -> Refill:
+        if (self.provider is RefillProvider.WEBHOOK) != (self.webhook is not None):
+            raise ValueError(_REFILL_RULES[0][1])
+        return self
 
 
 _POOL_RULES = (
@@ -150,6 +196,16 @@ class Claim(Model):
     claimed_at: dt.datetime = Field(description="When it was claimed.")
 
 
+class RefillStatus(Model):
+    """The last refill request gpuheal made for the pool."""
+
+    requested_at: dt.datetime = Field(description="When gpuheal asked the provider.")
+    wanted: int = Field(ge=0, description="Spares asked for (minAvailable - available).")
+    since: dt.datetime = Field(description="When the current shortfall began.")
+    result: str = Field(max_length=32, description="Accepted, Refused, Unavailable or Unreachable.")
+    message: str = Field(default="", max_length=1024, description="The provider's answer.")
+
+
 class ReservePoolStatus(Model):
     """Spares counted by the operator (written by gpuheal only)."""
 
@@ -160,6 +216,9 @@ class ReservePoolStatus(Model):
     claimed: int = Field(default=0, description="Spares claimed by incidents.")
     total: int = Field(default=0, description="Nodes the nodeSelector selects.")
     claims: list[Claim] = list_of(256, "Which incident claimed which spare.")
+    refill: RefillStatus | None = Field(
+        default=None, description="The last refill request (refill.provider Webhook)."
+    )
     conditions: list[Condition] = conditions_field("Ready, Low.")
 
 

@@ -22,6 +22,7 @@ _COMMANDS: tuple[tuple[str, str, str], ...] = (
     ("xid", "gpuheal.cli.xid:add_parser", "parse kernel logs for XIDs, explain an XID"),
     ("status", "gpuheal.cli.status:add_parser", "incidents (NodeRemediations) with their steps"),
     ("explain", "gpuheal.cli.explain:add_parser", "why gpuheal does what it does about a node"),
+    ("history", "gpuheal.cli.history:add_parser", "repeat offenders: nodes and GPUs by faults"),
 )
 
 

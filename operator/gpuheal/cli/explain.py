@@ -11,10 +11,12 @@ from typing import Any, TypeVar
 
 from pydantic import ValidationError
 
-from gpuheal.api.names import APPROVE_ANNOTATION, NREM_PLURAL, POLICY_PLURAL
+from gpuheal.api.faulthistory import FaultHistory
+from gpuheal.api.names import APPROVE_ANNOTATION, HISTORY_PLURAL, NREM_PLURAL, POLICY_PLURAL
 from gpuheal.api.noderemediation import NodeRemediation
 from gpuheal.api.remediationpolicy import RemediationPolicy
 from gpuheal.cli._common import add_cluster_flags, add_output_flag, dump
+from gpuheal.policy import history as fault_history
 from gpuheal.policy.explain import Verdict, describe, explain
 from gpuheal.policy.inputs import (
     event_observations,
@@ -36,6 +38,7 @@ def explain_node(
     *,
     now: dt.datetime,
     max_signal_age: dt.timedelta | None = None,
+    history: FaultHistory | None = None,
 ) -> tuple[list[str], list[Verdict]]:
     """The lines `gpuheal explain` prints, from the objects it read (pure), and the engine's
     verdicts behind them."""
@@ -53,7 +56,9 @@ def explain_node(
     lines, verdicts = explain(
         view,
         policies,
-        merge_observations(recorded, observations),
+        merge_observations(
+            recorded, observations, fault_history.observations(history) if history else ()
+        ),
         incident=incident_view(open_, approve_annotation=APPROVE_ANNOTATION) if open_ else None,
         episodes=[s for s in summaries if s.node == view.name],
         counts={p.metadata.name: policy_counts(p, summaries) for p in policies},
@@ -71,7 +76,7 @@ def _done(nrem: NodeRemediation) -> bool:
     return incident_summary(nrem).completed_at is not None
 
 
-M = TypeVar("M", RemediationPolicy, NodeRemediation)
+M = TypeVar("M", RemediationPolicy, NodeRemediation, FaultHistory)
 
 
 def _parsed(items: list[dict[str, Any]], model: type[M]) -> list[M]:
@@ -107,10 +112,21 @@ def _run(args: argparse.Namespace) -> int:
         ).items
     events = api_client.sanitize_for_serialization(listed)  # type: ignore[no-untyped-call]
     incidents = _parsed(list_custom(api_client, NREM_PLURAL)["items"], NodeRemediation)
+    histories = [
+        h
+        for h in _parsed(list_custom(api_client, HISTORY_PLURAL)["items"], FaultHistory)
+        if h.spec.node_name == args.node
+    ]
     max_age = dt.timedelta(seconds=args.event_max_age)
     now = dt.datetime.now(dt.UTC)
     lines, verdicts = explain_node(
-        node, policies, events, incidents, now=now, max_signal_age=max_age
+        node,
+        policies,
+        events,
+        incidents,
+        now=now,
+        max_signal_age=max_age,
+        history=histories[0] if histories else None,
     )
     if args.output == "text":
         print("\n".join(lines))

@@ -8,7 +8,14 @@ from typing import Any
 
 import kopf
 
-from gpuheal.api.names import GROUP, NREM_PLURAL, POLICY_PLURAL, POOL_PLURAL, VERSION
+from gpuheal.api.names import (
+    GROUP,
+    HISTORY_PLURAL,
+    NREM_PLURAL,
+    POLICY_PLURAL,
+    POOL_PLURAL,
+    VERSION,
+)
 from gpuheal.remediation import objects
 
 
@@ -25,3 +32,8 @@ async def pool_event(type: str | None, body: kopf.Body, memo: Any, **_: Any) -> 
 @kopf.on.event(GROUP, VERSION, NREM_PLURAL)
 async def incident_event(type: str | None, body: kopf.Body, memo: Any, **_: Any) -> None:
     objects.incident_changed(memo.runtime, type, dict(body))
+
+
+@kopf.on.event(GROUP, VERSION, HISTORY_PLURAL)
+async def history_event(type: str | None, body: kopf.Body, memo: Any, **_: Any) -> None:
+    objects.history_changed(memo.runtime, type, dict(body))

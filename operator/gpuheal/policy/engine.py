@@ -11,8 +11,15 @@ The rules, in the order they are applied:
    (approval, dry run, and for the incident's first disruptive step the safety gate:
    breaker at `maxUnhealthy`, storm cooldown, rate limit); once every step is done, close
    or return the node to service after `returnToService.healthyFor` of health (only what
-   gpuheal itself cordoned/drained). Nothing holds back a return to service but pause and
-   blindness: blocking the healthy path is how clusters end up with nodes cordoned forever.
+   gpuheal itself cordoned/drained). Before that return, the policy's check must pass
+   (`returnToService.check`: a Job such as a DCGM diagnostic, a webhook, a node condition
+   or label), after the last signal; a failed check, or a reset/reboot that could not be
+   verified, climbs the ladder (on the last rung the incident fails and the node stays out).
+   A replaced node is handed to repair: it closes as Replaced, unless its rung repairs it
+   after the replacement (a reset/reboot after `replace`), then, once verified, it goes back
+   to its ReservePool when the pool is below minAvailable, else to service. `retire` keeps
+   a node out for good. Nothing holds back a return to service but pause and blindness:
+   blocking the healthy path is how clusters end up with nodes cordoned forever.
 3. No incident: a new signal (or, with none named, every signal since the node's last
    incident) is matched against the rules in policy order; repeats of the matching rule in
    its window pick the rung; a watched condition must have held its `for`. The result is
@@ -21,7 +28,8 @@ The rules, in the order they are applied:
    rung.
 Catalogue guards hold whatever the policy says: an XID whose entry is `AlertOnly` on first
 sight (13/31/43...) only alerts until it repeats on the same GPU; `NoReplace` (94) never
-replaces on first sight.
+replaces (nor retires) on first sight. Repeats are counted in the node's history, which the
+operator reads back from the API (FaultHistory, NodeRemediations), so a restart forgets none.
 """
 
 from __future__ import annotations
@@ -35,6 +43,7 @@ from gpuheal.api.names import Reason
 from gpuheal.api.remediationpolicy import (
     DISRUPTIVE_ACTIONS,
     Action,
+    CheckType,
     EscalationScope,
     RemediationPolicySpec,
     Rule,
@@ -53,11 +62,15 @@ from gpuheal.policy.types import (
     Move,
     NodeView,
     Observation,
+    PoolCounts,
     Trigger,
     Wait,
 )
 from gpuheal.xid.catalogue import lookup
 from gpuheal.xid.types import FirstSight
+
+REPAIR_ACTIONS = frozenset({Action.RESET, Action.REBOOT})
+"""Steps that repair the node (and are repeated on a later rung that names them again)."""
 
 
 def decide(
@@ -113,7 +126,7 @@ def _start(
             if new is not None:
                 return stale
             continue
-        found = trigger_for(policy, node, observations, signal, now)
+        found = trigger_for(policy, node, observations, signal, now, elsewhere=history.elsewhere)
         if isinstance(found, Wait):
             pending = found if pending is None or found.until < pending.until else pending
         elif found is not None and (best is None or _more_severe(found, best)):
@@ -217,9 +230,12 @@ def trigger_for(
     observations: Sequence[Observation],
     signal: Observation,
     now: dt.datetime,
+    *,
+    elsewhere: Sequence[Observation] = (),
 ) -> Trigger | Wait | None:
     """The first rule (in policy order) that `signal` matches, at the rung its repeats
-    reach; a `Wait` for a condition that has not held its `for` yet; None if no rule."""
+    reach; a `Wait` for a condition that has not held its `for` yet; None if no rule.
+    `elsewhere`: the same GPUs' signals on other nodes (counted per GPU only)."""
     for index, rule in enumerate(policy.rules):
         if not rule_matches(rule, signal):
             continue
@@ -242,12 +258,13 @@ def trigger_for(
                 )
         esc = rule.escalation_or_default()
         per_gpu = esc.scope is EscalationScope.GPU
-        count = _count(rule, observations, signal, now, per_gpu=per_gpu)
-        gpu_count = _count(rule, observations, signal, now, per_gpu=True)
+        count = _count(rule, observations, signal, now, per_gpu=per_gpu, elsewhere=elsewhere)
+        gpu_count = _count(rule, observations, signal, now, per_gpu=True, elsewhere=elsewhere)
         rung = rung_for(rule, count)
         steps = _guarded_steps(rule.ladder[rung].steps, signal.xid, gpu_count)
         why = f"{signal.what} ({count} in {esc.window}) matched rule {rule.name}"
-        return Trigger(index, rule, rung, steps, count, signal, why)
+        repeat = repeat_phrase(count, signal, esc.window, per_gpu=per_gpu, node=node.name)
+        return Trigger(index, rule, rung, steps, count, signal, why, repeat)
     return None
 
 
@@ -258,10 +275,22 @@ def _count(
     now: dt.datetime,
     *,
     per_gpu: bool,
+    elsewhere: Sequence[Observation] = (),
 ) -> int:
-    """Faults matching the rule within its window (on the same GPU when `per_gpu`),
-    `signal` included; one fault reported by two reporters counts once."""
-    return len(_repeats(rule, [*observations, signal], signal.gpu, now, per_gpu=per_gpu))
+    """Faults matching the rule within its window (on the same GPU when `per_gpu`, wherever
+    that GPU was: `elsewhere`, by UUID), `signal` included; one fault reported by two
+    reporters counts once."""
+    return len(
+        _repeats(
+            rule,
+            [*observations, signal],
+            signal.gpu,
+            now,
+            per_gpu=per_gpu,
+            elsewhere=elsewhere,
+            uuid=signal.gpu_uuid,
+        )
+    )
 
 
 def _repeats(
@@ -271,14 +300,21 @@ def _repeats(
     now: dt.datetime,
     *,
     per_gpu: bool,
+    elsewhere: Sequence[Observation] = (),
+    uuid: str | None = None,
 ) -> list[list[Observation]]:
-    """The matching observations in the rule's window, grouped into faults."""
+    """The matching observations in the rule's window, grouped into faults; per GPU, the
+    same GPU's (by `uuid`) observations on other nodes (`elsewhere`) too."""
     since = now - parse_duration(rule.escalation_or_default().window)
     matching = {
         o.identity: o
         for o in observations
         if since <= o.time <= now and (not per_gpu or o.gpu == gpu) and rule_matches(rule, o)
     }
+    if per_gpu and uuid:
+        for o in elsewhere:
+            if since <= o.time <= now and o.gpu_uuid == uuid and rule_matches(rule, o):
+                matching.setdefault(o.identity, o)
     return faults(matching.values())
 
 
@@ -317,6 +353,37 @@ def faults(observations: Iterable[Observation]) -> list[list[Observation]]:
     return groups
 
 
+def _ordinal(n: int) -> str:
+    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+    return f"{n}{suffix}"
+
+
+def human_window(window: str) -> str:
+    """`168h` -> `7d` for messages (whole days from two days up), else as written."""
+    seconds = int(parse_duration(window).total_seconds())
+    if seconds >= 2 * 86400 and seconds % 86400 == 0:
+        return f"{seconds // 86400}d"
+    return window
+
+
+def repeat_phrase(
+    count: int, signal: Observation, window: str, *, per_gpu: bool, node: str = ""
+) -> str:
+    """`3rd XID 94 on GPU-8f6c... in 7d`: what the node's history says about this signal."""
+    if signal.xid is not None:
+        what = f"XID {signal.xid}"
+    elif signal.condition_type is not None:
+        what = f"{signal.condition_type}={signal.condition_status}"
+    else:
+        what = f"{signal.event_reason}"
+    gpu = signal.gpu_uuid or signal.gpu
+    if per_gpu and gpu:
+        where = gpu if gpu.startswith(("GPU-", "MIG-")) else f"GPU {gpu}"
+    else:
+        where = node or "the node"
+    return f"{_ordinal(count)} {what} on {where} in {human_window(window)}"
+
+
 def rung_for(rule: Rule, count: int) -> int:
     """Every `occurrences` matching signals climb one rung (default escalation when the
     rule names none): 1-2 of 3 stay on rung 0, the 3rd reaches rung 1."""
@@ -332,7 +399,7 @@ def _guarded_steps(steps: Sequence[Step], xid: int | None, gpu_count: int) -> tu
     if first_sight is FirstSight.ALERT_ONLY:
         return (Step(action=Action.ALERT),)
     if first_sight is FirstSight.NO_REPLACE:
-        kept = tuple(s for s in steps if s.action is not Action.REPLACE)
+        kept = tuple(s for s in steps if s.action not in (Action.REPLACE, Action.RETIRE))
         return kept or (Step(action=Action.ALERT),)
     return tuple(steps)
 
@@ -378,12 +445,18 @@ def _continue_incident(  # noqa: PLR0911 - one exit per documented outcome reads
     if safety.paused:
         return Blocked(Reason.PAUSED, "policy is paused")
     observations = _known(history.observations, (), now)
-    escalation = _escalation(policy, observations, incident, now)
+    elsewhere = history.elsewhere
+    escalation = _escalation(policy, node, observations, incident, now, elsewhere=elsewhere)
     if escalation is not None:
         return escalation
-    act = _next_step(policy, observations, incident, now)
+    failed = _climb_after_failure(incident)
+    if failed is not None:
+        return failed
+    act = _next_step(policy, observations, incident, now, elsewhere=elsewhere)
     if act is None:
-        return _after_ladder(policy, node, observations, incident, now)
+        return _after_ladder(
+            policy, node, observations, incident, counts=counts, now=now, elsewhere=elsewhere
+        )
     assert act.step is not None
     action = act.step.action
     if action in set(safety.require_approval) - incident.approved:
@@ -405,9 +478,12 @@ def _rule(policy: RemediationPolicySpec, name: str) -> Rule | None:
 
 def _escalation(
     policy: RemediationPolicySpec,
+    node: NodeView,
     observations: Sequence[Observation],
     incident: IncidentView,
     now: dt.datetime,
+    *,
+    elsewhere: Sequence[Observation] = (),
 ) -> Act | None:
     """A repeat of the incident's rule since it opened that climbs above its rung."""
     rule = _rule(policy, incident.rule)
@@ -418,16 +494,44 @@ def _escalation(
         return None
     latest = max(fresh, key=lambda o: o.time)
     esc = rule.escalation_or_default()
-    count = _count(rule, observations, latest, now, per_gpu=esc.scope is EscalationScope.GPU)
+    per_gpu = esc.scope is EscalationScope.GPU
+    count = _count(rule, observations, latest, now, per_gpu=per_gpu, elsewhere=elsewhere)
     rung = min(rung_for(rule, count), len(incident.ladder) - 1)
     if rung <= incident.rung:
         return None
+    phrase = repeat_phrase(count, latest, esc.window, per_gpu=per_gpu, node=node.name)
     return Act(
         Move.ESCALATE,
         Reason.ESCALATED,
-        f"{latest.what} ({count} in {esc.window}): rung {incident.ladder[incident.rung].name} "
-        f"-> {incident.ladder[rung].name}",
+        f"{phrase}: rung {incident.ladder[incident.rung].name} -> {incident.ladder[rung].name}",
         rule=rule.name,
+        rung=rung,
+    )
+
+
+def _climb_after_failure(incident: IncidentView) -> Act | None:
+    """The current rung's repair could not be verified, or the check after it failed:
+    climb one rung; on the last rung the incident fails and the node stays out."""
+    verification = incident.verification
+    if incident.repair_failed is not None:
+        reason, why = Reason.REPAIR_FAILED, incident.repair_failed
+    elif verification is not None and verification.failed_at is not None:
+        reason, why = Reason.VERIFICATION_FAILED, verification.message or "check failed"
+    else:
+        return None
+    top = len(incident.ladder) - 1
+    if incident.rung >= top:
+        return Act(
+            Move.CLOSE,
+            reason,
+            f"{why}; no rung left to climb: the node stays out of service for a person",
+        )
+    rung = incident.rung + 1
+    return Act(
+        Move.ESCALATE,
+        reason,
+        f"{why}: rung {incident.ladder[incident.rung].name} -> {incident.ladder[rung].name}",
+        rule=incident.rule,
         rung=rung,
     )
 
@@ -437,6 +541,8 @@ def incident_steps(
     observations: Sequence[Observation],
     incident: IncidentView,
     now: dt.datetime,
+    *,
+    elsewhere: Sequence[Observation] = (),
 ) -> tuple[Step, ...]:
     """The incident's current rung (its own snapshot) after the first-sight guards."""
     steps = incident.ladder[min(incident.rung, len(incident.ladder) - 1)].steps
@@ -445,7 +551,15 @@ def incident_steps(
     rule = _rule(policy, incident.rule)
     if rule is None:  # the policy dropped the rule: guard as on first sight
         return _guarded_steps(steps, incident.trigger_xid, 1)
-    seen = _repeats(rule, observations, incident.trigger_gpu, now, per_gpu=True)
+    seen = _repeats(
+        rule,
+        observations,
+        incident.trigger_gpu,
+        now,
+        per_gpu=True,
+        elsewhere=elsewhere,
+        uuid=incident.trigger_gpu_uuid,
+    )
     return _guarded_steps(steps, incident.trigger_xid, len(seen))
 
 
@@ -454,8 +568,11 @@ def _next_step(
     observations: Sequence[Observation],
     incident: IncidentView,
     now: dt.datetime,
+    *,
+    elsewhere: Sequence[Observation] = (),
 ) -> Act | None:
-    for index, step in enumerate(incident_steps(policy, observations, incident, now)):
+    steps = incident_steps(policy, observations, incident, now, elsewhere=elsewhere)
+    for index, step in enumerate(steps):
         if step.action in incident.done:
             continue
         return Act(
@@ -470,18 +587,31 @@ def _next_step(
     return None
 
 
-def _after_ladder(  # noqa: PLR0911 - one exit per documented outcome reads best
+def _after_ladder(  # noqa: PLR0911, PLR0912 - one exit per documented outcome reads best
     policy: RemediationPolicySpec,
     node: NodeView,
     observations: Sequence[Observation],
     incident: IncidentView,
+    *,
+    counts: ClusterCounts,
     now: dt.datetime,
+    elsewhere: Sequence[Observation] = (),
 ) -> Decision:
-    """Every step of the rung is done: close, or return the node once it stayed healthy."""
-    steps = incident_steps(policy, observations, incident, now)
-    if any(s.action is Action.REPLACE for s in steps):
-        return Act(Move.CLOSE, Reason.REPLACED, "replaced; the node stays out of service")
-    if not any(s.action in DISRUPTIVE_ACTIONS for s in steps):
+    """Every step of the rung is done: close, verify, or return the node once it stayed
+    healthy (to its ReservePool when it was replaced and the pool runs low)."""
+    steps = incident_steps(policy, observations, incident, now, elsewhere=elsewhere)
+    actions = [s.action for s in steps]
+    if Action.RETIRE in actions:
+        return Act(Move.CLOSE, Reason.RETIRED, "retired: the node stays out for inspection")
+    pool = next((s.replace.reserve_pool_ref.name for s in steps if s.replace is not None), None)
+    if Action.REPLACE in actions:
+        after = actions[actions.index(Action.REPLACE) + 1 :]
+        if not any(a in REPAIR_ACTIONS for a in after):
+            return Act(
+                Move.CLOSE, Reason.REPLACED, "replaced; the node stays out of service for repair"
+            )
+        # Repaired after its replacement (a reset/reboot after `replace`): verify, then return.
+    if not any(a in DISRUPTIVE_ACTIONS for a in actions):
         return Act(Move.CLOSE, Reason.ALERT_ONLY, "alert raised; nothing to undo")
     rts = policy.return_to_service
     if not rts.enabled:
@@ -492,6 +622,24 @@ def _after_ladder(  # noqa: PLR0911 - one exit per documented outcome reads best
     unhealthy = unhealthy_reasons(policy, node)
     if unhealthy:
         return Wait(now + hysteresis, Reason.STILL_UNHEALTHY, "; ".join(unhealthy))
+    verified_at = None
+    if rts.check.type is not CheckType.NONE:
+        last_signal = max((o.time for o in observations), default=None)
+        run = incident.verification
+        stale = run is None or (last_signal is not None and run.started_at < last_signal)
+        if stale or run is None or run.passed_at is None:
+            if incident.dry_run:
+                return Blocked(Reason.DRY_RUN, f"dry run: would run the {rts.check.type} check")
+            return Act(
+                Move.VERIFY,
+                Reason.VERIFY,
+                f"{rts.check.type} check before return to service"
+                + (" (again: a signal arrived after the last run)" if run and stale else ""),
+                rule=incident.rule,
+                rung=incident.rung,
+                restart=stale,
+            )
+        verified_at = run.passed_at
     watched = {t for t, _ in watched_conditions(policy)} | {"Ready"}
     healthy_since = max(
         [
@@ -499,6 +647,7 @@ def _after_ladder(  # noqa: PLR0911 - one exit per documented outcome reads best
             incident.last_step_at or incident.started_at,
             node.sources_readable_since,
             *(o.time for o in observations),
+            *([verified_at] if verified_at is not None else []),
             *(
                 c.last_transition_time
                 for c in node.conditions
@@ -510,7 +659,8 @@ def _after_ladder(  # noqa: PLR0911 - one exit per documented outcome reads best
         return Wait(
             healthy_since + hysteresis,
             Reason.HYSTERESIS_PENDING,
-            f"healthy for {format_duration(now - healthy_since)} of {rts.healthy_for}",
+            f"healthy for {format_duration(now - healthy_since)} of {rts.healthy_for}"
+            + (" after its check passed" if verified_at is not None else ""),
         )
     uncordon = incident.cordoned_by_us
     resume = incident.slurm_drained_by_us and rts.resume_slurm
@@ -518,12 +668,27 @@ def _after_ladder(  # noqa: PLR0911 - one exit per documented outcome reads best
         return Act(Move.CLOSE, Reason.NOTHING_OWNED, "healthy; gpuheal owns nothing to undo")
     if incident.dry_run:
         return Blocked(Reason.DRY_RUN, "dry run: would return the node to service")
+    to_pool = return_destination(incident, pool, counts.pools.get(pool) if pool else None)
+    where = f"to ReservePool {to_pool} (below minAvailable)" if to_pool else "to service"
     return Act(
         Move.RETURN_TO_SERVICE,
         Reason.HEALTHY_FOR_HYSTERESIS,
-        f"healthy for {rts.healthy_for}",
+        f"healthy for {rts.healthy_for}"
+        + (" after its check passed" if verified_at is not None else "")
+        + f": back {where}",
         rule=incident.rule,
         rung=incident.rung,
         uncordon=uncordon,
         resume_slurm=resume,
+        to_pool=to_pool,
     )
+
+
+def return_destination(
+    incident: IncidentView, pool: str | None, counts: PoolCounts | None
+) -> str | None:
+    """Where a verified node goes: the pool that gave its replacement when that pool is
+    below minAvailable (and gpuheal holds the node: its own cordon), else service (None)."""
+    if incident.replaced_by is None or pool is None or counts is None:
+        return None
+    return pool if counts.low and incident.cordoned_by_us else None

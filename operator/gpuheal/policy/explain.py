@@ -30,7 +30,12 @@ def describe(decision: t.Decision, now: dt.datetime) -> str:
             t.Move.OPEN: "opens an incident",
             t.Move.ESCALATE: f"climbs to rung {decision.rung}",
             t.Move.CLOSE: "closes the incident",
-            t.Move.RETURN_TO_SERVICE: "returns the node to service",
+            t.Move.RETURN_TO_SERVICE: (
+                f"returns the node to ReservePool {decision.to_pool}"
+                if decision.to_pool
+                else "returns the node to service"
+            ),
+            t.Move.VERIFY: "runs the policy's check before any return",
             Action.ALERT: "raises an alert",
         }.get(decision.operation, f"runs {decision.operation.value}")
         where = (

@@ -32,8 +32,9 @@ from gpuheal.policy.types import (
     NodeCondition,
     NodeView,
     Observation,
+    VerificationState,
 )
-from gpuheal.xid.identity import GPU_MAP_ANNOTATION, GpuMap, parse_gpu_map
+from gpuheal.xid.identity import GPU_MAP_ANNOTATION, GpuMap, normalize_uuid, parse_gpu_map
 from gpuheal.xid.parse import parse_event_all
 
 # Conditions every kubelet reports and that say nothing about GPUs; dropped from the view
@@ -172,6 +173,8 @@ def event_observations(
             base,
             xid=x.xid,
             gpu=known.key(x.pci_bus_id, x.gpu_uuid),
+            gpu_uuid=(normalize_uuid(x.gpu_uuid) if x.gpu_uuid else None)
+            or known.uuid_of(x.pci_bus_id),
             recovery_action=x.recovery_action,
             key=ev.dedupe_key if i == 0 else f"{ev.dedupe_key}/{i}",
         )
@@ -201,8 +204,8 @@ def signal_record(obs: Observation) -> SignalRecord:
         source=_SOURCE.get(obs.source, SignalSource.MANUAL),
         observed_at=obs.time,
         xid=obs.xid,
-        pci_bus_id=gpu if gpu and not gpu.startswith("GPU-") else None,
-        gpu_uuid=gpu if gpu and gpu.startswith("GPU-") else None,
+        pci_bus_id=gpu if gpu and not gpu.startswith(("GPU-", "MIG-")) else None,
+        gpu_uuid=obs.gpu_uuid or (gpu if gpu and gpu.startswith(("GPU-", "MIG-")) else None),
         recovery_action=obs.recovery_action,
         condition_type=obs.condition_type,
         condition_status=obs.condition_status,
@@ -219,7 +222,8 @@ def recorded_observations(nrem: NodeRemediation) -> list[Observation]:
         Observation(
             time=s.observed_at,
             xid=s.xid,
-            gpu=s.gpu_uuid or s.pci_bus_id,
+            gpu=s.pci_bus_id or s.gpu_uuid,  # the canonical key: PCI when known (GpuMap.key)
+            gpu_uuid=s.gpu_uuid,
             recovery_action=s.recovery_action,
             event_reason=s.event_reason,
             condition_type=s.condition_type,
@@ -234,14 +238,24 @@ def recorded_observations(nrem: NodeRemediation) -> list[Observation]:
     ]
 
 
-def done_actions(nrem: NodeRemediation) -> tuple[frozenset[Action], dt.datetime | None]:
+#: Repairs a later rung repeats when it names them again (a reboot after a reset that did not
+#: hold is a new reboot); every other action is done once per incident (one cordon, one drain).
+_PER_RUNG = frozenset({Action.RESET, Action.REBOOT})
+
+
+def done_actions(
+    nrem: NodeRemediation, rung_name: str | None = None
+) -> tuple[frozenset[Action], dt.datetime | None]:
     """Actions recorded as done (timeline entries ``<rung>/<action>`` without a "would") and
-    when the last one was."""
+    when the last one was. With ``rung_name``, a reset or reboot counts only when that rung
+    did it."""
     done: set[Action] = set()
     last = None
     for entry in nrem.status.timeline:
-        _, sep, action = entry.step.partition("/")
+        rung, sep, action = entry.step.partition("/")
         if sep and action in Action.__members__.values():
+            if rung_name is not None and Action(action) in _PER_RUNG and rung != rung_name:
+                continue
             done.add(Action(action))
             last = entry.time
     return frozenset(done), last
@@ -271,14 +285,33 @@ def started_at(nrem: NodeRemediation) -> dt.datetime:
 def incident_view(nrem: NodeRemediation, *, approve_annotation: str) -> IncidentView:
     """The engine's view of an open incident, from the object alone (restart-proof)."""
     spec = nrem.spec
-    done, last = done_actions(nrem)
+    status = nrem.status
+    rung = min(status.rung, len(spec.ladder) - 1)
+    done, last = done_actions(nrem, spec.ladder[rung].name)
     started = started_at(nrem)
     first = spec.signals[0]
+    repair = status.repair
+    repair_failed = (
+        (repair.message or f"{repair.action} failed")
+        if repair is not None and repair.rung == rung and repair.failed_at is not None
+        else None
+    )
+    run = status.verification
+    verification = (
+        VerificationState(
+            started_at=run.started_at,
+            passed_at=run.passed_at,
+            failed_at=run.failed_at,
+            message=run.message,
+        )
+        if run is not None and run.rung == rung
+        else None
+    )
     return IncidentView(
         name=nrem.metadata.name,
         rule=spec.rule,
         ladder=spec.ladder,
-        rung=min(nrem.status.rung, len(spec.ladder) - 1),
+        rung=rung,
         started_at=started,
         done=done,
         last_step_at=last,
@@ -286,9 +319,13 @@ def incident_view(nrem: NodeRemediation, *, approve_annotation: str) -> Incident
         cordoned_by_us=nrem.status.ownership.cordoned,
         slurm_drained_by_us=nrem.status.ownership.slurm_drained,
         trigger_xid=first.xid,
-        trigger_gpu=first.gpu_uuid or first.pci_bus_id,
+        trigger_gpu=first.pci_bus_id or first.gpu_uuid,
+        trigger_gpu_uuid=first.gpu_uuid,
         holds_slot=nrem.status.slot_taken_at is not None,
         dry_run=spec.dry_run,
+        replaced_by=status.replacement_node,
+        repair_failed=repair_failed,
+        verification=verification,
     )
 
 

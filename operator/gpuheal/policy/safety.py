@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from gpuheal.api.meta import parse_duration, scaled_value
 from gpuheal.api.names import Reason
 from gpuheal.api.remediationpolicy import Safety
-from gpuheal.policy.types import ClusterCounts, IncidentSummary, NodeView
+from gpuheal.policy.types import ClusterCounts, IncidentSummary, NodeView, PoolCounts
 
 
 def allowed_unhealthy(safety: Safety, selected: int) -> int:
@@ -94,19 +94,29 @@ def cluster_counts(
     local_slots: Iterable[str] = (),
     breaker_open: bool = False,
     breaker_changed_at: dt.datetime | None = None,
+    pools: Mapping[str, PoolCounts] | None = None,
 ) -> ClusterCounts:
     """Counts for `policy` from what the operator knows (or a CLI read from the cluster).
 
     A slot is held by an open incident that took a disruptive step, by a node gpuheal still
-    keeps cordoned after its incident closed (replaced and waiting for repair, or return to
-    service turned off), and by an incident of this process that took its slot a moment ago
-    but is not visible in the views yet (`local_slots`). Counting open incidents alone let a
-    storm cordon far more nodes than the policy allows, one closed incident at a time.
+    keeps cordoned after its incident closed (return to service turned off, a failed step),
+    and by an incident of this process that took its slot a moment ago but is not visible in
+    the views yet (`local_slots`). Counting open incidents alone let a storm cordon far more
+    nodes than the policy allows, one closed incident at a time.
+
+    A node whose incident brought in a spare (`replacement`) holds no slot from then on,
+    while it waits for repair or is being repaired: the spare restored the capacity the
+    limit protects (NodeHealthCheck counts the same way: a node whose remediation is done
+    no longer counts as unhealthy). Without this, 12 replaced nodes waiting for repair on a
+    125-node pool with maxUnhealthy 10% would stop all new healing.
     """
-    mine = [i for i in incidents if i.policy == policy]
+    everything = list(incidents)
+    replaced = {i.name for i in everything if i.replacement}
+    mine = [i for i in everything if i.policy == policy]
     holders = {i.name for i in mine if i.active and i.holds_slot}
     holders |= {n.kept_out_by for n in kept_out if n.kept_out_by}
-    holders |= set(local_slots)
+    holders -= replaced
+    holders |= set(local_slots) - replaced
     unhealthy = {i.node for i in mine if i.active} | {n.name for n in kept_out}
     return ClusterCounts(
         selected=selected,
@@ -115,4 +125,5 @@ def cluster_counts(
         recent_starts=tuple(i.slot_taken_at for i in mine if i.slot_taken_at is not None),
         breaker_open=breaker_open,
         breaker_changed_at=breaker_changed_at,
+        pools=dict(pools or {}),
     )

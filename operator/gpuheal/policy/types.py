@@ -18,6 +18,7 @@ class Move(enum.StrEnum):
 
     OPEN = "open"  # record a NodeRemediation for a new trigger
     ESCALATE = "escalate"  # record the incident's climb to a higher rung
+    VERIFY = "verify"  # run (or look at) the policy's check before return to service
     RETURN_TO_SERVICE = "returnToService"  # uncordon / resume in Slurm what gpuheal did
     CLOSE = "close"  # incident over without returning the node (replaced, alert only)
 
@@ -39,10 +40,11 @@ class Observation:
     condition_type: str | None = None
     condition_status: str | None = None
     message: str = ""
-    source: str = ""  # events | conditions | dcgm | record (read back from an incident)
+    source: str = ""  # events | conditions | dcgm | record | history (read back from the API)
     key: str = ""  # dedupe key: the same signal seen again has the same key
     event_uid: str | None = None
     reporter: str = ""  # who told us (see inputs.reporter_of): two reporters, one fault
+    gpu_uuid: str | None = None  # the GPU's UUID when known (`gpu` is its PCI address then)
 
     @classmethod
     def from_xid(cls, event: XidEvent, seen_at: dt.datetime) -> Observation:
@@ -52,6 +54,7 @@ class Observation:
             gpu=event.gpu_key,
             recovery_action=event.recovery_action,
             message=event.message,
+            gpu_uuid=event.gpu_uuid,
         )
 
     @property
@@ -115,6 +118,16 @@ class NodeView:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class VerificationState:
+    """The current rung's run of the policy's check (NodeRemediation status.verification)."""
+
+    started_at: dt.datetime
+    passed_at: dt.datetime | None = None
+    failed_at: dt.datetime | None = None
+    message: str = ""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class IncidentView:
     """The open NodeRemediation of the node, as far as decisions go."""
 
@@ -129,9 +142,13 @@ class IncidentView:
     slurm_drained_by_us: bool = False
     trigger_xid: int | None = None
     trigger_gpu: str | None = None
+    trigger_gpu_uuid: str | None = None
     holds_slot: bool = False  # counts against maxUnhealthy already (took a disruptive step)
     dry_run: bool = False  # the incident's own snapshot: editing the policy does not flip it
     name: str = ""
+    replaced_by: str | None = None  # the spare that took over (the node is handed to repair)
+    repair_failed: str | None = None  # the current rung's reset/reboot failed: why
+    verification: VerificationState | None = None  # the current rung's check, if it ran
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -145,7 +162,7 @@ class IncidentSummary:
     holds_slot: bool
     trigger_keys: frozenset[str] = frozenset()
     recorded: frozenset[tuple[object, ...]] = frozenset()  # identities of its signals
-    replacement: str | None = None
+    replacement: str | None = None  # a spare took over: the node is handed to repair
     slot_taken_at: dt.datetime | None = None
     started_at: dt.datetime | None = None
     completed_at: dt.datetime | None = None
@@ -153,11 +170,29 @@ class IncidentSummary:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class History:
+    """What the engine knows of the node's past: its signals (this process's, the open
+    incident's record and the node's FaultHistory, merged), the open incident, and when the
+    last one ended. `elsewhere` holds signals of the same GPUs (by UUID) seen on other nodes:
+    a GPU that moved keeps its record, counted only where a rule counts per GPU."""
+
     observations: Sequence[Observation] = ()
     incident: IncidentView | None = None
     last_resolved_at: dt.datetime | None = None
     """When the node's previous incident ended: older signals were dealt with (a replayed
     Event from before it must not open a new incident)."""
+    elsewhere: Sequence[Observation] = ()
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class PoolCounts:
+    """A ReservePool as far as a return decision goes."""
+
+    available: int
+    min_available: int
+
+    @property
+    def low(self) -> bool:
+        return self.available < self.min_available
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -170,6 +205,7 @@ class ClusterCounts:
     recent_starts: Sequence[dt.datetime] = ()  # when slots were taken (rate limit)
     breaker_open: bool = False
     breaker_changed_at: dt.datetime | None = None  # last open/close transition
+    pools: Mapping[str, PoolCounts] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -183,6 +219,7 @@ class Trigger:
     count: int  # occurrences counted for escalation
     signal: Observation
     why: str
+    repeat: str = ""  # in words, from the history: "3rd XID 94 on GPU-8f6c... in 7d"
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -201,6 +238,8 @@ class Act:
     breaker: bool | None = None  # the policy's breaker opens (True) / closes (False) now
     uncordon: bool = False  # RETURN_TO_SERVICE only
     resume_slurm: bool = False  # RETURN_TO_SERVICE only
+    to_pool: str | None = None  # RETURN_TO_SERVICE: back to this ReservePool as a spare
+    restart: bool = False  # VERIFY: start a new run of the check (none yet, or a stale one)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -29,21 +29,21 @@ from gpuheal.api.names import (
     NREM_PLURAL,
     POLICY_KIND,
     VERSION,
+    WHY_ANNOTATION,
     EventReason,
     NremCondition,
     Reason,
 )
-from gpuheal.api.noderemediation import NodeRemediation
+from gpuheal.api.noderemediation import NodeRemediation, RepairRecord
 from gpuheal.api.remediationpolicy import Action, NotifyEvent, RemediationPolicy
 from gpuheal.policy import decide
 from gpuheal.policy.inputs import (
     incident_view,
     is_completed,
-    merge_observations,
     recorded_observations,
 )
-from gpuheal.policy.types import Act, Blocked, Decision, History, Idle, Move, NodeView, Wait
-from gpuheal.remediation import steps
+from gpuheal.policy.types import Act, Blocked, Decision, Idle, Move, NodeView, Wait
+from gpuheal.remediation import history, steps
 from gpuheal.remediation.notify import announce
 from gpuheal.remediation.record import Recorder
 from gpuheal.remediation.state import Breaker, Runtime
@@ -58,6 +58,7 @@ CONDITION_OF = {
     Action.RESET: NremCondition.RESET,
     Action.REBOOT: NremCondition.REBOOTED,
     Action.REPLACE: NremCondition.REPLACEMENT_CLAIMED,
+    Action.RETIRE: NremCondition.RETIRED,
 }
 # The Event a done step posts: one reason per step.
 EVENT_OF = {
@@ -72,6 +73,9 @@ EVENT_OF = {
 ENDED_EVENT = {
     "Replaced": EventReason.REPLACED,
     "Returned": EventReason.RETURNED,
+    "ReturnedToPool": EventReason.RETURNED_TO_POOL,
+    "Retired": EventReason.RETIRED,
+    "Failed": EventReason.STEP_FAILED,
     "Remediated": EventReason.REMEDIATED,
     "DryRun": EventReason.DRY_RUN_COMPLETED,
 }
@@ -210,7 +214,8 @@ async def _decide(
     pname = policy.metadata.name
     node = nrem.spec.node_name
     view = rt.nodes.get(node)
-    observations = merge_observations(recorded_observations(nrem), rt.history.get(node, ()))
+    # Its record, this process's signals and the node's FaultHistory: a restart forgets none.
+    known = rt.node_history(node, extra=tuple(recorded_observations(nrem)))
     async with rt.slot_lock:
         incident = incident_view(nrem, approve_annotation=APPROVE_ANNOTATION)
         if name in rt.slots.get(pname, ()):
@@ -218,7 +223,7 @@ async def _decide(
         decision = decide(
             policy.spec,
             rt.engine_view(view) if view is not None else _absent(node),
-            History(observations=observations, incident=incident),
+            dataclasses.replace(known, incident=incident),
             rt.counts(pname),
             now,
         )
@@ -262,13 +267,14 @@ async def _record_detected(rt: Runtime, nrem: NodeRemediation, rec: Recorder) ->
     what = f"XID {first.xid}" if first.xid else (first.condition_type or first.event_reason)
     rung = int(nrem.metadata.annotations.get(INITIAL_RUNG_ANNOTATION, "0") or 0)
     rung = max(0, min(rung, len(spec.ladder) - 1))
+    why = nrem.metadata.annotations.get(WHY_ANNOTATION, "")[:256]
     rec.condition(
         NremCondition.DETECTED,
         "True",
         "SignalMatched",
-        f"{what} on {spec.node_name} matched rule {spec.rule}",
+        f"{what} on {spec.node_name} matched rule {spec.rule}" + (f": {why}" if why else ""),
     )
-    rec.set(rung=rung, next_step=0)
+    rec.set(rung=rung, next_step=0, why=why)
     opened = f"{what}: rule {spec.rule}, rung {spec.ladder[rung].name}" + (
         " (dry run)" if spec.dry_run else ""
     )
@@ -299,10 +305,13 @@ async def _carry_out(  # noqa: PLR0911
         return retry
     if isinstance(decision, Act) and decision.operation is Move.ESCALATE:
         rung = int(decision.rung or 0)
-        rec.set(rung=rung, next_step=0)
+        rec.set(rung=rung, next_step=0, why=decision.message[:256])
         rec.event("Escalated", decision.message)
         await rec.write(rt.require_kube())
+        history.escalated(rt, nrem, rung, decision.message)
         return 0.0
+    if isinstance(decision, Act) and decision.operation is Move.VERIFY:
+        return await _verify(rt, nrem, rec, decision)
     if isinstance(decision, Act) and decision.step is not None:
         return await _run_step(rt, nrem, rec, decision, attempt)
     if spec.dry_run:
@@ -373,19 +382,25 @@ async def _run_step(
         rec.set(rung=rung, next_step=index + 1)
         rec.event(label, result.message)
         await rec.write(kube)
+        history.step(rt, nrem, action.value, rung, result.message)
         _observe_latency(rt, nrem, rec, action)
         await kube.post_event(
             nrem.to_k8s(), reason=EVENT_OF[action], message=f"{label}: {result.message}"
         )
         return 0.0
     if result.kind == "wait":
+        rec.merge(result.status)  # e.g. a reset/reboot asked for (status.repair)
         rec.condition(result.condition, "False", result.reason, result.message)
         if result.reason in _BLOCKING_WAITS:
             await _block(rt, nrem, rec, result.reason, result.message)
         else:
             await rec.write(kube)
         return result.retry_after or rt.config.retry_interval
+    if action in (Action.RESET, Action.REBOOT):
+        # Not verified (or refused): recorded on this rung; the engine climbs the ladder.
+        return await _repair_failed(rt, nrem, rec, result, label=label, rung=rung)
     # failed: stop; the node stays as it is (cordoned) and a person must look.
+    history.step(rt, nrem, action.value, rung, f"failed: {result.message}")
     rec.condition(result.condition, "False", result.reason, result.message)
     rec.condition(NremCondition.FAILED, "True", result.reason, result.message)
     rec.condition(NremCondition.COMPLETED, "True", "Failed", f"{label} failed: {result.message}")
@@ -418,6 +433,13 @@ async def _finish(  # noqa: PLR0911
     node = nrem.spec.node_name
     retry = rt.config.retry_interval
     if isinstance(decision, Act) and decision.operation is Move.CLOSE:
+        if decision.reason in (Reason.VERIFICATION_FAILED, Reason.REPAIR_FAILED):
+            rec.condition(NremCondition.FAILED, "True", decision.reason, decision.message)
+            await _complete(rt, nrem, rec, "Failed", decision.message)
+            return None
+        if decision.reason == Reason.RETIRED:
+            await _complete(rt, nrem, rec, "Retired", f"{node} retired: {rec.status.why}")
+            return None
         if decision.reason == Reason.REPLACED:
             spare = rec.status.replacement_node
             message = f"{node} replaced by {spare}; {node} stays cordoned for repair"
@@ -431,8 +453,15 @@ async def _finish(  # noqa: PLR0911
         await _complete(rt, nrem, rec, decision.reason, decision.message)
         return None
     if isinstance(decision, Act) and decision.operation is Move.RETURN_TO_SERVICE:
+        if decision.to_pool is not None:
+            message = await steps.return_to_pool(rt, nrem, decision, decision.to_pool)
+            rec.condition(NremCondition.RETURNED, "True", "ReturnedToPool", message)
+            rec.set(returned_to=f"ReservePool/{decision.to_pool}")
+            await _complete(rt, nrem, rec, "ReturnedToPool", message)
+            return None
         message = await steps.return_to_service(rt, nrem, decision)
         rec.condition(NremCondition.RETURNED, "True", "ReturnedToService", message)
+        rec.set(returned_to="Service")
         await _complete(rt, nrem, rec, "Returned", message)
         return None
     if isinstance(decision, Idle) and decision.reason == Reason.RETURN_DISABLED:
@@ -458,6 +487,8 @@ async def _complete(
     rec.event(NremCondition.COMPLETED, f"{reason}: {message}")
     await rec.write(rt.require_kube())
     announce(rt, nrem, NotifyEvent.COMPLETED, reason, message, rec.now)
+    history.outcome(rt, nrem, reason, message)
+    await history.write_now(rt, nrem.spec.node_name)
     rt.metrics.incidents_completed.labels(reason.lower()).inc()
     event_reason = ENDED_EVENT.get(reason, EventReason.COMPLETED)
     await rt.require_kube().post_event(nrem.to_k8s(), reason=event_reason, message=message)
@@ -487,6 +518,73 @@ async def _block(
             else NotifyEvent.BLOCKED
         )
         announce(rt, nrem, event, reason, message, rec.now)
+
+
+async def _repair_failed(
+    rt: Runtime,
+    nrem: NodeRemediation,
+    rec: Recorder,
+    result: steps.StepResult,
+    *,
+    label: str,
+    rung: int,
+) -> float:
+    """A reset or reboot that failed or could not be verified: record it on this rung
+    (status.repair.failedAt); the next pass climbs the ladder (the engine's decision)."""
+    rec.merge(result.status)
+    repair = rec.status.repair
+    if repair is None or repair.rung != rung:
+        repair = RepairRecord(
+            action=label.rpartition("/")[2], rung=rung, via="Unknown", requested_at=rec.now
+        )
+    rec.set(
+        repair=repair.model_copy(update={"failed_at": rec.now, "message": result.message[:1024]})
+    )
+    rec.condition(result.condition, "False", result.reason, result.message)
+    rec.event(label, f"failed: {result.message}")
+    await rec.write(rt.require_kube())
+    history.step(rt, nrem, label.rpartition("/")[2], rung, f"failed: {result.message}")
+    await rt.require_kube().post_event(
+        nrem.to_k8s(),
+        reason=EventReason.STEP_FAILED,
+        message=f"{label}: {result.message}",
+        type_="Warning",
+    )
+    return 0.0
+
+
+async def _verify(rt: Runtime, nrem: NodeRemediation, rec: Recorder, decision: Act) -> float:
+    """Run (or look at) the policy's check; a verdict is recorded (Verified, status.
+    verification) and the engine decides on the next pass: healthyFor, or climb."""
+    policy = rt.policies[nrem.spec.policy_ref.name]
+    check = policy.spec.return_to_service.check
+    result = await steps.verify(rt, nrem, rec, check, restart=decision.restart)
+    rec.merge(result.status)
+    run = rec.status.verification
+    rung = int(decision.rung or 0)
+    if result.kind == "wait":
+        rec.condition(NremCondition.VERIFIED, "Unknown", result.reason, result.message)
+        if decision.restart:
+            rec.event("Verify", result.message)
+        await rec.write(rt.require_kube())
+        return result.retry_after or rt.config.retry_interval
+    passed = result.kind == "done"
+    if run is not None:
+        stamp = {"passed_at": rec.now} if passed else {"failed_at": rec.now}
+        rec.set(verification=run.model_copy(update={**stamp, "message": result.message[:1024]}))
+    rec.condition(NremCondition.VERIFIED, "True" if passed else "False", result.reason,
+                  result.message)  # fmt: skip
+    rec.event("Verify", f"{'passed' if passed else 'failed'}: {result.message}")
+    await rec.write(rt.require_kube())
+    history.step(rt, nrem, "check", rung, f"{'passed' if passed else 'failed'}: {result.message}")
+    if not passed:
+        await rt.require_kube().post_event(
+            nrem.to_k8s(),
+            reason=EventReason.VERIFICATION_FAILED,
+            message=result.message,
+            type_="Warning",
+        )
+    return 0.0
 
 
 def _node_ref(rt: Runtime, node: str) -> dict[str, Any]:

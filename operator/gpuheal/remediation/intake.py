@@ -20,6 +20,7 @@ from gpuheal.api.names import (
     NODE_LABEL,
     NREM_PLURAL,
     TRIGGER_ANNOTATION,
+    WHY_ANNOTATION,
     EventReason,
     Reason,
     incident_name,
@@ -39,6 +40,7 @@ from gpuheal.policy.types import (
     Trigger,
     Wait,
 )
+from gpuheal.remediation import history
 from gpuheal.remediation.driver import ensure_driver
 from gpuheal.remediation.state import Runtime
 
@@ -53,6 +55,8 @@ async def observe(rt: Runtime, node: str, obs: Observation) -> str:
     """Handle one signal; returns what became of it (also counted in gpuheal_signals_total)."""
     result = await _observe(rt, node, obs)
     rt.metrics.signals.labels(obs.source, result).inc()
+    if result not in ("duplicate", "pending"):
+        history.signal(rt, node, obs, result)
     if result not in ("duplicate", "ignored", "pending"):
         log.info(
             "signal %s on %s: %s",
@@ -72,6 +76,8 @@ async def _observe(rt: Runtime, node: str, obs: Observation) -> str:  # noqa: PL
         return "duplicate"  # another reporter of a fault seen already (NPD's two Events, dcgm)
     if any(obs.key in i.trigger_keys or obs.identity in i.recorded for i in rt.incidents.values()):
         return "duplicate"  # a signal an incident recorded, seen again (relist, restart)
+    if rt.seen_in_history(node, obs):
+        return "duplicate"  # in the node's FaultHistory: handled before a restart
     view = await _node_view(rt, node)
     policy = rt.policy_of(node)
     if view is None or policy is None:
@@ -134,6 +140,7 @@ async def _open(rt: Runtime, policy: RemediationPolicy, view: NodeView, trigger:
             annotations={
                 TRIGGER_ANNOTATION: signal.key[:1000],
                 INITIAL_RUNG_ANNOTATION: str(trigger.rung),
+                WHY_ANNOTATION: (trigger.repeat or trigger.why)[:256],
             },
         ),
         spec=NodeRemediationSpec(
@@ -160,6 +167,10 @@ async def _open(rt: Runtime, policy: RemediationPolicy, view: NodeView, trigger:
         "xid" if signal.xid is not None else "condition", signal.source or "manual"
     ).inc()
     ensure_driver(rt, name)
+    history.opened(
+        rt, view.name, name, rule=trigger.rule.name, rung=trigger.rung,
+        why=trigger.repeat or trigger.why,
+    )  # fmt: skip
     await _post(
         rt,
         view,

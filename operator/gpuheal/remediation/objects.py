@@ -9,6 +9,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from gpuheal.api.faulthistory import FaultHistory
 from gpuheal.api.names import APPROVE_ANNOTATION
 from gpuheal.api.noderemediation import NodeRemediation
 from gpuheal.api.remediationpolicy import RemediationPolicy
@@ -64,6 +65,20 @@ def pool_changed(rt: Runtime, type_: str | None, body: dict[str, Any]) -> None:
         rt.pools[name] = ReservePool.model_validate(body)
     except ValidationError as exc:
         log.error("ReservePool %s does not parse; ignoring it: %s", name, exc)
+
+
+def history_changed(rt: Runtime, type_: str | None, body: dict[str, Any]) -> None:
+    """A node's FaultHistory (ours, a restore from a backup, a back-dated import)."""
+    name = body["metadata"]["name"]
+    if type_ == "DELETED":
+        rt.set_fault_history(name, None)
+        return
+    try:
+        history = FaultHistory.model_validate(body)
+    except ValidationError as exc:
+        log.error("FaultHistory %s does not parse; ignoring it: %s", name, exc)
+        return
+    rt.set_fault_history(history.spec.node_name, history)
 
 
 def incident_changed(rt: Runtime, type_: str | None, body: dict[str, Any]) -> None:

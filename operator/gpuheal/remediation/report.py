@@ -16,11 +16,12 @@ from gpuheal.api.names import POLICY_PLURAL, POOL_PLURAL, PolicyCondition, PoolC
 from gpuheal.api.remediationpolicy import RemediationPolicy, RemediationPolicyStatus
 from gpuheal.api.reservepool import Claim, ReservePool, ReservePoolStatus
 from gpuheal.policy import allowed_unhealthy, unhealthy_reasons
+from gpuheal.remediation import pools
 from gpuheal.remediation.state import Breaker, Runtime
 
 log = logging.getLogger("gpuheal.report")
 INTERVAL = 3.0
-HISTORY_KEEP = dt.timedelta(hours=25)  # longer than the default escalation window (24h)
+HISTORY_KEEP = dt.timedelta(hours=25)  # in memory; older signals come from the FaultHistory objects
 
 
 def _now() -> dt.datetime:
@@ -124,6 +125,7 @@ def pool_status(rt: Runtime, pool: ReservePool, now: dt.datetime) -> ReservePool
     rt.metrics.pool_min_available.labels(name).set(pool.spec.min_available)
     known = {c.node: c.claimed_at for c in pool.status.claims}
     return ReservePoolStatus(
+        refill=rt.refills.get(name) or pool.status.refill,
         observed_generation=pool.metadata.generation,
         available=len(available),
         claimed=len(claimed),
@@ -144,12 +146,17 @@ def _comparable(status: dict[str, Any]) -> Any:
         for c in status.get("conditions", [])
     )
     out["claims"] = sorted((c["node"], c["claimedBy"]) for c in status.get("claims", []))
+    out["refill"] = (status.get("refill") or {}).get("requestedAt")
     return out
 
 
 async def report_once(rt: Runtime, last: dict[tuple[str, str], Any]) -> None:
     kube = rt.require_kube()
     now = _now()
+    available = rt.pool_counts()
+    for name, pool in list(rt.pools.items()):
+        if name in available:
+            await pools.refill(rt, pool, available[name].available, now)
     work: list[tuple[str, str, Any, Any]] = [
         *((POLICY_PLURAL, n, p.status, policy_status(rt, p, now)) for n, p in rt.policies.items()),
         *((POOL_PLURAL, n, p.status, pool_status(rt, p, now)) for n, p in rt.pools.items()),

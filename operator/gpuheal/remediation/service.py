@@ -4,6 +4,7 @@ read before any signal is handled, and the long-running tasks (watches, scrapes,
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 from collections.abc import Coroutine
@@ -23,10 +24,10 @@ from gpuheal.adapters.kube import Kube
 from gpuheal.adapters.lease import Lease
 from gpuheal.adapters.notify import WebhookSender
 from gpuheal.adapters.slurm import BridgeSlurm
-from gpuheal.api.names import NREM_PLURAL, POLICY_PLURAL, POOL_PLURAL
+from gpuheal.api.names import HISTORY_PLURAL, NREM_PLURAL, POLICY_PLURAL, POOL_PLURAL
 from gpuheal.config import bridge_targets, parse_events, parse_webhooks
 from gpuheal.kubeapi import make_api_client
-from gpuheal.remediation import objects, report, sources
+from gpuheal.remediation import history, objects, report, sources
 from gpuheal.remediation.notify import Notifier, Target
 from gpuheal.remediation.state import Runtime
 
@@ -79,6 +80,7 @@ async def start(rt: Runtime, *, serve_metrics: bool) -> None:
     if "dcgm" in cfg.sources:
         _spawn(rt, "dcgm", sources.scrape_dcgm(rt))
     _spawn(rt, "status", report.report_forever(rt))
+    _spawn(rt, "history", history.write_forever(rt))
     for cluster, bridge in rt.bridges.items():
         _spawn(rt, f"bridge:{cluster}", _watch_bridge(rt, cluster, bridge))
     log.info(
@@ -105,11 +107,13 @@ def _lost_lease() -> None:
 
 
 async def _prefill(rt: Runtime) -> None:
-    """Read policies, pools and incidents before any signal is handled, so that a signal
-    seen at start-up attaches to the incident it belongs to instead of opening a second."""
+    """Read policies, pools, incidents and fault histories before any signal is handled,
+    so that a signal seen at start-up attaches to the incident it belongs to instead of
+    opening a second, and counts with everything the nodes went through before."""
     for plural, changed in (
         (POLICY_PLURAL, objects.policy_changed),
         (POOL_PLURAL, objects.pool_changed),
+        (HISTORY_PLURAL, objects.history_changed),
         (NREM_PLURAL, objects.incident_changed),
     ):
         for item in await _list_retrying(rt, plural):
@@ -152,6 +156,9 @@ async def _list_retrying(rt: Runtime, plural: str) -> list[dict[str, Any]]:
 
 
 async def stop(rt: Runtime) -> None:
+    if rt.history_queue and rt.kube is not None:
+        with contextlib.suppress(Exception):  # a clean stop writes what is queued
+            await asyncio.wait_for(history.write_queued(rt), timeout=5)
     pending = [*rt.tasks, *rt.drivers.values()]
     for task in pending:
         task.cancel()

@@ -2,7 +2,8 @@
 list+watch, `Kube.list_watch`), and dcgm-exporter scrapes.
 
 "Blind" is not "healthy": a source that cannot be read sets ``gpuheal_source_up{source}`` to
-0 and counts errors; it never starts or ends an incident by itself.
+0 and counts errors; it never starts or ends an incident by itself. It holds back only the
+nodes it covers: the Node and Event watches cover every node, a dcgm-exporter pod its own.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from gpuheal.policy.types import Observation
 from gpuheal.remediation import intake
 from gpuheal.remediation.objects import node_changed
 from gpuheal.remediation.state import Runtime
-from gpuheal.xid.identity import NO_GPUS
+from gpuheal.xid.identity import NO_GPUS, normalize_uuid
 from gpuheal.xid.parse import dcgm_xid_events, parse_dcgm_metrics
 
 log = logging.getLogger("gpuheal.sources")
@@ -33,13 +34,13 @@ def _now() -> dt.datetime:
 def _blind(rt: Runtime, source: str, message: str) -> None:
     rt.metrics.source_up.labels(source).set(0)
     rt.metrics.source_errors.labels(source).inc()
-    rt.blind.add(source)
+    rt.set_blind(source)
     log.warning("%s source blind: %s", source, message)
 
 
 def _seeing(rt: Runtime, source: str) -> None:
     rt.metrics.source_up.labels(source).set(1)
-    rt.blind.discard(source)
+    rt.set_seeing(source, _now())
 
 
 async def _follow(rt: Runtime, resource: Watched, source: str, ready: asyncio.Event | None,
@@ -100,7 +101,12 @@ async def scrape_dcgm(rt: Runtime) -> None:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
-                _blind(rt, "dcgm", f"listing dcgm-exporter pods failed: {exc}")
+                # Every node an exporter covered is blind now (the others never were seen).
+                rt.metrics.source_up.labels("dcgm").set(0)
+                rt.metrics.source_errors.labels("dcgm").inc()
+                for node in rt.dcgm_nodes:
+                    rt.set_blind("dcgm", node)
+                log.warning("dcgm source blind: listing dcgm-exporter pods failed: %s", exc)
             else:
                 for node, obs in await scrape_once(rt, scraper, pods, previous):
                     await intake.observe(rt, node, obs)
@@ -120,6 +126,10 @@ async def scrape_once(
     source "blind" (``gpuheal_source_up{source="dcgm"} 0``) and says nothing about health."""
     out: list[tuple[str, Observation]] = []
     failed = 0
+    covered = {(p.get("spec") or {}).get("nodeName") for p in pods} - {None}
+    for gone in rt.dcgm_nodes - covered:  # no exporter there any more: nothing to be blind to
+        rt.blind_nodes.get("dcgm", set()).discard(gone)
+    rt.dcgm_nodes = {str(n) for n in covered}
     for pod in pods:
         node = (pod.get("spec") or {}).get("nodeName")
         ip = (pod.get("status") or {}).get("podIP")
@@ -130,9 +140,11 @@ async def scrape_once(
         except ScrapeFailed as exc:
             failed += 1
             rt.metrics.source_errors.labels("dcgm").inc()
+            rt.set_blind("dcgm", node)  # this node only: the others are still seen
             log.warning("scrape of %s failed: %s", node, exc)
             continue
         now = _now()
+        rt.set_seeing("dcgm", now, node)
         events, state = dcgm_xid_events(previous.get(node), parse_dcgm_metrics(text), now)
         previous[node] = state
         view = rt.nodes.get(node)
@@ -153,15 +165,12 @@ async def scrape_once(
                         source="dcgm",
                         key=key,
                         reporter=reporter_of("dcgm", None, xe.message),
+                        gpu_uuid=(normalize_uuid(xe.gpu_uuid) if xe.gpu_uuid else None)
+                        or gpus.uuid_of(xe.pci_bus_id),
                     ),
                 )
             )
-    if pods and not failed:
-        _seeing(rt, "dcgm")
-    else:
-        rt.metrics.source_up.labels("dcgm").set(0)
-        if failed:
-            rt.blind.add("dcgm")
+    rt.metrics.source_up.labels("dcgm").set(1 if pods and not failed else 0)
     return out
 
 

@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import copy
 import datetime as dt
+import hashlib
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+import yaml
 
 from gpuheal.adapters.hooks import HookUnreachable, post_webhook
 from gpuheal.adapters.kube import CordonOutcome, Kube, UncordonOutcome
@@ -25,21 +28,34 @@ from gpuheal.adapters.slurm import (
     SlurmUnavailable,
     UnknownCluster,
 )
-from gpuheal.api.meta import parse_duration, rfc3339
-from gpuheal.api.names import NODE_LABEL, REPLACES_ANNOTATION
+from gpuheal.api.meta import parse_duration, parse_time, rfc3339
+from gpuheal.api.names import (
+    CLAIMED_AT_ANNOTATION,
+    CLAIMED_BY_LABEL,
+    NODE_LABEL,
+    REPLACES_ANNOTATION,
+    RETIRED_LABEL,
+    RETIRED_WHY_ANNOTATION,
+)
 from gpuheal.api.names import NremCondition as C
-from gpuheal.api.noderemediation import NodeRemediation
+from gpuheal.api.noderemediation import NodeRemediation, RepairRecord, VerificationRecord
 from gpuheal.api.remediationpolicy import (
     Action,
+    CheckType,
     DrainOptions,
     DrainTimeoutAction,
     HookSpec,
     HookType,
+    JobHook,
+    NodeConditionCheck,
+    RebootOptions,
+    ResetOptions,
     SlurmDrainOptions,
     Step,
+    VerificationCheck,
 )
 from gpuheal.api.remediationpolicy import RequeueMode as PolicyRequeue
-from gpuheal.api.reservepool import ReservePool
+from gpuheal.api.reservepool import ReservePool, TaintEffect
 from gpuheal.policy import pods_to_evict, spare_candidates
 from gpuheal.policy.types import Act, NodeView
 from gpuheal.remediation.record import Recorder
@@ -299,8 +315,10 @@ async def run_hook(  # noqa: PLR0911
     now: dt.datetime,
     hook_timeout: str,
     retry_after: float,
+    job_name: str | None = None,
 ) -> StepResult:
     """The reset/reboot contract: a Webhook POST or a Job; ``Noop`` records and succeeds.
+    ``done`` here means the hook reported success; `repair` then verifies it happened.
 
     Webhook: ``POST url`` with ``{"action", "node", "incident", "xid"}`` and header
     ``Idempotency-Key: <incident>-<action>``; any 2xx is success, the receiver must treat
@@ -336,25 +354,53 @@ async def run_hook(  # noqa: PLR0911
         return StepResult.failed(condition, "HookRefused", f"{action} webhook: {code}")
     if hook.type is HookType.JOB and hook.job is not None:
         return await _job_hook(
-            kube, hook, action=action, node=node, incident=incident, retry_after=retry_after
+            kube,
+            hook.job,
+            condition=condition,
+            action=action,
+            node=node,
+            incident=incident,
+            name=job_name or job_name_for(incident, action),
+            retry_after=retry_after,
         )
     return StepResult.failed(condition, "HookInvalid", f"{action} hook has no {hook.type} block")
 
 
+def job_name_for(incident: str, suffix: str) -> str:
+    """`<incident>-<suffix>`, shortened (with a hash of the incident) to fit 63 characters."""
+    name = f"{incident}-{suffix}"
+    if len(name) <= 63:
+        return name
+    digest = hashlib.sha256(incident.encode()).hexdigest()[:8]
+    return f"{incident[: 63 - len(suffix) - 10].rstrip('-')}-{digest}-{suffix}"
+
+
 async def _job_hook(
-    kube: Kube, hook: HookSpec, *, action: str, node: str, incident: str, retry_after: float
+    kube: Kube,
+    job_hook: JobHook,
+    *,
+    condition: str,
+    action: str,
+    node: str,
+    incident: str,
+    name: str,
+    retry_after: float,
 ) -> StepResult:
-    assert hook.job is not None
-    condition = C.RESET if action == "reset" else C.REBOOTED
-    name = f"{incident}-{action}"[:63].rstrip("-")
-    ns = hook.job.namespace
+    """Create the Job once, then follow it: Complete is done, Failed is failed (its exit
+    code said so)."""
+    ns = job_hook.namespace
     job = await kube.get_job(ns, name)
     if job is None:
-        spec = _job_spec(hook.job.template, node=node, action=action, incident=incident)
+        template = await _template(kube, job_hook)
+        if isinstance(template, str):
+            return StepResult.failed(condition, "HookInvalid", template)
+        spec = _job_spec(
+            template, node=node, action=action, incident=incident, pin=job_hook.run_on_node
+        )
         body = {
             "apiVersion": "batch/v1",
             "kind": "Job",
-            "metadata": {"name": name, "namespace": ns, "labels": {NODE_LABEL: node}},
+            "metadata": {"name": name, "namespace": ns, "labels": {NODE_LABEL: node[:63]}},
             "spec": spec,
         }
         await kube.create_job(ns, body)
@@ -369,13 +415,41 @@ async def _job_hook(
     return StepResult.wait(condition, "HookRunning", f"Job {ns}/{name} running", retry_after)
 
 
+async def _template(kube: Kube, job_hook: JobHook) -> dict[str, Any] | str:
+    """The JobSpec: inline, or from the ConfigMap key (a str says what is wrong)."""
+    if job_hook.template is not None:
+        return dict(job_hook.template)
+    ref = job_hook.template_from
+    assert ref is not None  # the model (and CEL) require one of the two
+    cm = await kube.get_configmap(job_hook.namespace, ref.name)
+    raw = ((cm or {}).get("data") or {}).get(ref.key)
+    if raw is None:
+        return f"ConfigMap {job_hook.namespace}/{ref.name} has no key {ref.key}"
+    try:
+        loaded = yaml.safe_load(raw)
+    except yaml.YAMLError as exc:
+        return f"ConfigMap {job_hook.namespace}/{ref.name} key {ref.key} is not YAML: {exc}"
+    if not isinstance(loaded, dict):
+        return f"ConfigMap {job_hook.namespace}/{ref.name} key {ref.key} is not a JobSpec"
+    return loaded
+
+
 def _job_spec(
-    template: Mapping[str, Any], *, node: str, action: str, incident: str
+    template: Mapping[str, Any], *, node: str, action: str, incident: str, pin: bool = False
 ) -> dict[str, Any]:
-    """The template (a JobSpec) with NODE_NAME & co added to every container's env."""
+    """The template (a JobSpec) with NODE_NAME & co added to every container's env; with
+    ``pin``, its pod runs on the node (spec.nodeName: the scheduler and the node's cordon do
+    not apply) and tolerates every taint (the node is tainted or cordoned now)."""
     spec = copy.deepcopy(dict(template))
     pod_spec = spec.setdefault("template", {}).setdefault("spec", {})
     pod_spec.setdefault("restartPolicy", "Never")
+    if pin:
+        pod_spec["nodeName"] = node
+        pod_spec.pop("nodeSelector", None)
+        pod_spec.pop("affinity", None)
+        tolerations = pod_spec.setdefault("tolerations", [])
+        if {"operator": "Exists"} not in tolerations:
+            tolerations.append({"operator": "Exists"})
     env = [
         {"name": "NODE_NAME", "value": node},
         {"name": "GPUHEAL_ACTION", "value": action},
@@ -456,6 +530,286 @@ async def replace(
     )
 
 
+# ---- reset / reboot, verified ---------------------------------------------------------------
+GPU_RESOURCE = "nvidia.com/gpu"
+GPU_COUNT_LABEL = "nvidia.com/gpu.count"
+
+
+def _repair_record(rec: Recorder, action: Action) -> RepairRecord | None:
+    """This rung's request for `action`, unless it failed (then a new one is asked for)."""
+    record = rec.status.repair
+    if record is None or record.rung != rec.status.rung or record.action != action.value:
+        return None
+    return None if record.failed_at is not None else record
+
+
+def _boot_id(body: Mapping[str, Any] | None) -> str:
+    return str(((body or {}).get("status") or {}).get("nodeInfo", {}).get("bootID") or "")
+
+
+def gpus_back(body: Mapping[str, Any] | None) -> tuple[bool, str]:
+    """Ready, and every GPU allocatable again (as many as the node's GPU count label, else
+    its capacity): what "the GPU came back" means to Kubernetes."""
+    if body is None:
+        return False, "node not found"
+    status = body.get("status") or {}
+    ready = any(
+        c.get("type") == "Ready" and c.get("status") == "True"
+        for c in status.get("conditions") or []
+    )
+    if not ready:
+        return False, "node not Ready"
+    labels = (body.get("metadata") or {}).get("labels") or {}
+    want = labels.get(GPU_COUNT_LABEL) or (status.get("capacity") or {}).get(GPU_RESOURCE)
+    have = (status.get("allocatable") or {}).get(GPU_RESOURCE)
+    if want is None:
+        return True, "Ready (no GPU resource to count)"
+    if have is None or int(have) < int(want):
+        return False, f"{have or 0} of {want} GPUs allocatable"
+    return True, f"Ready, {have} of {want} GPUs allocatable"
+
+
+async def repair(  # noqa: PLR0911 - one exit per verified outcome
+    rt: Runtime,
+    nrem: NodeRemediation,
+    rec: Recorder,
+    action: Action,
+    opts: ResetOptions | RebootOptions,
+    *,
+    xid: int | None,
+) -> StepResult:
+    """A reset or reboot, asked for once per rung and then *verified* on the node: a reboot
+    by a new boot ID (node.status.nodeInfo.bootID) or Slurm's new BootTime, a reset (and a
+    reboot) by the node Ready with every GPU allocatable. A hook's exit code or 2xx alone is
+    never taken for it; the request and what it saw are kept in status.repair (restarts)."""
+    kube = rt.require_kube()
+    cond = C.RESET if action is Action.RESET else C.REBOOTED
+    node, name, rung = nrem.spec.node_name, nrem.metadata.name, rec.status.rung
+    hook = opts.hook
+    retry = rt.config.retry_interval
+    if hook.type is HookType.NOOP:
+        return StepResult.done(cond, "NoopHook", f"{action} hook is Noop: nothing ran")
+    record = _repair_record(rec, action)
+    if record is None:
+        body = await kube.get_node(node)
+        record = RepairRecord(
+            action=action.value,
+            rung=rung,
+            via=hook.type.value,
+            requested_at=rec.now,
+            boot_id_before=_boot_id(body) or None,
+        )
+    status: dict[str, Any] = {}
+    if record.hook_done_at is None:
+        if hook.type is HookType.SLURM:
+            try:
+                bridge = rt.slurm_for(node)
+            except UnknownCluster as exc:
+                return StepResult.wait(cond, "SlurmClusterUnknown", str(exc), retry)
+            asked = await _slurm_reboot(bridge, node, name, xid, rung)
+            if isinstance(asked, StepResult):
+                return asked
+            record = record.model_copy(
+                update={"slurm_boot_time_before": asked, "hook_done_at": rec.now}
+            )
+        else:
+            ran = await run_hook(
+                kube,
+                hook,
+                action=action.value,
+                node=node,
+                incident=name,
+                xid=xid,
+                started=record.requested_at,
+                now=rec.now,
+                hook_timeout=opts.timeout,
+                retry_after=retry,
+                job_name=job_name_for(name, f"{action.value}-{rung}"),
+            )
+            if ran.kind != "done":
+                ran.status["repair"] = record.to_k8s()
+                return ran
+            record = record.model_copy(update={"hook_done_at": rec.now})
+        status["repair"] = record.to_k8s()
+    seen, what = await _repaired(rt, node, action, record)
+    if seen is True:
+        verified = record.model_copy(update={"verified_at": rec.now, "message": what[:1024]})
+        reason = "SlurmRebooted" if hook.type is HookType.SLURM else "HookSucceeded"
+        return StepResult.done(cond, reason, f"{action} verified: {what}", repair=verified.to_k8s())
+    if seen is False or rec.now - record.requested_at > parse_duration(opts.timeout):
+        why = what if seen is False else f"not verified within {opts.timeout}: {what}"
+        return StepResult.failed(cond, "NotVerified", f"{action} via {record.via}: {why}")
+    result = StepResult.wait(cond, "Verifying", f"{action} via {record.via}: {what}", retry)
+    result.status.update(status)
+    return result
+
+
+async def _slurm_reboot(
+    slurm: BridgeSlurm | None, node: str, incident: str, xid: int | None, rung: int
+) -> str | StepResult | None:
+    """Ask the bridge for `scontrol reboot` (once per rung: idempotency key); the node's
+    BootTime before it (None: Slurm did not say), or what to record instead."""
+    cond = C.REBOOTED
+    if slurm is None:
+        return StepResult.failed(cond, "SlurmNotConfigured", "Slurm reboot without a bridge")
+    try:
+        resp = await slurm.reboot(
+            node, incident=incident, xid=xid, idempotency_key=f"{incident}-reboot-{rung}"
+        )
+    except SlurmUnavailable as exc:
+        return StepResult.wait(cond, "BridgeUnavailable", str(exc), exc.retry_after or 5.0)
+    except SlurmNotFound:
+        return StepResult.failed(cond, "NotASlurmNode", f"Slurm does not know {node}")
+    except SlurmError as exc:
+        return StepResult.failed(cond, "SlurmRefused", str(exc))
+    return resp.previous.boot_time
+
+
+async def _repaired(  # noqa: PLR0911 - one exit per verdict
+    rt: Runtime, node: str, action: Action, record: RepairRecord
+) -> tuple[bool | None, str]:
+    """(True: it happened / False: it failed / None: not yet, what was seen)."""
+    body = await rt.require_kube().get_node(node)
+    back, gpus = gpus_back(body)
+    if action is Action.REBOOT and record.via == HookType.SLURM.value:
+        try:
+            bridge = rt.slurm_for(node)
+            assert bridge is not None  # the reboot went through it
+            st = await bridge.node(node)
+        except (SlurmUnavailable, UnknownCluster) as exc:
+            return None, f"bridge unavailable: {exc}"
+        if st.rebooting:
+            return None, f"Slurm: {st.state}+{'+'.join(st.flags)}"
+        if st.reason and "reboot timed out" in st.reason:
+            return False, f"Slurm: {st.reason}"
+        if not st.boot_time or st.boot_time == record.slurm_boot_time_before:
+            return None, f"Slurm BootTime still {st.boot_time} ({st.state})"
+        slurm_says = f"Slurm BootTime {record.slurm_boot_time_before} -> {st.boot_time}"
+        return (True, f"{slurm_says}; {gpus}") if back else (None, f"{slurm_says}; {gpus}")
+    if action is Action.REBOOT:
+        boot_id = _boot_id(body)
+        if not boot_id or boot_id == (record.boot_id_before or ""):
+            return None, f"bootID unchanged ({record.boot_id_before or 'none'}); {gpus}"
+        changed = f"bootID {record.boot_id_before or 'none'} -> {boot_id}"
+        return (True, f"{changed}; {gpus}") if back else (None, f"{changed}; {gpus}")
+    return back, gpus if back else f"{gpus} after the reset"
+
+
+# ---- verification before return (returnToService.check) -------------------------------------
+async def verify(  # noqa: PLR0911, PLR0912 - one exit per check type and verdict
+    rt: Runtime,
+    nrem: NodeRemediation,
+    rec: Recorder,
+    check: VerificationCheck,
+    *,
+    restart: bool,
+) -> StepResult:
+    """Start (``restart``) or look at the policy's check on the node. ``done``: passed;
+    ``failed``: the check says unhealthy (or gave no verdict in time); ``wait``: not yet.
+    A new run is recorded in ``status["verification"]``."""
+    kube = rt.require_kube()
+    node, name, rung = nrem.spec.node_name, nrem.metadata.name, rec.status.rung
+    cond, retry = C.VERIFIED, rt.config.retry_interval
+    current = rec.status.verification
+    run = current if current is not None and current.rung == rung else None
+    if restart or run is None:
+        attempt = run.attempt + 1 if run is not None else 1
+        new = VerificationRecord(rung=rung, attempt=attempt, started_at=rec.now)
+        if check.type is CheckType.NODE_LABEL and check.node_label is not None:
+            # A verdict from before this run must not count: ask afresh.
+            await kube.patch_node_metadata(node, labels={check.node_label.key: None})
+        result = StepResult.wait(
+            cond, "CheckRunning", f"{check.type} check started (attempt {attempt})", 0.0
+        )
+        result.status["verification"] = new.to_k8s()
+        return result
+    if rec.now - run.started_at > parse_duration(check.timeout):
+        return StepResult.failed(cond, "CheckTimedOut", f"no verdict within {check.timeout}")
+    if check.type is CheckType.JOB and check.job is not None:
+        ran = await _job_hook(
+            kube,
+            check.job,
+            condition=cond,
+            action="check",
+            node=node,
+            incident=name,
+            name=job_name_for(name, f"check-{rung}-{run.attempt}"),
+            retry_after=retry,
+        )
+        if ran.kind == "done":
+            return StepResult.done(cond, "CheckPassed", f"{ran.message} (exit code 0)")
+        if ran.kind == "failed":
+            return StepResult.failed(cond, "CheckFailed", ran.message)
+        return ran
+    if check.type is CheckType.WEBHOOK and check.webhook is not None:
+        try:
+            code = await post_webhook(
+                check.webhook.url,
+                action="check",
+                node=node,
+                incident=name,
+                xid=None,
+                wait_s=parse_duration(check.webhook.timeout).total_seconds(),
+            )
+        except HookUnreachable as exc:
+            return StepResult.wait(cond, "CheckUnreachable", str(exc), retry)
+        if 200 <= code <= 299:
+            return StepResult.done(cond, "CheckPassed", f"check webhook: {code}")
+        if code >= 500 or code == 429:
+            return StepResult.wait(cond, "CheckUnavailable", f"check webhook: {code}", retry)
+        return StepResult.failed(cond, "CheckFailed", f"check webhook: {code}")
+    body = await kube.get_node(node)
+    if check.type is CheckType.NODE_CONDITION and check.node_condition is not None:
+        return _condition_verdict(body, check.node_condition, since=run.started_at, retry=retry)
+    if check.type is CheckType.NODE_LABEL and check.node_label is not None:
+        value = ((body or {}).get("metadata") or {}).get("labels", {}).get(check.node_label.key)
+        label = check.node_label
+        if value == label.pass_value:
+            return StepResult.done(cond, "CheckPassed", f"label {label.key}={value}")
+        if value == label.fail_value:
+            return StepResult.failed(cond, "CheckFailed", f"label {label.key}={value}")
+        return StepResult.wait(cond, "CheckRunning", f"waiting for label {label.key}", retry)
+    return StepResult.done(cond, "NoCheck", "no check configured")
+
+
+def _condition_verdict(
+    body: Mapping[str, Any] | None, want: NodeConditionCheck, *, since: dt.datetime, retry: float
+) -> StepResult:
+    """Only a verdict reported after the check started counts (heartbeat or transition)."""
+    cond = C.VERIFIED
+    for c in ((body or {}).get("status") or {}).get("conditions") or []:
+        if c.get("type") != want.type:
+            continue
+        seen = max(
+            filter(None, (parse_time(c.get("lastHeartbeatTime")),
+                          parse_time(c.get("lastTransitionTime")))),
+            default=None,
+        )  # fmt: skip
+        fresh = seen is not None and seen >= since.replace(microsecond=0)
+        status = c.get("status")
+        what = f"condition {want.type}={status} ({c.get('reason') or 'no reason'})"
+        if fresh and status == want.status.value:
+            return StepResult.done(cond, "CheckPassed", what)
+        opposite = {"True": "False", "False": "True"}.get(want.status.value)
+        if fresh and status == opposite:
+            return StepResult.failed(cond, "CheckFailed", what)
+        return StepResult.wait(cond, "CheckRunning", f"{what}; waiting for a fresh verdict", retry)
+    return StepResult.wait(cond, "CheckRunning", f"no condition {want.type} yet", retry)
+
+
+# ---- retire --------------------------------------------------------------------------------
+async def retire(kube: Kube, node: str, incident: str, why: str) -> StepResult:
+    """Mark the node retired (label + why); its cordon stays. gpuheal never returns it."""
+    await kube.patch_node_metadata(
+        node,
+        labels={RETIRED_LABEL: incident[:63]},
+        annotations={RETIRED_WHY_ANNOTATION: why or f"retired by {incident}"},
+    )
+    return StepResult.done(
+        C.RETIRED, "Retired", f"{node} retired ({why or incident}); it stays out for inspection"
+    )
+
+
 # ---- dispatch --------------------------------------------------------------------------------
 def _started(rec: Recorder, condition: str) -> dt.datetime:
     """When this step first ran: its condition's transition to False (kept across restarts)."""
@@ -499,10 +853,13 @@ async def execute(  # noqa: PLR0911
                 rt.metrics.evictions.labels(what).inc(n)
         return result
     if action in (Action.RESET, Action.REBOOT):
-        opts = step.reset if action is Action.RESET else step.reboot
+        opts: ResetOptions | RebootOptions | None = (
+            step.reset if action is Action.RESET else step.reboot
+        )
         assert opts is not None
         cond = C.RESET if action is Action.RESET else C.REBOOTED
-        if step.reset is not None and action is Action.RESET and step.reset.when_idle:
+        asked = _repair_record(rec, action) is not None
+        if step.reset is not None and action is Action.RESET and step.reset.when_idle and not asked:
             busy = await busy_pods(kube, node)
             if busy:
                 return StepResult.wait(
@@ -512,18 +869,9 @@ async def execute(  # noqa: PLR0911
                     f"({', '.join(busy[:3])})",
                     retry,
                 )
-        return await run_hook(
-            kube,
-            opts.hook,
-            action=action.value,
-            node=node,
-            incident=name,
-            xid=xid,
-            started=_started(rec, cond),
-            now=now,
-            hook_timeout=opts.timeout,
-            retry_after=retry,
-        )
+        return await repair(rt, nrem, rec, action, opts, xid=xid)
+    if action is Action.RETIRE:
+        return await retire(kube, node, name, rec.status.why)
     if action is Action.REPLACE:
         assert step.replace is not None
         pool_name = step.replace.reserve_pool_ref.name
@@ -538,6 +886,58 @@ async def execute(  # noqa: PLR0911
             retry_after=retry,
         )
     return StepResult.failed(C.DETECTED, "UnknownAction", f"no executor for {action}")
+
+
+async def return_to_pool(rt: Runtime, nrem: NodeRemediation, decision: Act, pool_name: str) -> str:
+    """Put a verified, repaired node back into the ReservePool that gave its replacement:
+    the pool's labels (and none of its promotion labels), the pool's taints back, no claim;
+    then our cordon is lifted (the taints keep work off) and, in Slurm, our drain becomes
+    the pool's ('reserve pool'), which promotion resumes. Says what happened."""
+    kube = rt.require_kube()
+    node, name = nrem.spec.node_name, nrem.metadata.name
+    pool = rt.pools.get(pool_name)
+    current = await kube.get_node(node)
+    if pool is None or current is None:
+        return await return_to_service(rt, nrem, decision)
+    promo = pool.spec.promotion
+    labels: dict[str, str | None] = {k: None for k in promo.set_labels}
+    labels.update(pool.spec.node_selector.match_labels)
+    labels[CLAIMED_BY_LABEL] = None
+    now_labels = {**(current.get("metadata", {}).get("labels") or {}), **labels}
+    if not pool.spec.node_selector.matches({k: v for k, v in now_labels.items() if v}):
+        message = await return_to_service(rt, nrem, decision)
+        return f"ReservePool {pool_name}'s selector cannot be set by labels; {message}"
+    taints = tuple(
+        {"key": t.key, "effect": (t.effect or TaintEffect.NO_SCHEDULE).value}
+        for t in promo.remove_taints
+    )
+    await kube.patch_node_metadata(
+        node,
+        labels=labels,
+        annotations={REPLACES_ANNOTATION: None, CLAIMED_AT_ANNOTATION: None},
+        add_taints=taints,
+        current=current,
+    )
+    messages = [f"{node} back in ReservePool {pool_name} as a spare"]
+    if decision.uncordon:
+        messages.append(await uncordon(kube, node, name))
+    try:
+        bridge = rt.slurm_for(node)
+    except UnknownCluster as exc:
+        messages.append(f"nothing done in Slurm: {exc}")
+        return "; ".join(messages)
+    if promo.slurm is not None and bridge is not None and nrem.status.ownership.slurm_drained:
+        reason = promo.slurm.reserve_reason
+        try:
+            resp = await bridge.reserve(
+                node, incident=name, reason=reason, idempotency_key=f"{name}-reserve"
+            )
+            messages.append(f"Slurm {resp.slurm_node}: {resp.outcome.value} ({reason!r})")
+        except SlurmConflict as exc:
+            messages.append(f"Slurm drain of {node} is not ours, left as it is ({exc})")
+    elif decision.resume_slurm:
+        messages.append(await slurm_resume(bridge, node, name))
+    return "; ".join(messages)
 
 
 async def return_to_service(rt: Runtime, nrem: NodeRemediation, decision: Act) -> str:

@@ -46,6 +46,19 @@ class NodeState(_Model):
     owner: Owner = Field(description="Owner of the drain/down reason.")
     incident: str | None = Field(default=None, description="Incident id when owner=gpuheal.")
     xid: int | None = Field(default=None, description="XID from our reason when present.")
+    boot_time: str | None = Field(
+        default=None,
+        description="When the node last booted, as Slurm says (BootTime, the Slurm host's "
+        "local time): a reboot changes it.",
+    )
+    slurmd_start_time: str | None = Field(
+        default=None, description="When the node's slurmd last started (SlurmdStartTime)."
+    )
+
+    @property
+    def rebooting(self) -> bool:
+        """A reboot was asked for and has not finished (REBOOT_REQUESTED / REBOOT_ISSUED)."""
+        return any(f.startswith("REBOOT") for f in self.flags)
 
 
 class JobState(_Model):
@@ -225,6 +238,68 @@ class JobRequeueRequest(RequeueOptions):
     from_node: str | None = Field(
         default=None, description="Node (Kubernetes name) the job must still run on."
     )
+
+
+class RebootNextState(StrEnum):
+    """What the node is after the reboot (measured on Slurm 22.05, see docs/slurm-bridge.md)."""
+
+    DRAIN = "drain"  # `scontrol reboot reason=...` on the drained node: it stays DRAINED
+    RESUME = "resume"  # `scontrol reboot ASAP nextstate=RESUME`: Slurm returns it by itself
+
+
+class RebootRequest(_Model):
+    """Reboot a node through Slurm (its RebootProgram) for an incident."""
+
+    incident: Annotated[str, Field(pattern=INCIDENT_PATTERN)] = Field(
+        description="Incident id (the NodeRemediation name)."
+    )
+    xid: int | None = Field(default=None, ge=0, le=100000, description="XID that caused it.")
+    next_state: RebootNextState = Field(
+        default=RebootNextState.DRAIN,
+        description="drain (default): the node is drained with gpuheal's reason first (if it "
+        "is not already) and stays drained after the reboot, so nothing runs on it before "
+        "gpuheal's check passes and it resumes it; resume: `ASAP nextstate=RESUME`, Slurm "
+        "undrains it as soon as it is back.",
+    )
+
+
+class RebootOutcome(StrEnum):
+    REQUESTED = "requested"  # the reboot was asked for now
+    ALREADY_REQUESTED = "already_requested"  # a reboot of ours is pending or in progress
+
+
+class RebootResponse(_Model):
+    node: str
+    slurm_node: str
+    outcome: RebootOutcome
+    previous: NodeState = Field(description="Before: keep previous.boot_time to verify.")
+    current: NodeState
+
+
+class ReserveRequest(_Model):
+    """Hand a node gpuheal drained to the reserve pool: DRAIN with the pool's reason."""
+
+    incident: Annotated[str, Field(pattern=INCIDENT_PATTERN)] = Field(
+        description="The incident whose drain this is (someone else's drain is refused)."
+    )
+    reason: Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[^\[\]]+$")] = Field(
+        default="reserve pool",
+        description="The reserve pool's drain reason (the ReservePool's "
+        "promotion.slurm.reserveReason); promotion resumes the node with force.",
+    )
+
+
+class ReserveOutcome(StrEnum):
+    RESERVED = "reserved"  # drained with the pool's reason now
+    ALREADY_RESERVED = "already_reserved"  # it carries the pool's reason already
+
+
+class ReserveResponse(_Model):
+    node: str
+    slurm_node: str
+    outcome: ReserveOutcome
+    previous: NodeState
+    current: NodeState
 
 
 class ErrorCode(StrEnum):

@@ -64,6 +64,7 @@ class Capability(StrEnum):
     REQUEUE = "requeue"
     SIGNAL = "signal"
     UPDATE_JOB = "update_job"  # ExcNodeList / StartTime
+    REBOOT = "reboot"  # scontrol reboot (RebootProgram)
 
 
 ALL_CAPABILITIES = frozenset(Capability)
@@ -77,6 +78,8 @@ class SlurmNode:
     reason: str | None = None
     reason_user: str | None = None
     reason_time: str | None = None
+    boot_time: str | None = None
+    slurmd_start_time: str | None = None
 
     @property
     def drain(self) -> bool:
@@ -133,6 +136,11 @@ class Backend(Protocol):
     async def drain(self, node: str, reason: str) -> None: ...
 
     async def resume(self, node: str) -> None: ...
+
+    async def reboot(self, node: str, reason: str, *, asap: bool, resume: bool) -> None:
+        """``scontrol reboot [ASAP] [nextstate=RESUME] reason=<reason> <node>``: the node runs
+        Slurm's RebootProgram once idle (ASAP: drained until then)."""
+        ...
 
     async def requeue(self, job_id: int, hold: bool) -> None: ...
 

@@ -190,6 +190,10 @@ class CliBackend:
     async def resume(self, node: str) -> None:
         await self._ok("scontrol", "update", f"NodeName={node}", "State=RESUME")
 
+    async def reboot(self, node: str, reason: str, *, asap: bool, resume: bool) -> None:
+        flags = [*(["ASAP"] if asap else []), *(["nextstate=RESUME"] if resume else [])]
+        await self._ok("scontrol", "reboot", *flags, f"reason={reason}", node)
+
     async def requeue(self, job_id: int, hold: bool) -> None:
         await self._ok("scontrol", "requeuehold" if hold else "requeue", str(job_id))
 

@@ -15,6 +15,8 @@ from gpuheal_bridge.ownership import split_reason_suffix
 
 _NODE_NAME = re.compile(r"^NodeName=(\S+)")
 _STATE = re.compile(r"(?:^| )State=(\S+)")
+_BOOT = re.compile(r"(?:^| )BootTime=(\S+)")
+_SLURMD_START = re.compile(r"(?:^| )SlurmdStartTime=(\S+)")
 #: Columns of the probe format; none of them holds user-controlled free text.
 PROBE_FORMAT = "%i|%T|%r|%N"
 #: ``squeue -O`` fields of a job (22.05's ``--json`` ignores ``-w``/``-j``, this does not).
@@ -63,7 +65,14 @@ def parse_node_line(line: str) -> SlurmNode:
     if sep:
         reason, user, when = split_reason_suffix(reason_text)
         reason = reason or None
-    return SlurmNode(m.group(1), state, flags, reason, user, when)
+    return SlurmNode(
+        m.group(1), state, flags, reason, user, when, _time(_BOOT, head), _time(_SLURMD_START, head)
+    )
+
+
+def _time(pattern: re.Pattern[str], head: str) -> str | None:
+    m = pattern.search(head)
+    return m.group(1) if m and m.group(1) not in ("None", "Unknown") else None
 
 
 def parse_node_lines(text: str) -> list[SlurmNode]:
@@ -105,6 +114,8 @@ def node_from_json(item: Mapping[str, Any]) -> SlurmNode:
         reason=reason,
         reason_user=item.get("reason_set_by_user") or None,
         reason_time=_iso(item.get("reason_changed_at")),
+        boot_time=_iso(_number(item.get("boot_time"))),
+        slurmd_start_time=_iso(_number(item.get("slurmd_start_time"))),
     )
 
 

@@ -190,6 +190,11 @@ class RestBackend:
     async def resume(self, node: str) -> None:
         await self._update_node(node, "RESUME", None)
 
+    async def reboot(self, node: str, reason: str, *, asap: bool, resume: bool) -> None:
+        if self.fallback is None:
+            raise Unsupported("slurmrestd has no reboot operation; use --rest-write-fallback cli")
+        await self.fallback.reboot(node, reason, asap=asap, resume=resume)
+
     async def requeue(self, job_id: int, hold: bool) -> None:
         if self.fallback is None:
             raise Unsupported("slurmrestd has no requeue operation; use --rest-write-fallback cli")

@@ -37,6 +37,7 @@ from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match, Route
 
+from gpuheal_bridge import repair
 from gpuheal_bridge.api.models import (
     DrainRequest,
     DrainResponse,
@@ -50,6 +51,10 @@ from gpuheal_bridge.api.models import (
     NodeState,
     Owner,
     Readiness,
+    RebootRequest,
+    RebootResponse,
+    ReserveRequest,
+    ReserveResponse,
     ResumeRequest,
     ResumeResponse,
 )
@@ -480,6 +485,47 @@ def create_app(settings: BridgeSettings) -> FastAPI:  # noqa: PLR0915 - routes a
         """RESUME only a drain gpuheal set (409 otherwise) unless ``force``; not drained: no-op."""
         req = body or ResumeRequest()
         return await mutate_node(request, node, req, idempotency_key, ops.resume)
+
+    @app.post(
+        "/v1/nodes/{node}/reboot",
+        response_model=RebootResponse,
+        responses=_ERRORS,
+        tags=["nodes"],
+        dependencies=_BEARER,
+    )
+    async def reboot_node(
+        node: str, body: RebootRequest, request: Request, idempotency_key: IdemKey = None
+    ) -> JSONResponse:
+        """Reboot through Slurm's RebootProgram (`scontrol reboot`), once the node is idle.
+
+        `next_state: drain` (default): the node is drained with gpuheal's reason (if it is
+        not already) and stays drained after the reboot, until gpuheal resumes it once its
+        check passed. `resume`: `scontrol reboot ASAP nextstate=RESUME`, Slurm undrains it.
+        A node drained or down by someone else is refused (409). The response's
+        `previous.boot_time` is what a caller compares with later `GET /v1/nodes/{node}`
+        answers to verify the reboot happened (`current.flags` shows REBOOT_REQUESTED /
+        REBOOT_ISSUED meanwhile).
+        """
+        return await mutate_node(
+            request, node, body, idempotency_key, lambda k, s, b: repair.reboot(ops, k, s, b)
+        )
+
+    @app.post(
+        "/v1/nodes/{node}/reserve",
+        response_model=ReserveResponse,
+        responses=_ERRORS,
+        tags=["nodes"],
+        dependencies=_BEARER,
+    )
+    async def reserve_node(
+        node: str, body: ReserveRequest, request: Request, idempotency_key: IdemKey = None
+    ) -> JSONResponse:
+        """Hand a node gpuheal drained (for `incident`) to the reserve pool: DRAIN with the
+        pool's reason (`reserve pool`), which promotion later resumes with force. Someone
+        else's drain is refused (409); the pool's reason already there is a no-op."""
+        return await mutate_node(
+            request, node, body, idempotency_key, lambda k, s, b: repair.reserve(ops, k, s, b)
+        )
 
     @app.get(
         "/v1/jobs/{job_id}",

@@ -61,6 +61,7 @@ class FakeSlurm:
         self.calls: list[tuple[str, tuple[object, ...]]] = []
         self.down = False
         self.expedited: set[int] = set()
+        self.reboots: dict[str, bool] = {}
 
     # -- setup helpers
     def add_node(
@@ -136,6 +137,28 @@ class FakeSlurm:
             raise Rejected("slurm_update error: Invalid node state specified")
         state = "IDLE" if n.state == "DOWN" else n.state
         self.nodes[node] = SlurmNode(node, state, tuple(f for f in n.flags if f != "DRAIN"))
+
+    async def reboot(self, node: str, reason: str, *, asap: bool, resume: bool) -> None:
+        """Request only: a test completes it with `finish_reboot`."""
+        self._check("reboot", node, reason, asap, resume)
+        n = self.nodes[node]
+        flags = tuple(f for f in n.flags if f != "DRAIN") + (("DRAIN",) if asap or n.drain else ())
+        self.nodes[node] = dataclasses.replace(
+            n, flags=(*flags, "REBOOT_REQUESTED"), reason=reason, reason_user="root"
+        )
+        self.reboots[node] = resume
+
+    def finish_reboot(self, node: str, boot_time: str) -> None:
+        n = self.nodes[node]
+        resume = self.reboots.pop(node)
+        flags = tuple(f for f in n.flags if not f.startswith("REBOOT"))
+        if resume:
+            self.nodes[node] = SlurmNode(node, "IDLE", (), boot_time=boot_time)
+        else:
+            reason = f"{n.reason} : reboot issued"
+            self.nodes[node] = dataclasses.replace(
+                n, flags=flags, reason=reason, boot_time=boot_time
+            )
 
     async def requeue(self, job_id: int, hold: bool) -> None:
         self._check("requeue", job_id, hold)

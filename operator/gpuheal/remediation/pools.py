@@ -1,0 +1,75 @@
+"""Refill: a ReservePool below minAvailable asks its provider for spares (the extension
+point a site's provisioning system answers: Cluster API, a cloud, a BMC script).
+
+`refill.provider: Webhook` POSTs ``{pool, available, minAvailable, wanted, nodeSelector,
+since}`` with header ``Idempotency-Key: <pool>-<shortfall start>-<wanted>`` to
+`refill.webhook.url`. Any 2xx means accepted: the provider brings nodes up carrying the
+pool's labels and they count as spares once Ready. 4xx is recorded (Refused) and not asked
+again for the same shortfall; 5xx, 429 or no answer are asked again after the interval.
+The decision is `gpuheal.policy.pool.refill_due`; the last request is kept in the pool's
+status (`status.refill`), so a restart does not ask twice.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+
+import httpx
+
+from gpuheal.api.meta import ConditionStatus, find_condition, parse_duration
+from gpuheal.api.names import API_VERSION, POOL_KIND, EventReason, PoolCondition
+from gpuheal.api.reservepool import RefillStatus, ReservePool
+from gpuheal.policy.pool import REFUSED, RefillAsk, refill_due
+from gpuheal.remediation.state import Runtime
+
+log = logging.getLogger("gpuheal.pools")
+
+
+async def refill(rt: Runtime, pool: ReservePool, available: int, now: dt.datetime) -> None:
+    """Ask the pool's provider for spares when `refill_due` says so; remember the answer."""
+    name = pool.metadata.name
+    last = rt.refills.get(name) or pool.status.refill
+    low = find_condition(pool.status.conditions, PoolCondition.LOW)
+    low_since = low.last_transition_time if low and low.status is ConditionStatus.TRUE else None
+    ask = refill_due(name, pool.spec, available, low_since=low_since, last=last, now=now)
+    if ask is None:
+        return
+    result, message = await _post(pool, available, ask)
+    rt.refills[name] = RefillStatus(
+        requested_at=now, wanted=ask.wanted, since=ask.since, result=result, message=message
+    )
+    log.info("pool %s refill: asked for %d spare(s): %s %s", name, ask.wanted, result, message)
+    await rt.require_kube().post_event(
+        {"apiVersion": API_VERSION, "kind": POOL_KIND,
+         "metadata": {"name": name, "uid": pool.metadata.uid}},
+        reason=EventReason.REFILL_REQUESTED,
+        message=f"asked the refill provider for {ask.wanted} spare(s): {result} {message}"[:1024],
+        type_="Normal" if result == "Accepted" else "Warning",
+    )  # fmt: skip
+
+
+async def _post(pool: ReservePool, available: int, ask: RefillAsk) -> tuple[str, str]:
+    webhook = pool.spec.refill.webhook
+    assert webhook is not None  # refill_due asks only for a Webhook provider
+    payload = {
+        "pool": pool.metadata.name,
+        "available": available,
+        "minAvailable": pool.spec.min_available,
+        "wanted": ask.wanted,
+        "nodeSelector": {k: v for k, v in pool.spec.node_selector.to_k8s().items() if v},
+        "since": ask.since.isoformat(),
+    }
+    try:
+        async with httpx.AsyncClient(
+            timeout=parse_duration(webhook.timeout).total_seconds()
+        ) as http:
+            resp = await http.post(webhook.url, json=payload, headers={"Idempotency-Key": ask.key})
+    except httpx.HTTPError as exc:
+        return "Unreachable", f"{type(exc).__name__}: {exc}"[:1024]
+    text = resp.text[:900]
+    if 200 <= resp.status_code <= 299:
+        return "Accepted", f"{resp.status_code} {text}".strip()
+    if resp.status_code >= 500 or resp.status_code == 429:
+        return "Unavailable", f"{resp.status_code} {text}".strip()
+    return REFUSED, f"{resp.status_code} {text}".strip()
