@@ -201,7 +201,7 @@ async def _decide(
             policy.spec,
             rt.engine_view(view) if view is not None else _absent(node),
             History(observations=observations, incident=incident),
-            rt.counts(pname),
+            rt.counts(pname, now),
             now,
         )
         if isinstance(decision, Act) and decision.takes_slot:
@@ -225,7 +225,7 @@ async def _breaker_changed(
     pname = policy.metadata.name
     rt.metrics.breaker_open.labels(pname).set(1 if opened else 0)
     if opened:
-        await rt.require_kube().post_event(
+        rt.post_event(
             {
                 "apiVersion": f"{GROUP}/{VERSION}",
                 "kind": POLICY_KIND,
@@ -332,7 +332,7 @@ async def _run_step(
     if decision.takes_slot and rec.status.slot_taken_at is None:
         rec.set(slot_taken_at=rec.now)
     if action is Action.ALERT:
-        await kube.post_event(
+        rt.post_event(
             _node_ref(rt, spec.node_name),
             reason=EventReason.DETECTED,
             message=f"{name}: {spec.signals[-1].message or spec.rule}",
@@ -356,7 +356,7 @@ async def _run_step(
         rec.event(label, result.message)
         await rec.write(kube)
         _observe_latency(rt, nrem, rec, action)
-        await kube.post_event(
+        rt.post_event(
             nrem.to_k8s(), reason=EventReason.STEP_DONE, message=f"{label}: {result.message}"
         )
         return 0.0
@@ -374,7 +374,7 @@ async def _run_step(
     rec.event(label, f"failed: {result.message}")
     await rec.write(kube)
     rt.metrics.incidents_completed.labels("failed").inc()
-    await kube.post_event(
+    rt.post_event(
         nrem.to_k8s(),
         reason=EventReason.STEP_FAILED,
         message=f"{label}: {result.message}",
@@ -443,7 +443,7 @@ async def _complete(
         "Replaced": EventReason.REPLACED,
         "Returned": EventReason.RETURNED,
     }.get(reason, EventReason.STEP_DONE)
-    await rt.require_kube().post_event(nrem.to_k8s(), reason=event_reason, message=message)
+    rt.post_event(nrem.to_k8s(), reason=event_reason, message=message)
 
 
 async def _block(
@@ -455,7 +455,7 @@ async def _block(
     if changed:
         rec.event(NremCondition.BLOCKED, f"{reason}: {message}")
         rt.metrics.blocked.labels(reason).inc()
-        await rt.require_kube().post_event(
+        rt.post_event(
             nrem.to_k8s(),
             reason=EventReason.STEP_BLOCKED,
             message=f"{reason}: {message}",

@@ -87,6 +87,6 @@ def incident_changed(rt: Runtime, type_: str | None, body: dict[str, Any]) -> No
     rt.incident_marks[name] = mark
     if summary.holds_slot or not summary.active:
         rt.release_slot(name)  # recorded on the incident now (or over): no local slot needed
-    rt.metrics.active_incidents.set(sum(1 for i in rt.incidents.values() if i.active))
+    rt.metrics.active_incidents.set(rt.incidents.open_count)
     if summary.active:
         ensure_driver(rt, name, wake_up=changed)

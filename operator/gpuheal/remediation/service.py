@@ -9,7 +9,6 @@ import os
 from collections.abc import Coroutine
 from typing import Any
 
-from kubernetes_asyncio.client.exceptions import ApiException
 from prometheus_client import start_http_server
 from tenacity import (
     AsyncRetrying,
@@ -19,7 +18,8 @@ from tenacity import (
     wait_exponential_jitter,
 )
 
-from gpuheal.adapters.kube import Kube, make_api_client
+from gpuheal.adapters.events import EventOutbox
+from gpuheal.adapters.kube import ApiError, Kube
 from gpuheal.adapters.lease import Lease
 from gpuheal.adapters.slurm import BridgeSlurm
 from gpuheal.api.names import NREM_PLURAL, POLICY_PLURAL, POOL_PLURAL
@@ -34,9 +34,13 @@ async def start(rt: Runtime, *, serve_metrics: bool) -> None:
     (kopf retries start-up): nothing is started twice."""
     cfg = rt.config
     if rt.kube is None:
-        rt.kube = Kube(await make_api_client(cfg.kubeconfig), component="gpuheal")
+        rt.kube = Kube.connect(cfg.kubeconfig, component="gpuheal")
+    if rt.events is None:
+        events = rt.metrics.events
+        rt.events = EventOutbox(rt.kube, count=lambda result: events.labels(result).inc())
+        _spawn(rt, "outbox", rt.events.run())
     if cfg.lease_duration > 0 and rt.lease is None:
-        rt.lease = Lease(rt.kube.api, cfg.namespace, duration=cfg.lease_duration)
+        rt.lease = Lease(rt.kube, cfg.namespace, duration=cfg.lease_duration)
         await rt.lease.acquire()  # a second copy waits here: nothing below runs in it
         _spawn(rt, "lease", rt.lease.keep(_lost_lease))
     if cfg.bridge_url and rt.slurm is None:
@@ -108,7 +112,7 @@ async def _list_retrying(rt: Runtime, plural: str) -> list[dict[str, Any]]:
     retries start-up)."""
 
     def transient(exc: BaseException) -> bool:
-        return isinstance(exc, ApiException) and exc.status in (404, 429, 500, 503)
+        return isinstance(exc, ApiError) and exc.status in (404, 429, 500, 503)
 
     def say(state: RetryCallState) -> None:
         exc = state.outcome.exception() if state.outcome else None
@@ -127,10 +131,16 @@ async def _list_retrying(rt: Runtime, plural: str) -> list[dict[str, Any]]:
 
 
 async def stop(rt: Runtime) -> None:
-    pending = [*rt.tasks, *rt.drivers.values()]
+    outbox = [t for t in rt.tasks if t.get_name() == "outbox"]
+    pending = [t for t in [*rt.tasks, *rt.drivers.values()] if t not in outbox]
     for task in pending:
         task.cancel()
     await asyncio.gather(*pending, return_exceptions=True)
+    if rt.events is not None:
+        await rt.events.flush(within=5.0)  # what is left is logged, not dropped silently
+    for task in outbox:
+        task.cancel()
+    await asyncio.gather(*outbox, return_exceptions=True)
     for timer in rt.condition_timers.values():
         timer.cancel()
     if rt.lease is not None:

@@ -77,14 +77,14 @@ async def watch_events(rt: Runtime) -> None:
     await _follow(rt, "node_events", "events", None, handle)
 
 
-async def handle_event(rt: Runtime, body: dict[str, Any]) -> str | None:
+async def handle_event(rt: Runtime, body: dict[str, Any]) -> None:
+    """Hand the Event's signal to the intake (which handles it while the watch reads on)."""
     ev = node_event(body)
     if ev is None or ev.component == rt.require_kube().component:
-        return None  # not about a Node, or one of our own Events
+        return  # not about a Node, or one of our own Events
     obs = event_observation(ev, _now())
-    if obs is None:
-        return None
-    return await intake.observe(rt, ev.node, obs)
+    if obs is not None:
+        await intake.submit(rt, ev.node, obs)
 
 
 async def scrape_dcgm(rt: Runtime) -> None:
@@ -102,7 +102,7 @@ async def scrape_dcgm(rt: Runtime) -> None:
                 _blind(rt, "dcgm", f"listing dcgm-exporter pods failed: {exc}")
             else:
                 for node, obs in await scrape_once(rt, scraper, pods, previous):
-                    await intake.observe(rt, node, obs)
+                    await intake.submit(rt, node, obs)
             await asyncio.sleep(rt.config.dcgm_interval)
     finally:
         await scraper.close()
