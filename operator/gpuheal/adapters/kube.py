@@ -493,8 +493,13 @@ class Kube:
         must treat that time as "cannot see", never as "nothing happened".
         """
         path = f"{CORE}/nodes" if resource == "nodes" else f"{CORE}/events"
-        # Events: server-side selector, so the Event firehose of pods never reaches us.
-        selector = {} if resource == "nodes" else {"fieldSelector": "involvedObject.kind=Node"}
+        # Events: server-side selector, so the Event firehose of pods never reaches us, nor
+        # the Events gpuheal posts itself.
+        selector = (
+            {}
+            if resource == "nodes"
+            else {"fieldSelector": f"involvedObject.kind=Node,source!={self.component}"}
+        )
         rv: str | None = None
         backoff = 1.0
         while True:

@@ -112,8 +112,10 @@ async def _drive(rt: Runtime, name: str) -> None:
         except asyncio.CancelledError:
             raise
         except Conflict:
+            rt.latest.pop(name, None)
             delay = 0.0  # someone (a new signal, a person) changed it: read again
         except Exception:
+            rt.latest.pop(name, None)
             attempt += 1
             delay = min(60.0, 2.0 ** min(attempt, 6)) * random.uniform(0.5, 1.0)  # noqa: S311
             log.exception("incident %s: step raised; retrying in %.0fs", name, delay)
@@ -135,17 +137,10 @@ async def _drive(rt: Runtime, name: str) -> None:
 async def advance(rt: Runtime, name: str, attempt: int = 0) -> float | None:
     """One pass over the incident. Returns seconds to sleep before the next pass (0: at once)
     or None when the incident is over (or gone)."""
-    body = await rt.require_kube().get_custom(NREM_PLURAL, name)
-    if body is None:
+    nrem = rt.latest.get(name) or await _read(rt, name)
+    if nrem is None or is_completed(nrem):
         return None
-    try:
-        nrem = NodeRemediation.model_validate(body)
-    except ValidationError as exc:
-        log.error("incident %s does not parse, leaving it: %s", name, exc)
-        return None
-    if is_completed(nrem):
-        return None
-    rec = Recorder(nrem, _now())
+    rec = Recorder(nrem, _now(), written=lambda body: _written(rt, body))
     if not rec.holds(NremCondition.DETECTED):
         return await _record_detected(rt, nrem, rec)
     policy = rt.policies.get(nrem.spec.policy_ref.name)
@@ -162,6 +157,26 @@ async def advance(rt: Runtime, name: str, attempt: int = 0) -> float | None:
     delay = await _carry_out(rt, nrem, rec, decision, attempt)
     _publish(rt, nrem, rec)
     return delay
+
+
+async def _read(rt: Runtime, name: str) -> NodeRemediation | None:
+    """The incident from the API server (after a 409, a failure, or a restart)."""
+    body = await rt.require_kube().get_custom(NREM_PLURAL, name)
+    if body is None:
+        return None
+    try:
+        nrem = NodeRemediation.model_validate(body)
+    except ValidationError as exc:
+        log.error("incident %s does not parse, leaving it: %s", name, exc)
+        return None
+    rt.incident_seen(nrem)
+    return nrem
+
+
+def _written(rt: Runtime, body: dict[str, Any]) -> None:
+    """Our own status write, as stored: the next pass starts from it (no GET), and its echo
+    in the watch is recognised and skipped."""
+    rt.incident_seen(NodeRemediation.model_validate(body), ours=True)
 
 
 def _publish(rt: Runtime, nrem: NodeRemediation, rec: Recorder) -> None:

@@ -181,14 +181,7 @@ async def _open(rt: Runtime, policy: RemediationPolicy, view: NodeView, trigger:
     created = await rt.require_kube().create_custom(NREM_PLURAL, _wire(nrem))
     if created is None:
         return "duplicate"
-    rt.incidents[name] = IncidentSummary(
-        name=name,
-        node=view.name,
-        policy=policy.metadata.name,
-        active=True,
-        holds_slot=False,
-        trigger_keys=frozenset({signal.key}),
-    )
+    rt.incident_seen(NodeRemediation.model_validate(created), ours=True)
     rt.metrics.incidents.labels(
         "xid" if signal.xid is not None else "condition", signal.source or "manual"
     ).inc()
@@ -227,11 +220,12 @@ async def _attach(rt: Runtime, active: IncidentSummary, obs: Observation) -> Non
     ):
         return
     signals = [*nrem.spec.signals, record][-64:]
-    await kube.patch_custom(
+    patched = await kube.patch_custom(
         NREM_PLURAL,
         active.name,
         {"spec": {"signals": [s.to_k8s() for s in signals]}},
     )
+    rt.incident_seen(NodeRemediation.model_validate(patched), ours=True)
     ensure_driver(rt, active.name)
     rt.post_event(body, reason=EventReason.SIGNAL_ATTACHED, message=f"{obs.what} attached")
 

@@ -21,12 +21,14 @@ from gpuheal.adapters.kube import Kube
 from gpuheal.adapters.lease import Lease
 from gpuheal.adapters.slurm import BridgeSlurm
 from gpuheal.api.meta import parse_duration
+from gpuheal.api.names import APPROVE_ANNOTATION
+from gpuheal.api.noderemediation import NodeRemediation
 from gpuheal.api.remediationpolicy import RemediationPolicy
 from gpuheal.api.reservepool import ReservePool
 from gpuheal.config import OperatorConfig
 from gpuheal.metrics import Metrics
 from gpuheal.policy import select_policy
-from gpuheal.policy.inputs import breaker_state, readable_view
+from gpuheal.policy.inputs import breaker_state, incident_summary, readable_view
 from gpuheal.policy.types import ClusterCounts, History, IncidentSummary, NodeView, Observation
 
 HISTORY_PER_NODE = 256
@@ -159,6 +161,10 @@ class Runtime:
     pools: dict[str, ReservePool] = field(default_factory=dict)
     incidents: Incidents = field(default_factory=Incidents)
     incident_marks: dict[str, tuple[int | None, str | None]] = field(default_factory=dict)
+    # The newest NodeRemediation known per open incident (our own writes' answers and the
+    # watch): a driver pass starts from it instead of a GET. A stale one costs a 409 and a
+    # GET (every status write carries the resourceVersion it read), never a wrong write.
+    latest: dict[str, NodeRemediation] = field(default_factory=dict)
     # node -> the policy that governs it (None: none, or a tie), and the tied names if a tie
     assignment: dict[str, str | None] = field(default_factory=dict)
     tied: dict[str, tuple[str, ...]] = field(default_factory=dict)
@@ -304,6 +310,37 @@ class Runtime:
             breaker_changed_at=breaker.changed_at,
         )
 
+    def incident_seen(self, nrem: NodeRemediation, *, ours: bool = False) -> bool:
+        """Take in an incident's newest state: our own write's answer (``ours``), the watch,
+        or a GET. Keeps its summary (counts), its body (the driver's next pass) and gives
+        back a local slot once the incident records it. Returns whether someone else changed
+        what wakes a sleeping driver (a new generation: a signal attached; an approval).
+        A watch event older than what we hold (our own write's answer came first) or the
+        echo of our own write changes nothing."""
+        name = nrem.metadata.name
+        held = self.latest.get(name)
+        held_rv = held.metadata.resource_version if held is not None else None
+        if held is not None and not ours and not _newer(nrem.metadata.resource_version, held_rv):
+            return False
+        summary = incident_summary(nrem)
+        self.incidents[name] = summary
+        if summary.active:
+            self.latest[name] = nrem
+        else:
+            self.latest.pop(name, None)
+        if summary.holds_slot or not summary.active:
+            self.release_slot(name)  # recorded on the incident now (or over)
+        self.metrics.active_incidents.set(self.incidents.open_count)
+        mark = (nrem.metadata.generation, nrem.metadata.annotations.get(APPROVE_ANNOTATION))
+        changed = self.incident_marks.get(name) != mark
+        self.incident_marks[name] = mark
+        return changed and not ours
+
+    def incident_gone(self, name: str) -> None:
+        self.incidents.pop(name, None)
+        self.incident_marks.pop(name, None)
+        self.latest.pop(name, None)
+
     def release_slot(self, incident: str) -> None:
         for holders in self.slots.values():
             holders.discard(incident)
@@ -347,6 +384,14 @@ class Runtime:
 
     def node_lock(self, node: str) -> asyncio.Lock:
         return self.node_locks.setdefault(node, asyncio.Lock())
+
+
+def _newer(rv: str | None, than: str | None) -> bool:
+    """Is resourceVersion ``rv`` newer than ``than``? Opaque strings to the API; etcd's are
+    integers, compared as such when both are (else: assume newer, the safe side)."""
+    if rv is None or than is None or not (rv.isdigit() and than.isdigit()):
+        return rv != than
+    return int(rv) > int(than)
 
 
 def breaker_from_status(policy: RemediationPolicy) -> Breaker:
