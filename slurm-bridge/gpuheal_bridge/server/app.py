@@ -151,6 +151,7 @@ def create_app(settings: BridgeSettings) -> FastAPI:  # noqa: PLR0915 - routes a
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         yield
+        await ops.settled(within=10.0)  # requeues still expediting in the background
         await backend.aclose()
         store.close()
 
