@@ -198,6 +198,9 @@ class Act:
     breaker: bool | None = None  # the policy's breaker opens (True) / closes (False) now
     uncordon: bool = False  # RETURN_TO_SERVICE only
     resume_slurm: bool = False  # RETURN_TO_SERVICE only
+    # A replace step later in this rung whose spare is claimed now, beside this step, so
+    # that the requeued job finds it ready (`engine.spare_to_claim`).
+    reserve: Step | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

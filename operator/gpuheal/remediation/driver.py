@@ -34,7 +34,7 @@ from gpuheal.api.names import (
     Reason,
 )
 from gpuheal.api.noderemediation import NodeRemediation
-from gpuheal.api.remediationpolicy import Action, RemediationPolicy
+from gpuheal.api.remediationpolicy import Action, RemediationPolicy, Step
 from gpuheal.policy import decide
 from gpuheal.policy.inputs import (
     incident_view,
@@ -100,6 +100,9 @@ def stop_driver(rt: Runtime, name: str) -> None:
     task = rt.drivers.pop(name, None)
     if task is not None:
         task.cancel()
+    reservation = rt.reservations.pop(name, None)
+    if reservation is not None:
+        reservation.cancel()
     rt.wakeups.pop(name, None)
     rt.release_slot(name)
 
@@ -141,6 +144,7 @@ async def advance(rt: Runtime, name: str, attempt: int = 0) -> float | None:
     if nrem is None or is_completed(nrem):
         return None
     rec = Recorder(nrem, _now(), written=lambda body: _written(rt, body))
+    _record_reserved(rt, nrem, rec)
     if not rec.holds(NremCondition.DETECTED):
         return await _record_detected(rt, nrem, rec)
     policy = rt.policies.get(nrem.spec.policy_ref.name)
@@ -155,6 +159,7 @@ async def advance(rt: Runtime, name: str, attempt: int = 0) -> float | None:
         return rt.config.retry_interval
     decision = await _decide(rt, nrem, policy, rec.now)
     delay = await _carry_out(rt, nrem, rec, decision, attempt)
+    await rec.write(rt.require_kube())  # an early spare claim a path did not write yet
     _publish(rt, nrem, rec)
     return delay
 
@@ -301,6 +306,8 @@ async def _carry_out(  # noqa: PLR0911
         await rec.write(rt.require_kube())
         return 0.0
     if isinstance(decision, Act) and decision.step is not None:
+        if decision.reserve is not None:
+            _reserve_spare(rt, nrem, decision.reserve)
         return await _run_step(rt, nrem, rec, decision, attempt)
     if spec.dry_run:
         await _complete(rt, nrem, rec, "DryRun", "dry run: plan recorded, nothing changed")
@@ -358,6 +365,10 @@ async def _run_step(
         await rec.write(kube)
         return 0.0
     started = time.monotonic()
+    if action is Action.REPLACE:  # one claim at a time per incident: the early one first
+        reservation = rt.reservations.get(name)
+        if reservation is not None:
+            await asyncio.wait([reservation])
     result = await steps.execute(rt, nrem, rec, decision.step, attempt=attempt)
     rt.metrics.step_duration.labels(action.value).observe(time.monotonic() - started)
     rt.metrics.steps.labels(action.value, result.kind).inc()
@@ -396,6 +407,60 @@ async def _run_step(
         type_="Warning",
     )
     return None
+
+
+def _reserve_spare(rt: Runtime, nrem: NodeRemediation, step: Step) -> None:
+    """Claim the spare of the rung's replace step now, beside the current step (the engine's
+    `reserve`): claim, promotion and Slurm resume, as the replace step does them, so that
+    the requeued job finds the spare ready. Idempotent (the claim is a label naming the
+    incident, written under the spare's resourceVersion: never two incidents on one spare,
+    and a restart finds its own claim); recorded by the next pass (`_record_reserved`)."""
+    name = nrem.metadata.name
+    if nrem.status.replacement_node is not None or name in rt.reservations:
+        return
+    assert step.replace is not None
+    pool = step.replace.reserve_pool_ref.name
+
+    async def claim() -> steps.StepResult:
+        try:
+            return await steps.replace(
+                rt.require_kube(),
+                rt.slurm,
+                rt.pools.get(pool),
+                pool,
+                list(rt.nodes.values()),
+                node=nrem.spec.node_name,
+                incident=name,
+                retry_after=rt.config.retry_interval,
+            )
+        finally:
+            wake(rt, name)
+
+    rt.reservations[name] = asyncio.create_task(claim(), name=f"reserve:{name}")
+
+
+def _record_reserved(rt: Runtime, nrem: NodeRemediation, rec: Recorder) -> None:
+    """Put a finished early claim on record (written with this pass): the replacement node
+    and the ReplacementClaimed condition. The replace step itself runs later and finds it."""
+    name = nrem.metadata.name
+    task = rt.reservations.get(name)
+    if task is None or not task.done():
+        return
+    del rt.reservations[name]
+    if task.cancelled():
+        return
+    if task.exception() is not None:
+        log.warning("incident %s: early spare claim failed: %s", name, task.exception())
+        return
+    result: steps.StepResult = task.result()
+    if result.kind != "done" or rec.status.replacement_node is not None:
+        log.info("incident %s: no spare claimed early (%s); the replace step will look again",
+                 name, result.message)  # fmt: skip
+        return
+    rec.merge(result.status)
+    rec.condition(NremCondition.REPLACEMENT_CLAIMED, "True", result.reason,
+                  f"claimed ahead of the replace step: {result.message}")  # fmt: skip
+    rec.event("spareClaimed", result.message)
 
 
 def _observe_latency(rt: Runtime, nrem: NodeRemediation, rec: Recorder, action: Action) -> None:

@@ -176,6 +176,8 @@ class Runtime:
     seen_keys: dict[str, dt.datetime] = field(default_factory=dict)
     drivers: dict[str, asyncio.Task[None]] = field(default_factory=dict)
     wakeups: dict[str, asyncio.Event] = field(default_factory=dict)
+    # incident -> its spare being claimed ahead of the replace step (driver._reserve_spare)
+    reservations: dict[str, asyncio.Task[Any]] = field(default_factory=dict)
     tasks: list[asyncio.Task[Any]] = field(default_factory=list)
     # maxUnhealthy slots taken by incidents of this process, not yet recorded on them.
     slots: dict[str, set[str]] = field(default_factory=dict)
