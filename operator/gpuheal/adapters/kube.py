@@ -40,7 +40,7 @@ CORE = "/api/v1"
 CUSTOM = f"/apis/{names.GROUP}/{names.VERSION}"
 
 
-Watched = Literal["nodes", "node_events"]
+Watched = Literal["nodes", "node_events", "noderemediations"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -492,13 +492,17 @@ class Kube:
         ``obj["message"]``), waits (1 s doubling to ``max_backoff``) and relists: a caller
         must treat that time as "cannot see", never as "nothing happened".
         """
-        path = f"{CORE}/nodes" if resource == "nodes" else f"{CORE}/events"
+        path = {
+            "nodes": f"{CORE}/nodes",
+            "node_events": f"{CORE}/events",
+            "noderemediations": f"{CUSTOM}/{names.NREM_PLURAL}",
+        }[resource]
         # Events: server-side selector, so the Event firehose of pods never reaches us, nor
         # the Events gpuheal posts itself.
         selector = (
-            {}
-            if resource == "nodes"
-            else {"fieldSelector": f"involvedObject.kind=Node,source!={self.component}"}
+            {"fieldSelector": f"involvedObject.kind=Node,source!={self.component}"}
+            if resource == "node_events"
+            else {}
         )
         rv: str | None = None
         backoff = 1.0

@@ -22,7 +22,7 @@ from gpuheal.adapters.events import EventOutbox
 from gpuheal.adapters.kube import ApiError, Kube
 from gpuheal.adapters.lease import Lease
 from gpuheal.adapters.slurm import BridgeSlurm
-from gpuheal.api.names import NREM_PLURAL, POLICY_PLURAL, POOL_PLURAL
+from gpuheal.api.names import POLICY_PLURAL, POOL_PLURAL
 from gpuheal.remediation import objects, report, sources
 from gpuheal.remediation.state import Runtime
 
@@ -55,6 +55,10 @@ async def start(rt: Runtime, *, serve_metrics: bool) -> None:
         start_http_server(cfg.metrics_port, registry=rt.metrics.registry)
         rt.metrics_served = True
     await _prefill(rt)
+    if "incidents" not in _running(rt):
+        incidents_ready = asyncio.Event()
+        _spawn(rt, "incidents", sources.watch_incidents(rt, incidents_ready))
+        await asyncio.wait_for(incidents_ready.wait(), timeout=300)  # before any signal
     if "nodes" not in _running(rt):
         nodes_ready = asyncio.Event()
         _spawn(rt, "nodes", sources.watch_nodes(rt, nodes_ready))
@@ -84,12 +88,12 @@ def _lost_lease() -> None:
 
 
 async def _prefill(rt: Runtime) -> None:
-    """Read policies, pools and incidents before any signal is handled, so that a signal
-    seen at start-up attaches to the incident it belongs to instead of opening a second."""
+    """Read policies and pools before any incident or signal is handled (the incidents'
+    own watch lists them next, so that a signal seen at start-up attaches to the incident
+    it belongs to instead of opening a second)."""
     for plural, changed in (
         (POLICY_PLURAL, objects.policy_changed),
         (POOL_PLURAL, objects.pool_changed),
-        (NREM_PLURAL, objects.incident_changed),
     ):
         for item in await _list_retrying(rt, plural):
             changed(rt, None, item)

@@ -18,7 +18,7 @@ from gpuheal.api.meta import rfc3339_ms
 from gpuheal.policy.inputs import event_observation, node_event
 from gpuheal.policy.types import Observation
 from gpuheal.remediation import intake
-from gpuheal.remediation.objects import node_changed
+from gpuheal.remediation.objects import incident_changed, node_changed
 from gpuheal.remediation.state import Runtime
 from gpuheal.xid.parse import dcgm_xid_events, parse_dcgm_metrics
 
@@ -65,6 +65,23 @@ async def watch_nodes(rt: Runtime, ready: asyncio.Event | None = None) -> None:
                 node_changed(rt, "DELETED", {"metadata": {"name": gone}})
 
     await _follow(rt, "nodes", "nodes", ready, handle)
+
+
+async def watch_incidents(rt: Runtime, ready: asyncio.Event | None = None) -> None:
+    """NodeRemediations, forever, through our own list+watch rather than kopf: most of their
+    changes are the operator's own status writes, whose echo costs a JSON parse and a dict
+    lookup here (`objects.incident_changed`), where kopf spent a deep copy and a diff on
+    each. After a relist, incidents that vanished meanwhile are dropped."""
+    async for ev in rt.require_kube().list_watch("noderemediations"):
+        if ev.type in ("LISTED", "ADDED", "MODIFIED", "DELETED"):
+            incident_changed(rt, ev.type, ev.obj)
+        elif ev.type == "SYNCED":
+            for gone in set(rt.incidents) - set(ev.obj["names"]):
+                incident_changed(rt, "DELETED", {"metadata": {"name": gone}})
+            if ready is not None:
+                ready.set()
+        elif ev.type == "BLIND":
+            log.warning("NodeRemediation watch failed, relisting: %s", ev.obj["message"])
 
 
 async def watch_events(rt: Runtime) -> None:
