@@ -23,7 +23,7 @@ $(UV):
 
 # --compile-bytecode: these machines (and the operator image) set PYTHONDONTWRITEBYTECODE, so
 # without it every start compiles every module from source (CLI start 0.59 s -> 0.23 s, the
-# operator's imports 124 -> 105 MiB RSS; README "Memory").
+# operator's imports 124 -> 105 MiB RSS; README "Speed and memory").
 $(VENV)/.synced: $(UV) pyproject.toml slurm-bridge/pyproject.toml devtools/pyproject.toml uv.lock Makefile
 	$(UV) sync --frozen --quiet --compile-bytecode
 	touch $@

@@ -4,7 +4,7 @@ the API's REST paths, plain JSON bodies; never blocks the event loop.
 The operator's process holds this one Kubernetes client. kopf logs in with its own kubeconfig
 or service-account parser (`connection`) and talks through aiohttp; this module uses the same
 `kopf.ConnectionInfo` and the same library, so the process needs neither generated client
-(`kubernetes_asyncio` alone is ~37 MiB of model classes; README "Memory").
+(`kubernetes_asyncio` alone is ~37 MiB of model classes; README "Speed and memory").
 
 Every write here is one idempotent API call that first looks at the world: cordon only what
 is not cordoned, record ownership in the same PATCH, claim a spare under a resourceVersion

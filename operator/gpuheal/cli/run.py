@@ -13,7 +13,7 @@ from gpuheal.config import add_run_arguments, config_from_args
 #: and `explain` use `kubernetes`, `gpuheal agent` uses `kubernetes_asyncio`). kopf imports
 #: every one it finds installed, only to recognise their model objects, which the operator
 #: never hands it; the operator's own client is kopf's transport (`gpuheal.adapters.kube`).
-#: Hidden from this process they cost nothing: 56 MiB less RSS (README "Memory").
+#: Hidden from this process they cost nothing: 56 MiB less RSS (README "Speed and memory").
 UNUSED_CLIENTS = ("kubernetes", "kubernetes_asyncio")
 
 

@@ -146,7 +146,10 @@ async def advance(rt: Runtime, name: str, attempt: int = 0) -> float | None:
     rec = Recorder(nrem, _now(), written=lambda body: _written(rt, body))
     _record_reserved(rt, nrem, rec)
     if not rec.holds(NremCondition.DETECTED):
-        return await _record_detected(rt, nrem, rec)
+        # Recorded with this pass's step (one write, not two): the engine then sees the
+        # opening rung; a crash before the write repeats an idempotent step, nothing more.
+        _record_detected(nrem, rec)
+        nrem = nrem.model_copy(update={"status": rec.status.model_copy(deep=True)})
     policy = rt.policies.get(nrem.spec.policy_ref.name)
     if policy is None:
         await _block(
@@ -257,7 +260,7 @@ async def _breaker_changed(
         )
 
 
-async def _record_detected(rt: Runtime, nrem: NodeRemediation, rec: Recorder) -> float:
+def _record_detected(nrem: NodeRemediation, rec: Recorder) -> None:
     """The first record: Detected, and the rung the engine opened the incident at."""
     spec = nrem.spec
     first = spec.signals[0]
@@ -276,9 +279,6 @@ async def _record_detected(rt: Runtime, nrem: NodeRemediation, rec: Recorder) ->
         f"{what}: rule {spec.rule}, rung {spec.ladder[rung].name}"
         + (" (dry run)" if spec.dry_run else ""),
     )
-    await rec.write(rt.require_kube())
-    _publish(rt, nrem, rec)
-    return 0.0
 
 
 async def _carry_out(  # noqa: PLR0911
