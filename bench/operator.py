@@ -719,8 +719,12 @@ def xid_latency(ctx: Context) -> Result:
     try:
         t0 = time.monotonic()
         cluster = SlurmCluster(ctx.tmpdir("slurm"), faulted, cred_expire=5).start()
-        cluster.run("sbatch", "--parsable", "--requeue", "--exclusive", "-o", "/dev/null",
-                    f"--array=0-{len(faulted) - 1}", "--wrap", "sleep 900")  # fmt: skip
+        # One job per node, not an array: the first task of an array carries the array's own
+        # job id, and `scontrol requeue <that id>` requeues every task of the array (seen:
+        # one fault requeued 200 jobs).
+        for _ in faulted:
+            cluster.run("sbatch", "--parsable", "--requeue", "--exclusive", "-o", "/dev/null",
+                        "--wrap", "sleep 900")  # fmt: skip
 
         def jobs_running() -> bool:
             out = cluster.run("squeue", "-h", "-t", "R", "-o", "%N").stdout.split()
