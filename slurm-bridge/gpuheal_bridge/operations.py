@@ -20,6 +20,7 @@ The clock and sleep are injectable so the sequence is unit-tested without waitin
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 import time
 from collections import defaultdict
@@ -53,6 +54,11 @@ from gpuheal_bridge.backends.base import (
 from gpuheal_bridge.ownership import build_reason, classify
 
 log = logging.getLogger("gpuheal_bridge.operations")
+#: Poll interval of a requeue finishing in the background (set in its task): no one waits for
+#: its answer, and a burst of them polling every 0.1 s is what crowds out the calls that do.
+_BACKGROUND_POLL: contextvars.ContextVar[float | None] = contextvars.ContextVar(
+    "background_poll", default=None
+)
 
 #: States from which a job can be requeued. PENDING cannot ("Job is pending execution") and
 #: finished states must not be (Slurm would revive a job someone cancelled).
@@ -326,6 +332,7 @@ class Operations:
 
     def _in_background(self, job_id: int, settle: Awaitable[JobResult]) -> None:
         async def run() -> JobResult | None:
+            _BACKGROUND_POLL.set(max(self.poll_interval, 0.25))
             async with self._background_slots, self.lock(f"job:{job_id}"):
                 try:
                     result = await settle
@@ -449,7 +456,7 @@ class Operations:
     ) -> JobProbe:
         """Poll the job until ``done(probe)`` or ``within`` seconds; return the last probe."""
         deadline = self._clock() + within
-        step = self.poll_interval if interval is None else interval
+        step = interval or _BACKGROUND_POLL.get() or self.poll_interval
         while True:
             probe = await self.backend.probe_job(job_id)
             if done(probe) or self._clock() >= deadline:
