@@ -21,8 +21,11 @@ $(UV):
 	python3 -m venv $(CACHE)/uv-$(UV_VERSION)
 	$(CACHE)/uv-$(UV_VERSION)/bin/pip install -q uv==$(UV_VERSION)
 
-$(VENV)/.synced: $(UV) pyproject.toml slurm-bridge/pyproject.toml devtools/pyproject.toml uv.lock
-	$(UV) sync --frozen --quiet
+# --compile-bytecode: these machines (and the operator image) set PYTHONDONTWRITEBYTECODE, so
+# without it every start compiles every module from source (CLI start 0.59 s -> 0.23 s, the
+# operator's imports 124 -> 105 MiB RSS; README "Speed and memory").
+$(VENV)/.synced: $(UV) pyproject.toml slurm-bridge/pyproject.toml devtools/pyproject.toml uv.lock Makefile
+	$(UV) sync --frozen --quiet --compile-bytecode
 	touch $@
 
 venv: $(VENV)/.synced

@@ -250,10 +250,17 @@ def operator_process(
     return Measured(argv, log_path, metrics_port=mport)
 
 
-def baseline_process(kubeconfig: Path, log_path: Path, expect_nodes: int) -> Measured:
-    """The plain kopf ``on.event('nodes')`` baseline (``bench/kopf_baseline.py``)."""
+def baseline_process(
+    kubeconfig: Path, log_path: Path, expect_nodes: int = 0, *, mode: str = "memory"
+) -> Measured:
+    """A plain kopf baseline (``bench/kopf_baseline.py``): ``memory``, the ``on.event('nodes')``
+    handler; ``cordon``, the ``on.event('events')`` handler that cordons on a GpuXid Event."""
     argv = [sys.executable, "-m", "bench.kopf_baseline"]
-    env = {"KUBECONFIG": str(kubeconfig), "BENCH_EXPECT_NODES": str(expect_nodes)}
+    env = {
+        "KUBECONFIG": str(kubeconfig),
+        "BENCH_EXPECT_NODES": str(expect_nodes),
+        "BENCH_MODE": mode,
+    }
     return Measured(argv, log_path, env=env)
 
 

@@ -153,8 +153,10 @@ def latency_plot(doc: dict[str, Any], path: Path) -> None:
     )
     ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:g}"))
     ax.yaxis.set_minor_formatter(NullFormatter())
-    _target(ax, 0.25, "target: cordon p99 <= 0.25 s")
-    _target(ax, 1.0, "target: Slurm drain + requeue p99 <= 1 s")
+    _target(ax, 0.1, "isolated targets: cordon p99 <= 0.1 s")
+    _target(ax, 0.5, "Slurm drain + requeue p99 <= 0.5 s")
+    _target(ax, 1.0, "paced (burst) targets: cordon p99 <= 1 s")
+    _target(ax, 2.0, "Slurm drain + requeue p99 <= 2 s")
     labels = [
         n.replace(", ", "\n") + f"\n(n={series[n]['n']}, p50 {series[n].get('median', 0):.2f} s)"
         for n in names
@@ -187,7 +189,7 @@ def scale_plot(doc: dict[str, Any], path: Path) -> None:
             ax.bar(x, value or 0, width, color=color, label=label if j == 0 else None)
             if value:
                 ax.text(x, value, f"{value:.0f}", ha="center", va="bottom", fontsize=8)
-    ax.axhline(150, color="#d62728", ls=":", lw=1.2, label="target: 5,000 nodes <= 150 MiB")
+    ax.axhline(120, color="#d62728", ls=":", lw=1.2, label="target: 5,000 nodes <= 120 MiB")
     ax.set_xticks(
         range(len(results)),
         [
@@ -198,7 +200,7 @@ def scale_plot(doc: dict[str, Any], path: Path) -> None:
         fontsize=8.5,
     )
     ax.set_ylabel("RSS (MiB)")
-    ax.set_ylim(0, max([150.0] + [b for r in results for b in (
+    ax.set_ylim(0, max([120.0] + [b for r in results for b in (
         r.get("baseline_rss_peak_mib") or 0, r.get("rss_peak_mib") or 0)]) * 1.25)  # fmt: skip
     ax.legend(fontsize=8, loc="upper left")
     ax.grid(axis="y", alpha=0.3)
@@ -235,8 +237,15 @@ def storm_plot(doc: dict[str, Any], path: Path) -> None:
     limit = int(str(p["max_unhealthy"]).split("=")[-1])
     ax.axhline(limit, color="#d62728", ls=":", lw=1.2, label=f"maxUnhealthy {p['max_unhealthy']}")
     if p.get("breaker_open_after_s") is not None:
+        after = p.get("breaker_open_after_limit_hit_s")
+        note = f" ({after:.2f} s after the limit was hit)" if after is not None else ""
         ax.axvline(p["breaker_open_after_s"], color="#2ca02c", ls="--",
-                   label=f"breaker open at {p['breaker_open_after_s']:.2f} s")  # fmt: skip
+                   label=f"breaker open at {p['breaker_open_after_s']:.2f} s{note}")  # fmt: skip
+    if p.get("every_signal_taken_in_after_last_xid_s") is not None:
+        at = p["send_seconds"] + p["every_signal_taken_in_after_last_xid_s"]
+        ax.axvline(at, color="#9467bd", ls=":",
+                   label=f"every signal taken in ({p['every_signal_taken_in_after_last_xid_s']:.2f}"
+                   " s after the last XID)")  # fmt: skip
     if p.get("operator_intake_seconds"):
         ax.set_xlim(-1, float(p["operator_intake_seconds"]) + 12)
         ax.text(float(p["operator_intake_seconds"]), limit * 0.5,

@@ -28,8 +28,9 @@ RUN uv export --frozen --no-dev --no-emit-workspace --package gpuheal --format r
     && uv build --wheel --package gpuheal --out-dir /tmp/dist \
     && uv build --wheel --package gpuheal-slurm-bridge --out-dir /tmp/dist \
     && uv venv /opt/gpuheal \
-    && uv pip install --python /opt/gpuheal/bin/python --require-hashes -r /tmp/requirements.txt \
-    && uv pip install --python /opt/gpuheal/bin/python --no-deps /tmp/dist/*.whl
+    && uv pip install --python /opt/gpuheal/bin/python --compile-bytecode --require-hashes \
+        -r /tmp/requirements.txt \
+    && uv pip install --python /opt/gpuheal/bin/python --compile-bytecode --no-deps /tmp/dist/*.whl
 
 # --- runtime: the virtualenv only, as a non-root user -----------------------------------------
 FROM ${PYTHON_IMAGE}

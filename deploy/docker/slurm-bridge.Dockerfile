@@ -27,8 +27,9 @@ RUN uv export --frozen --no-dev --no-emit-workspace --package gpuheal-slurm-brid
         --format requirements-txt > /tmp/requirements.txt \
     && uv build --wheel --package gpuheal-slurm-bridge --out-dir /tmp/dist \
     && uv venv /opt/gpuheal \
-    && uv pip install --python /opt/gpuheal/bin/python --require-hashes -r /tmp/requirements.txt \
-    && uv pip install --python /opt/gpuheal/bin/python --no-deps /tmp/dist/*.whl
+    && uv pip install --python /opt/gpuheal/bin/python --compile-bytecode --require-hashes \
+        -r /tmp/requirements.txt \
+    && uv pip install --python /opt/gpuheal/bin/python --compile-bytecode --no-deps /tmp/dist/*.whl
 
 FROM ${PYTHON_IMAGE}
 ARG VERSION=0.1.0

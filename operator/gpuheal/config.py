@@ -115,6 +115,12 @@ class OperatorConfig(BaseSettings):
         description="seconds between looks at a step that waits (PDB, approval, breaker, "
         "hysteresis)",
     )
+    signal_concurrency: int = Field(
+        32,
+        ge=1,
+        le=1024,
+        description="signals handled at once (each node's signals one after another, in order)",
+    )
     lease_duration: NonNegativeFloat = Field(
         15.0,
         description="seconds of the Lease that keeps a second copy standing by (0: no Lease, "

@@ -129,6 +129,12 @@ class Metrics:
             "Failed reads of a detection source (watch errors, dcgm-exporter scrapes).",
             ["source"],
         )
+        self.events = counter(
+            "gpuheal_events_total",
+            "Kubernetes Events gpuheal posted (posted), or gave up on after retries, at a full "
+            "queue or at shutdown (lost; each is logged at WARNING with its message).",
+            ["result"],
+        )
         self.nodes_watched = gauge(
             "gpuheal_nodes_watched", "Nodes in the operator's compact node view."
         )

@@ -266,7 +266,17 @@ def test_xid79_cordons_evicts_through_pdb_and_claims_a_spare(
     )
     assert "PodDisruptionBudget" in blocked["message"]
     hold(lambda: not pod_gone(core, namespace, "victim"), "PDB keeps the pod", 2)
-    assert not objects.node(spare).metadata.labels.get(CLAIMED_BY), "no spare before the drain"
+    # The ladder says replace: the spare is claimed and promoted beside the drain (issue 14),
+    # not after it, so the requeued work finds it ready.
+    early = wait_for(
+        lambda: (n := objects.node(spare)).metadata.labels.get(CLAIMED_BY) == name and n,
+        "spare claimed while the drain is still held",
+    )
+    assert early.metadata.labels["gpuheal.io/promoted"] == "true"
+    reserved = condition(objects.get("noderemediations", name), "ReplacementClaimed")
+    assert reserved is not None
+    assert reserved["status"] == "True"
+    assert condition(objects.get("noderemediations", name), "Drained")["status"] != "True"
 
     _release_pdb(pol, namespace)
 

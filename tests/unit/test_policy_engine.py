@@ -434,6 +434,61 @@ def test_replace_waits_for_approval_when_required() -> None:
     assert ops(decide(spec, NODE, approved, CALM, T0 + MIN))[0] == "replace"
 
 
+def _reserve(decision: object) -> str | None:
+    if not isinstance(decision, Act):
+        return None
+    return decision.reserve.action.value if decision.reserve is not None else None
+
+
+@pytest.mark.parametrize(
+    ("rung", "done", "counts", "safety", "expected"),
+    [
+        # the replace rung: the spare is claimed with the first disruptive step (slot taken)
+        (1, set(), CALM, {}, ("cordon", "replace")),
+        (1, {Action.CORDON}, CALM, {}, ("slurmDrain", "replace")),
+        (1, {Action.CORDON, Action.SLURM_DRAIN}, CALM, {}, ("drain", "replace")),
+        # the replace step itself claims (nothing to reserve beside it)
+        (1, {Action.CORDON, Action.SLURM_DRAIN, Action.DRAIN}, CALM, {}, ("replace", None)),
+        # the power-cycle rung has no replace step
+        (0, set(), CALM, {}, ("cordon", None)),
+        # the breaker holds the first step: no slot, no spare
+        (1, set(), ClusterCounts(selected=100, unhealthy=10, remediating=10), {}, (None, None)),
+        # replace needs a person's approval: the spare waits for it too
+        (1, set(), CALM, {"requireApproval": ["replace"]}, ("cordon", None)),
+        # a dry run claims nothing
+        (1, set(), CALM, {"dryRun": True}, (None, None)),
+    ],
+)  # fmt: skip
+def test_the_spare_is_claimed_as_soon_as_the_incident_may_disrupt(
+    rung: int,
+    done: set[Action],
+    counts: ClusterCounts,
+    safety: dict[str, Any],
+    expected: tuple[str | None, str | None],
+) -> None:
+    spec = default_spec(**safety)
+    dry = bool(safety.get("dryRun"))
+    # an incident that took a step holds its slot
+    incident = incident_79(done, rung=rung, holds_slot=bool(done), dry_run=dry)
+    decision = decide(spec, NODE, History(observations=[xid(79, T0)], incident=incident), counts,
+                      T0 + MIN)  # fmt: skip
+    step = decision.step.action.value if isinstance(decision, Act) and decision.step else None
+    assert (step, _reserve(decision)) == expected
+    if expected[1] is not None:
+        assert isinstance(decision, Act)
+        assert decision.reserve is not None
+        assert decision.reserve.replace is not None
+        assert decision.reserve.replace.reserve_pool_ref.name == "spares"
+
+
+def test_an_approved_replace_reserves_its_spare_early() -> None:
+    spec = default_spec(requireApproval=["replace"])
+    incident = incident_79(set(), rung=1, approved=frozenset({Action.REPLACE}))
+    decision = decide(spec, NODE, History(observations=[xid(79, T0)], incident=incident), CALM,
+                      T0 + MIN)  # fmt: skip
+    assert _reserve(decision) == "replace"
+
+
 def test_replaced_incident_closes_without_returning_the_node() -> None:
     done = {Action.CORDON, Action.SLURM_DRAIN, Action.DRAIN, Action.REPLACE}
     history = History(

@@ -1,4 +1,10 @@
-"""Thin Kubernetes I/O for the operator (kubernetes_asyncio; never blocks the event loop).
+"""Thin Kubernetes I/O for the operator: kopf's credentials and kopf's transport (aiohttp),
+the API's REST paths, plain JSON bodies; never blocks the event loop.
+
+The operator's process holds this one Kubernetes client. kopf logs in with its own kubeconfig
+or service-account parser (`connection`) and talks through aiohttp; this module uses the same
+`kopf.ConnectionInfo` and the same library, so the process needs neither generated client
+(`kubernetes_asyncio` alone is ~37 MiB of model classes; README "Speed and memory").
 
 Every write here is one idempotent API call that first looks at the world: cordon only what
 is not cordoned, record ownership in the same PATCH, claim a spare under a resourceVersion
@@ -12,24 +18,29 @@ import datetime as dt
 import enum
 import json
 import logging
+import os
 import random
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
+from urllib.parse import quote
 
-from kubernetes_asyncio import client
-from kubernetes_asyncio.client.exceptions import ApiException
+import aiohttp
+import kopf
 
 from gpuheal.api import names
 from gpuheal.api.meta import rfc3339
-from gpuheal.kubeapi import JSON, MERGE_PATCH, json_body, unless
 
 log = logging.getLogger("gpuheal.adapters.kube")
 
+JSON = dict[str, Any]
 R = TypeVar("R")
+MERGE_PATCH = "application/merge-patch+json"
+CORE = "/api/v1"
+CUSTOM = f"/apis/{names.GROUP}/{names.VERSION}"
 
 
-Watched = Literal["nodes", "node_events"]
+Watched = Literal["nodes", "node_events", "noderemediations"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,8 +59,141 @@ class Conflict(KubeError):
     """The object changed since it was read (resourceVersion precondition failed)."""
 
 
+class ApiError(Exception):
+    """The API server answered with an error status (``status``; ``body`` is its Status)."""
+
+    def __init__(self, status: int, reason: str, body: str = "") -> None:
+        super().__init__(f"{status} {reason}: {body[:300]}")
+        self.status = status
+        self.reason = reason
+        self.body = body
+
+
+def connection(kubeconfig: str | None = None) -> kopf.ConnectionInfo:
+    """The service account in a pod (no kubeconfig named), else the kubeconfig (this file,
+    ``$KUBECONFIG`` or ``~/.kube/config``), read by kopf's own parsers: what kopf logs in
+    with (`gpuheal.handlers.lifecycle.login` calls this too)."""
+    settings = kopf.OperatorSettings()
+    info = None
+    in_pod = os.environ.get("KUBERNETES_SERVICE_HOST") and not os.environ.get("KUBECONFIG")
+    if kubeconfig is None and in_pod:
+        info = kopf.login_with_service_account(settings=settings)
+    if info is None:
+        if kubeconfig is not None:
+            os.environ["KUBECONFIG"] = kubeconfig
+        info = kopf.login_with_kubeconfig(settings=settings)
+    if info is None:
+        raise KubeError("no Kubernetes credentials: not in a pod and no kubeconfig")
+    return info
+
+
+class Transport:
+    """One aiohttp session to the API server. A 401 logs in again once (a rotated
+    service-account token) and repeats the request."""
+
+    def __init__(self, login: Callable[[], kopf.ConnectionInfo], *, pool: int = 100) -> None:
+        self._login = login
+        self._pool = pool
+        self._session: aiohttp.ClientSession | None = None
+        self.server = ""
+
+    def _open(self) -> aiohttp.ClientSession:
+        info = self._login()
+        self.server = info.server.rstrip("/")
+        self._session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=self._pool, ssl=info.as_ssl_context()),
+            headers={**info.as_http_headers(), "User-Agent": "gpuheal"},
+            proxy=info.proxy_url,
+            trust_env=info.trust_env,
+        )
+        return self._session
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    async def _send(
+        self, method: str, path: str, *, limits: aiohttp.ClientTimeout, **kw: Any
+    ) -> aiohttp.ClientResponse:
+        for attempt in (0, 1):
+            session = self._session or self._open()
+            resp = await session.request(method, self.server + path, timeout=limits, **kw)
+            if resp.status != 401 or attempt:
+                return resp
+            resp.release()
+            self._session = None
+            await session.close()
+        raise AssertionError("unreachable")
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: Mapping[str, str | int] | None = None,
+        body: Any = None,
+        content_type: str = "application/json",
+        seconds: float = 60.0,
+    ) -> JSON:
+        """One call; the JSON body of a 2xx answer, else `ApiError`."""
+        data = None if body is None else json.dumps(body).encode()
+        headers = {"Content-Type": content_type} if data is not None else None
+        resp = await self._send(
+            method,
+            path,
+            params=params,
+            data=data,
+            headers=headers,
+            limits=aiohttp.ClientTimeout(total=seconds),
+        )
+        try:
+            raw = await resp.read()
+        finally:
+            resp.release()
+        if not 200 <= resp.status <= 299:
+            raise ApiError(resp.status, resp.reason or "", raw.decode(errors="replace"))
+        out: JSON = json.loads(raw)
+        return out
+
+    async def stream(
+        self, path: str, params: Mapping[str, str | int], *, read_timeout: float
+    ) -> AsyncIterator[JSON]:
+        """A watch: one JSON object per line until the server ends it."""
+        resp = await self._send(
+            "GET",
+            path,
+            params=params,
+            limits=aiohttp.ClientTimeout(total=None, sock_read=read_timeout),
+        )
+        try:
+            if resp.status != 200:
+                raw = await resp.read()
+                raise ApiError(resp.status, resp.reason or "", raw.decode(errors="replace"))
+            async for line in resp.content:
+                if line.strip():
+                    yield json.loads(line)
+        finally:
+            resp.release()
+
+
 def _now() -> dt.datetime:
     return dt.datetime.now(dt.UTC)
+
+
+async def _unless(status: int, call: Any) -> JSON | None:
+    """The call's body, or None when the API answers `status` (404: absent, 409: exists)."""
+    try:
+        result: JSON = await call
+    except ApiError as exc:
+        if exc.status == status:
+            return None
+        raise
+    return result
+
+
+def _q(name: str) -> str:
+    return quote(name, safe="")
 
 
 class CordonOutcome(enum.StrEnum):
@@ -80,31 +224,32 @@ class ClaimResult:
 class Kube:
     """Async facade over the few API calls gpuheal makes."""
 
-    def __init__(self, api: client.ApiClient, *, component: str = "gpuheal") -> None:
-        self.api = api
-        # Typed as Any: with `_preload_content=False` the generated signatures are wrong.
-        self.core: Any = client.CoreV1Api(api)
-        self.custom: Any = client.CustomObjectsApi(api)
-        self.batch: Any = client.BatchV1Api(api)
+    def __init__(self, transport: Transport, *, component: str = "gpuheal") -> None:
+        self.http = transport
         self.component = component
 
+    @classmethod
+    def connect(cls, kubeconfig: str | None = None, *, component: str = "gpuheal") -> Kube:
+        """A client that logs in as `connection` says (lazily: no request is made here)."""
+        return cls(Transport(lambda: connection(kubeconfig)), component=component)
+
     async def close(self) -> None:
-        await self.api.close()
+        await self.http.close()
 
     # ---- nodes -------------------------------------------------------------------------
     async def get_node(self, name: str) -> JSON | None:
-        return await unless(404, self.core.read_node(name, _preload_content=False))
+        return await _unless(404, self.http.request("GET", f"{CORE}/nodes/{_q(name)}"))
 
     async def list_nodes(self, label_selector: str | None = None) -> list[JSON]:
-        kwargs: dict[str, Any] = {"_preload_content": False}
-        if label_selector:
-            kwargs["label_selector"] = label_selector
-        items: list[JSON] = (await json_body(self.core.list_node(**kwargs)))["items"]
+        params = {"labelSelector": label_selector} if label_selector else None
+        items: list[JSON] = (await self.http.request("GET", f"{CORE}/nodes", params=params))[
+            "items"
+        ]
         return items
 
     async def _patch_node(self, name: str, patch: JSON) -> JSON:
-        return await json_body(
-            self.core.patch_node(name, patch, _content_type=MERGE_PATCH, _preload_content=False)
+        return await self.http.request(
+            "PATCH", f"{CORE}/nodes/{_q(name)}", body=patch, content_type=MERGE_PATCH
         )
 
     async def _look_then_write(
@@ -123,7 +268,7 @@ class Kube:
             ]
             try:
                 await self._patch_node(node, patch)
-            except ApiException as exc:
+            except ApiError as exc:
                 if exc.status == 409:
                     continue
                 raise
@@ -223,7 +368,7 @@ class Kube:
                     annotations={names.CLAIMED_AT_ANNOTATION: rfc3339(_now())},
                     resource_version=meta["resourceVersion"],
                 )
-            except ApiException as exc:
+            except ApiError as exc:
                 if exc.status in (404, 409):
                     continue
                 raise
@@ -232,20 +377,13 @@ class Kube:
 
     # ---- pods --------------------------------------------------------------------------
     async def pods_on_node(self, node: str) -> list[JSON]:
-        body = await json_body(
-            self.core.list_pod_for_all_namespaces(
-                field_selector=f"spec.nodeName={node}", _preload_content=False
-            )
-        )
-        items: list[JSON] = body["items"]
+        params = {"fieldSelector": f"spec.nodeName={node}"}
+        items: list[JSON] = (await self.http.request("GET", f"{CORE}/pods", params=params))["items"]
         return items
 
     async def list_pods(self, label_selector: str, namespace: str | None = None) -> list[JSON]:
-        kwargs: dict[str, Any] = {"label_selector": label_selector, "_preload_content": False}
-        if namespace:
-            body = await json_body(self.core.list_namespaced_pod(namespace, **kwargs))
-        else:
-            body = await json_body(self.core.list_pod_for_all_namespaces(**kwargs))
+        path = f"{CORE}/namespaces/{_q(namespace)}/pods" if namespace else f"{CORE}/pods"
+        body = await self.http.request("GET", path, params={"labelSelector": label_selector})
         items: list[JSON] = body["items"]
         return items
 
@@ -258,13 +396,10 @@ class Kube:
         }
         if grace_seconds is not None:
             body["deleteOptions"] = {"gracePeriodSeconds": grace_seconds}
+        path = f"{CORE}/namespaces/{_q(meta['namespace'])}/pods/{_q(meta['name'])}/eviction"
         try:
-            await json_body(
-                self.core.create_namespaced_pod_eviction(
-                    meta["name"], meta["namespace"], body, _preload_content=False
-                )
-            )
-        except ApiException as exc:
+            await self.http.request("POST", path, body=body)
+        except ApiError as exc:
             if exc.status == 429:
                 return EvictOutcome.PDB_BLOCKED
             if exc.status == 404:
@@ -274,14 +409,11 @@ class Kube:
 
     async def delete_pod(self, pod: JSON, *, grace_seconds: int | None = None) -> EvictOutcome:
         meta = pod["metadata"]
-        kwargs: dict[str, Any] = {"_preload_content": False}
-        if grace_seconds is not None:
-            kwargs["grace_period_seconds"] = grace_seconds
+        params = {"gracePeriodSeconds": grace_seconds} if grace_seconds is not None else None
+        path = f"{CORE}/namespaces/{_q(meta['namespace'])}/pods/{_q(meta['name'])}"
         try:
-            await json_body(
-                self.core.delete_namespaced_pod(meta["name"], meta["namespace"], **kwargs)
-            )
-        except ApiException as exc:
+            await self.http.request("DELETE", path, params=params)
+        except ApiError as exc:
             if exc.status == 404:
                 return EvictOutcome.GONE
             raise
@@ -296,8 +428,26 @@ class Kube:
         message: str,
         type_: str = "Normal",
     ) -> None:
-        """Record a core/v1 Event about ``involved``. Failures are logged, not raised: an Event
-        is a courtesy, never a reason for a step to fail.
+        """Record a core/v1 Event about ``involved`` now. Failures are logged, not raised: an
+        Event is a courtesy, never a reason for a step to fail. (The operator posts through
+        `gpuheal.adapters.events.EventOutbox`, off its steps' path, with retries.)"""
+        try:
+            await self.send_event(involved, reason=reason, message=message, type_=type_)
+        except (ApiError, aiohttp.ClientError, TimeoutError) as exc:
+            log.warning("could not post Event %s on %s: %s", reason,
+                        involved.get("metadata", {}).get("name"), exc)  # fmt: skip
+
+    async def send_event(
+        self,
+        involved: JSON,
+        *,
+        reason: str,
+        message: str,
+        type_: str = "Normal",
+        at: dt.datetime | None = None,
+    ) -> None:
+        """Create a core/v1 Event about ``involved`` (``at``: when it happened; default now);
+        raises what the API answers.
 
         The Event lives in the object's namespace, or in ``default`` for cluster-scoped objects
         (Nodes, NodeRemediations): the apiserver rejects any other namespace for those (422),
@@ -305,7 +455,7 @@ class Kube:
         """
         meta = involved.get("metadata", {})
         namespace = meta.get("namespace") or "default"
-        now = rfc3339(_now())
+        when = rfc3339(at or _now())
         event = {
             "apiVersion": "v1",
             "kind": "Event",
@@ -322,16 +472,11 @@ class Kube:
             "source": {"component": self.component},
             "reportingComponent": self.component,
             "reportingInstance": self.component,
-            "firstTimestamp": now,
-            "lastTimestamp": now,
+            "firstTimestamp": when,
+            "lastTimestamp": when,
             "count": 1,
         }
-        try:
-            await json_body(
-                self.core.create_namespaced_event(namespace, event, _preload_content=False)
-            )
-        except ApiException as exc:
-            log.warning("could not post Event %s on %s: %s", reason, meta.get("name"), exc.reason)
+        await self.http.request("POST", f"{CORE}/namespaces/{_q(namespace)}/events", body=event)
 
     async def list_watch(
         self,
@@ -350,25 +495,39 @@ class Kube:
         ``obj["message"]``), waits (1 s doubling to ``max_backoff``) and relists: a caller
         must treat that time as "cannot see", never as "nothing happened".
         """
-        call = (
-            self.core.list_node if resource == "nodes" else self.core.list_event_for_all_namespaces
+        path = {
+            "nodes": f"{CORE}/nodes",
+            "node_events": f"{CORE}/events",
+            "noderemediations": f"{CUSTOM}/{names.NREM_PLURAL}",
+        }[resource]
+        # Events: server-side selector, so the Event firehose of pods never reaches us, nor
+        # the Events gpuheal posts itself.
+        selector = (
+            {"fieldSelector": f"involvedObject.kind=Node,source!={self.component}"}
+            if resource == "node_events"
+            else {}
         )
-        # Events: server-side selector, so the Event firehose of pods never reaches us.
-        selector = {} if resource == "nodes" else {"field_selector": "involvedObject.kind=Node"}
         rv: str | None = None
         backoff = 1.0
         while True:
             try:
                 if rv is None:
                     listed: list[str] = []
-                    async for items, list_rv in self._pages(call, page, **selector):
+                    async for items, list_rv in self._pages(path, page, selector):
                         for item in items:
                             listed.append(str((item.get("metadata") or {}).get("name", "")))
                             yield WatchEvent("LISTED", item)
                         rv = list_rv
                     yield WatchEvent("SYNCED", {"names": listed})
                 assert rv is not None
-                async for ev in self._watch(call, rv, timeout_seconds, **selector):
+                params: dict[str, str | int] = {
+                    **selector,
+                    "watch": "true",
+                    "allowWatchBookmarks": "true",
+                    "resourceVersion": rv,
+                    "timeoutSeconds": timeout_seconds,
+                }
+                async for ev in self.http.stream(path, params, read_timeout=timeout_seconds + 30):
                     kind = str(ev.get("type"))
                     obj = ev.get("object") or {}
                     if kind == "ERROR":
@@ -388,90 +547,58 @@ class Kube:
                 rv = None
 
     async def _pages(
-        self, call: Any, limit: int, **kwargs: Any
+        self, path: str, limit: int, selector: Mapping[str, str]
     ) -> AsyncIterator[tuple[list[JSON], str]]:
         token: str | None = None
         while True:
-            args: dict[str, Any] = {"limit": limit, "_preload_content": False, **kwargs}
+            params: dict[str, str | int] = {"limit": limit, **selector}
             if token:
-                args["_continue"] = token
-            page = await json_body(call(**args))
+                params["continue"] = token
+            page = await self.http.request("GET", path, params=params)
             meta = page.get("metadata") or {}
             yield page["items"], str(meta.get("resourceVersion", ""))
             token = meta.get("continue")
             if not token:
                 return
 
-    async def _watch(
-        self, call: Any, resource_version: str, timeout_seconds: int, **kwargs: Any
-    ) -> AsyncIterator[JSON]:
-        resp = await call(
-            watch=True,
-            allow_watch_bookmarks=True,
-            resource_version=resource_version,
-            timeout_seconds=timeout_seconds,
-            _preload_content=False,
-            **kwargs,
-        )
-        if resp.status != 200:
-            raw = await resp.read()
-            resp.release()
-            exc = ApiException(status=resp.status, reason=resp.reason)
-            exc.body = raw.decode(errors="replace")
-            raise exc
-        try:
-            async for line in resp.content:
-                if line.strip():
-                    yield json.loads(line)
-        finally:
-            resp.release()
-
     async def get_configmap(self, namespace: str, name: str) -> JSON | None:
         """A ConfigMap (a Job hook's `templateFrom`); None when absent."""
-        return await unless(
-            404, self.core.read_namespaced_config_map(name, namespace, _preload_content=False)
-        )
+        path = f"{CORE}/namespaces/{_q(namespace)}/configmaps/{_q(name)}"
+        return await _unless(404, self.http.request("GET", path))
 
     # ---- jobs (reset / reboot hooks) -----------------------------------------------------
     async def get_job(self, namespace: str, name: str) -> JSON | None:
-        call = self.batch.read_namespaced_job_status(name, namespace, _preload_content=False)
-        return await unless(404, call)
+        path = f"/apis/batch/v1/namespaces/{_q(namespace)}/jobs/{_q(name)}"
+        return await _unless(404, self.http.request("GET", path))
 
     async def create_job(self, namespace: str, body: JSON) -> bool:
         """Create; False when a Job of that name exists already (409)."""
-        call = self.batch.create_namespaced_job(namespace, body, _preload_content=False)
-        return await unless(409, call) is not None
+        path = f"/apis/batch/v1/namespaces/{_q(namespace)}/jobs"
+        return await _unless(409, self.http.request("POST", path, body=body)) is not None
+
+    # ---- leases (`gpuheal.adapters.lease`) -----------------------------------------------
+    def lease_path(self, namespace: str, name: str | None = None) -> str:
+        base = f"/apis/coordination.k8s.io/v1/namespaces/{_q(namespace)}/leases"
+        return base if name is None else f"{base}/{_q(name)}"
 
     # ---- gpuheal custom objects --------------------------------------------------------
     async def get_custom(self, plural: str, name: str) -> JSON | None:
-        call = self.custom.get_cluster_custom_object(
-            names.GROUP, names.VERSION, plural, name, _preload_content=False
-        )
-        return await unless(404, call)
+        return await _unless(404, self.http.request("GET", f"{CUSTOM}/{plural}/{_q(name)}"))
 
     async def list_custom(self, plural: str, label_selector: str | None = None) -> list[JSON]:
-        kwargs: dict[str, Any] = {"_preload_content": False}
-        if label_selector:
-            kwargs["label_selector"] = label_selector
-        body = await json_body(
-            self.custom.list_cluster_custom_object(names.GROUP, names.VERSION, plural, **kwargs)
-        )
+        params = {"labelSelector": label_selector} if label_selector else None
+        body = await self.http.request("GET", f"{CUSTOM}/{plural}", params=params)
         items: list[JSON] = body["items"]
         return items
 
     async def create_custom(self, plural: str, body: JSON) -> JSON | None:
         """Create; ``None`` when an object of that name exists already (409)."""
-        call = self.custom.create_cluster_custom_object(
-            names.GROUP, names.VERSION, plural, body, _preload_content=False
-        )
-        return await unless(409, call)
+        return await _unless(409, self.http.request("POST", f"{CUSTOM}/{plural}", body=body))
 
     async def delete_custom(self, plural: str, name: str) -> bool:
         """Delete; False when it was gone already (404)."""
-        call = self.custom.delete_cluster_custom_object(
-            names.GROUP, names.VERSION, plural, name, _preload_content=False
-        )
-        return await unless(404, call) is not None
+        call = self.http.request("DELETE", f"{CUSTOM}/{plural}/{_q(name)}")
+        return await _unless(404, call) is not None
 
     async def patch_custom(self, plural: str, name: str, patch: JSON) -> JSON:
         return await self._patch_custom(plural, name, patch, status=False)
@@ -486,25 +613,11 @@ class Kube:
             patch["metadata"] = {"resourceVersion": resource_version}
         try:
             return await self._patch_custom(plural, name, patch, status=True)
-        except ApiException as exc:
+        except ApiError as exc:
             if exc.status == 409:
                 raise Conflict(f"{plural}/{name} changed since it was read") from exc
             raise
 
     async def _patch_custom(self, plural: str, name: str, patch: JSON, *, status: bool) -> JSON:
-        call = (
-            self.custom.patch_cluster_custom_object_status
-            if status
-            else self.custom.patch_cluster_custom_object
-        )
-        return await json_body(
-            call(
-                names.GROUP,
-                names.VERSION,
-                plural,
-                name,
-                patch,
-                _content_type=MERGE_PATCH,
-                _preload_content=False,
-            )
-        )
+        path = f"{CUSTOM}/{plural}/{_q(name)}" + ("/status" if status else "")
+        return await self.http.request("PATCH", path, body=patch, content_type=MERGE_PATCH)

@@ -16,8 +16,7 @@ import socket
 import uuid
 from typing import Any
 
-from kubernetes_asyncio import client
-from kubernetes_asyncio.client.exceptions import ApiException
+from gpuheal.adapters.kube import ApiError, Kube
 
 log = logging.getLogger("gpuheal.lease")
 
@@ -58,15 +57,14 @@ def lease_free(spec: dict[str, Any], me: str, now: dt.datetime) -> bool:
 class Lease:
     def __init__(
         self,
-        api: client.ApiClient,
+        kube: Kube,
         namespace: str,
         *,
         identity: str | None = None,
         duration: float = 15.0,
         name: str = LEASE_NAME,
     ) -> None:
-        self.api = api
-        self.coord: Any = client.CoordinationV1Api(api)
+        self.kube = kube
         self.namespace = namespace
         self.name = name
         self.identity = identity or default_identity()
@@ -80,11 +78,21 @@ class Lease:
         return {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": meta,
                 "spec": spec}  # fmt: skip
 
+    async def _read(self) -> dict[str, Any]:
+        return await self.kube.http.request("GET", self.kube.lease_path(self.namespace, self.name))
+
+    async def _write(self, spec: dict[str, Any], rv: str | None) -> None:
+        if rv is None:
+            path, method = self.kube.lease_path(self.namespace), "POST"
+        else:
+            path, method = self.kube.lease_path(self.namespace, self.name), "PUT"
+        await self.kube.http.request(method, path, body=self._body(spec, rv))
+
     async def try_acquire(self) -> bool:
         now = _now()
         try:
-            current = await self.coord.read_namespaced_lease(self.name, self.namespace)
-        except ApiException as exc:
+            current = await self._read()
+        except ApiError as exc:
             if exc.status != 404:
                 raise
             spec = {
@@ -95,14 +103,14 @@ class Lease:
                 "leaseTransitions": 0,
             }
             try:
-                await self.coord.create_namespaced_lease(self.namespace, self._body(spec, None))
-            except ApiException as create_exc:
+                await self._write(spec, None)
+            except ApiError as create_exc:
                 if create_exc.status == 409:
                     return False
                 raise
             self.renewed = now
             return True
-        wire = self.api.sanitize_for_serialization(current.spec) or {}
+        wire = dict(current.get("spec") or {})
         if not lease_free(wire, self.identity, now):
             return False
         mine = wire.get("holderIdentity") == self.identity
@@ -115,10 +123,8 @@ class Lease:
             "leaseTransitions": int(wire.get("leaseTransitions") or 0) + (0 if mine else 1),
         }
         try:
-            await self.coord.replace_namespaced_lease(
-                self.name, self.namespace, self._body(spec, current.metadata.resource_version)
-            )
-        except ApiException as exc:
+            await self._write(spec, current["metadata"]["resourceVersion"])
+        except ApiError as exc:
             if exc.status == 409:
                 return False
             raise
@@ -156,13 +162,11 @@ class Lease:
 
     async def release(self) -> None:
         try:
-            current = await self.coord.read_namespaced_lease(self.name, self.namespace)
-            if current.spec.holder_identity != self.identity:
+            current = await self._read()
+            wire = dict(current.get("spec") or {})
+            if wire.get("holderIdentity") != self.identity:
                 return
-            wire = self.api.sanitize_for_serialization(current.spec) or {}
             wire["holderIdentity"] = None
-            await self.coord.replace_namespaced_lease(
-                self.name, self.namespace, self._body(wire, current.metadata.resource_version)
-            )
-        except ApiException as exc:
+            await self._write(wire, current["metadata"]["resourceVersion"])
+        except ApiError as exc:
             log.warning("could not release Lease: %s", exc.reason)

@@ -10,6 +10,7 @@ from typing import Any
 import kopf
 from prometheus_client import CollectorRegistry
 
+from gpuheal.adapters.kube import connection
 from gpuheal.config import OperatorConfig
 from gpuheal.handlers import objects as _objects  # noqa: F401 - registers its handlers
 from gpuheal.metrics import Metrics
@@ -18,12 +19,11 @@ from gpuheal.remediation.state import Runtime
 
 
 @kopf.on.login()
-def login(settings: kopf.OperatorSettings, **kwargs: Any) -> Any:
+def login(**_: Any) -> kopf.ConnectionInfo:
     """In-cluster service account in a pod, else the kubeconfig (``--kubeconfig`` /
-    ``$KUBECONFIG``), read at login time by kopf's own parser (no client library state)."""
-    if os.environ.get("KUBERNETES_SERVICE_HOST") and not os.environ.get("KUBECONFIG"):
-        return kopf.login_with_service_account(settings=settings, **kwargs)
-    return kopf.login_with_kubeconfig(settings=settings, **kwargs)
+    ``$KUBECONFIG``), read at login time by kopf's own parser (no client library state):
+    the same credentials the operator's own client (`gpuheal.adapters.kube`) uses."""
+    return connection()
 
 
 @kopf.on.startup(backoff=2)
@@ -51,7 +51,7 @@ async def cleanup(memo: Any, **_: Any) -> None:
 @kopf.on.probe(id="incidents")
 async def probe_incidents(memo: Any, **_: Any) -> int:
     rt: Runtime = memo.runtime
-    return sum(1 for i in rt.incidents.values() if i.active)
+    return rt.incidents.open_count
 
 
 def configure_logging(log_format: str, verbose: bool = False) -> None:

@@ -1,6 +1,8 @@
-"""gpuheal's own objects through kopf ``on.event`` handlers (they never write kopf
-bookkeeping on the objects). Nodes and Events come through watches of our own
-(`gpuheal.remediation.sources`): kopf's Node LIST is one un-paginated GET of every body."""
+"""RemediationPolicies and ReservePools through kopf ``on.event`` handlers (they never write
+kopf bookkeeping on the objects). Nodes, Events and NodeRemediations come through watches of
+our own (`gpuheal.remediation.sources`): kopf's Node LIST is one un-paginated GET of every
+body, and kopf deep-copies and diffs every event, which for NodeRemediations are mostly the
+echoes of the operator's own status writes."""
 
 from __future__ import annotations
 
@@ -8,14 +10,7 @@ from typing import Any
 
 import kopf
 
-from gpuheal.api.names import (
-    GROUP,
-    HISTORY_PLURAL,
-    NREM_PLURAL,
-    POLICY_PLURAL,
-    POOL_PLURAL,
-    VERSION,
-)
+from gpuheal.api.names import GROUP, HISTORY_PLURAL, POLICY_PLURAL, POOL_PLURAL, VERSION
 from gpuheal.remediation import objects
 
 
@@ -27,11 +22,6 @@ async def policy_event(type: str | None, body: kopf.Body, memo: Any, **_: Any) -
 @kopf.on.event(GROUP, VERSION, POOL_PLURAL)
 async def pool_event(type: str | None, body: kopf.Body, memo: Any, **_: Any) -> None:
     objects.pool_changed(memo.runtime, type, dict(body))
-
-
-@kopf.on.event(GROUP, VERSION, NREM_PLURAL)
-async def incident_event(type: str | None, body: kopf.Body, memo: Any, **_: Any) -> None:
-    objects.incident_changed(memo.runtime, type, dict(body))
 
 
 @kopf.on.event(GROUP, VERSION, HISTORY_PLURAL)

@@ -463,13 +463,40 @@ def _continue_incident(  # noqa: PLR0911 - one exit per documented outcome reads
         return Blocked(Reason.APPROVAL_PENDING, f"{action} needs approval", would=act)
     if incident.dry_run:
         return Blocked(Reason.DRY_RUN, f"dry run: would {action}", would=act)
+    spare = spare_to_claim(policy, observations, incident, act, now)
     if action in DISRUPTIVE_ACTIONS and not incident.holds_slot:
         gate = admit(safety, counts, now)
         if gate.blocked is not None:
             reason, message, retry = gate.blocked
             return Blocked(reason, message, retry_at=retry, would=act, breaker=gate.breaker)
-        return dataclasses.replace(act, takes_slot=True, breaker=gate.breaker)
-    return act
+        return dataclasses.replace(act, takes_slot=True, breaker=gate.breaker, reserve=spare)
+    return dataclasses.replace(act, reserve=spare) if incident.holds_slot else act
+
+
+def spare_to_claim(
+    policy: RemediationPolicySpec,
+    observations: Sequence[Observation],
+    incident: IncidentView,
+    act: Act,
+    now: dt.datetime,
+) -> Step | None:
+    """The rung's replace step, when its spare should be claimed now, beside `act`.
+
+    The ladder says replace: the node leaves and its work moves to a spare. Claiming the
+    spare only once the drain is over makes the requeued job wait for it (the demo lost
+    ~1.5 s so; ByteRobust keeps warm standbys for this). So the spare is claimed as soon as
+    the incident may disrupt (it holds or takes its maxUnhealthy slot with this step), in
+    parallel with the rung's earlier steps, unless replace waits for a person's approval.
+    The replace step itself then finds the claim made and completes.
+    """
+    if act.step is None or act.step.action is Action.REPLACE or act.step_index is None:
+        return None
+    if Action.REPLACE in incident.done:
+        return None
+    if Action.REPLACE in set(policy.safety.require_approval) - incident.approved:
+        return None
+    steps = incident_steps(policy, observations, incident, now)
+    return next((s for s in steps[act.step_index + 1 :] if s.action is Action.REPLACE), None)
 
 
 def _rule(policy: RemediationPolicySpec, name: str) -> Rule | None:

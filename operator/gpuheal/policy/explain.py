@@ -43,7 +43,12 @@ def describe(decision: t.Decision, now: dt.datetime) -> str:
             if decision.rule is not None and decision.operation is not t.Move.CLOSE
             else ""
         )
-        return f"{what}{where}: {decision.message}"
+        spare = (
+            "; claims its spare now, beside it"
+            if decision.reserve is not None and decision.reserve.replace is not None
+            else ""
+        )
+        return f"{what}{where}: {decision.message}{spare}"
     if isinstance(decision, t.Blocked):
         would = f"; would {decision.would.operation.value}" if decision.would else ""
         retry = (

@@ -240,6 +240,9 @@ class Act:
     resume_slurm: bool = False  # RETURN_TO_SERVICE only
     to_pool: str | None = None  # RETURN_TO_SERVICE: back to this ReservePool as a spare
     restart: bool = False  # VERIFY: start a new run of the check (none yet, or a stale one)
+    # A replace step later in this rung whose spare is claimed now, beside this step, so
+    # that the requeued job finds it ready (`engine.spare_to_claim`).
+    reserve: Step | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -35,7 +35,7 @@ from gpuheal.api.names import (
     Reason,
 )
 from gpuheal.api.noderemediation import NodeRemediation, RepairRecord
-from gpuheal.api.remediationpolicy import Action, NotifyEvent, RemediationPolicy
+from gpuheal.api.remediationpolicy import Action, NotifyEvent, RemediationPolicy, Step
 from gpuheal.policy import decide
 from gpuheal.policy.inputs import (
     incident_view,
@@ -122,6 +122,9 @@ def stop_driver(rt: Runtime, name: str) -> None:
     task = rt.drivers.pop(name, None)
     if task is not None:
         task.cancel()
+    reservation = rt.reservations.pop(name, None)
+    if reservation is not None:
+        reservation.cancel()
     rt.wakeups.pop(name, None)
     rt.release_slot(name)
 
@@ -134,8 +137,10 @@ async def _drive(rt: Runtime, name: str) -> None:
         except asyncio.CancelledError:
             raise
         except Conflict:
+            rt.latest.pop(name, None)
             delay = 0.0  # someone (a new signal, a person) changed it: read again
         except Exception:
+            rt.latest.pop(name, None)
             attempt += 1
             delay = min(60.0, 2.0 ** min(attempt, 6)) * random.uniform(0.5, 1.0)  # noqa: S311
             log.exception("incident %s: step raised; retrying in %.0fs", name, delay)
@@ -157,19 +162,17 @@ async def _drive(rt: Runtime, name: str) -> None:
 async def advance(rt: Runtime, name: str, attempt: int = 0) -> float | None:
     """One pass over the incident. Returns seconds to sleep before the next pass (0: at once)
     or None when the incident is over (or gone)."""
-    body = await rt.require_kube().get_custom(NREM_PLURAL, name)
-    if body is None:
+    nrem = rt.latest.get(name) or await _read(rt, name)
+    if nrem is None or is_completed(nrem):
         return None
-    try:
-        nrem = NodeRemediation.model_validate(body)
-    except ValidationError as exc:
-        log.error("incident %s does not parse, leaving it: %s", name, exc)
-        return None
-    if is_completed(nrem):
-        return None
-    rec = Recorder(nrem, _now())
+    rec = Recorder(nrem, _now(), written=lambda body: _written(rt, body))
+    _record_reserved(rt, nrem, rec)
+    opened = None
     if not rec.holds(NremCondition.DETECTED):
-        return await _record_detected(rt, nrem, rec)
+        # Recorded with this pass's step (one write, not two): the engine then sees the
+        # opening rung; a crash before the write repeats an idempotent step, nothing more.
+        opened = _record_detected(nrem, rec)
+        nrem = nrem.model_copy(update={"status": rec.status.model_copy(deep=True)})
     policy = rt.policies.get(nrem.spec.policy_ref.name)
     if policy is None:
         await _block(
@@ -182,8 +185,31 @@ async def advance(rt: Runtime, name: str, attempt: int = 0) -> float | None:
         return rt.config.retry_interval
     decision = await _decide(rt, nrem, policy, rec.now)
     delay = await _carry_out(rt, nrem, rec, decision, attempt)
+    await rec.write(rt.require_kube())  # an early spare claim a path did not write yet
+    if opened is not None:  # told once the status says it
+        announce(rt, nrem, NotifyEvent.OPENED, "SignalMatched", opened, rec.now)
     _publish(rt, nrem, rec)
     return delay
+
+
+async def _read(rt: Runtime, name: str) -> NodeRemediation | None:
+    """The incident from the API server (after a 409, a failure, or a restart)."""
+    body = await rt.require_kube().get_custom(NREM_PLURAL, name)
+    if body is None:
+        return None
+    try:
+        nrem = NodeRemediation.model_validate(body)
+    except ValidationError as exc:
+        log.error("incident %s does not parse, leaving it: %s", name, exc)
+        return None
+    rt.incident_seen(nrem)
+    return nrem
+
+
+def _written(rt: Runtime, body: dict[str, Any]) -> None:
+    """Our own status write, as stored: the next pass starts from it (no GET), and its echo
+    in the watch is recognised and skipped."""
+    rt.incident_seen(NodeRemediation.model_validate(body), ours=True)
 
 
 def _publish(rt: Runtime, nrem: NodeRemediation, rec: Recorder) -> None:
@@ -224,7 +250,7 @@ async def _decide(
             policy.spec,
             rt.engine_view(view) if view is not None else _absent(node),
             dataclasses.replace(known, incident=incident),
-            rt.counts(pname),
+            rt.counts(pname, now),
             now,
         )
         if isinstance(decision, Act) and decision.takes_slot:
@@ -248,7 +274,7 @@ async def _breaker_changed(
     pname = policy.metadata.name
     rt.metrics.breaker_open.labels(pname).set(1 if opened else 0)
     if opened:
-        await rt.require_kube().post_event(
+        rt.post_event(
             {
                 "apiVersion": f"{GROUP}/{VERSION}",
                 "kind": POLICY_KIND,
@@ -260,7 +286,7 @@ async def _breaker_changed(
         )
 
 
-async def _record_detected(rt: Runtime, nrem: NodeRemediation, rec: Recorder) -> float:
+def _record_detected(nrem: NodeRemediation, rec: Recorder) -> str:
     """The first record: Detected, and the rung the engine opened the incident at."""
     spec = nrem.spec
     first = spec.signals[0]
@@ -279,10 +305,7 @@ async def _record_detected(rt: Runtime, nrem: NodeRemediation, rec: Recorder) ->
         " (dry run)" if spec.dry_run else ""
     )
     rec.event(NremCondition.DETECTED, opened)
-    await rec.write(rt.require_kube())
-    announce(rt, nrem, NotifyEvent.OPENED, "SignalMatched", opened, rec.now)
-    _publish(rt, nrem, rec)
-    return 0.0
+    return opened
 
 
 async def _carry_out(  # noqa: PLR0911
@@ -313,6 +336,8 @@ async def _carry_out(  # noqa: PLR0911
     if isinstance(decision, Act) and decision.operation is Move.VERIFY:
         return await _verify(rt, nrem, rec, decision)
     if isinstance(decision, Act) and decision.step is not None:
+        if decision.reserve is not None:
+            _reserve_spare(rt, nrem, decision.reserve)
         return await _run_step(rt, nrem, rec, decision, attempt)
     if spec.dry_run:
         await _complete(rt, nrem, rec, "DryRun", "dry run: plan recorded, nothing changed")
@@ -359,7 +384,7 @@ async def _run_step(
     if decision.takes_slot and rec.status.slot_taken_at is None:
         rec.set(slot_taken_at=rec.now)
     if action is Action.ALERT:
-        await kube.post_event(
+        rt.post_event(
             _node_ref(rt, spec.node_name),
             reason=EventReason.DETECTED,
             message=f"{name}: {spec.signals[-1].message or spec.rule}",
@@ -370,6 +395,10 @@ async def _run_step(
         await rec.write(kube)
         return 0.0
     started = time.monotonic()
+    if action is Action.REPLACE:  # one claim at a time per incident: the early one first
+        reservation = rt.reservations.get(name)
+        if reservation is not None:
+            await asyncio.wait([reservation])
     result = await steps.execute(rt, nrem, rec, decision.step, attempt=attempt)
     rt.metrics.step_duration.labels(action.value).observe(time.monotonic() - started)
     rt.metrics.steps.labels(action.value, result.kind).inc()
@@ -384,9 +413,7 @@ async def _run_step(
         await rec.write(kube)
         history.step(rt, nrem, action.value, rung, result.message)
         _observe_latency(rt, nrem, rec, action)
-        await kube.post_event(
-            nrem.to_k8s(), reason=EVENT_OF[action], message=f"{label}: {result.message}"
-        )
+        rt.post_event(nrem.to_k8s(), reason=EVENT_OF[action], message=f"{label}: {result.message}")
         return 0.0
     if result.kind == "wait":
         rec.merge(result.status)  # e.g. a reset/reboot asked for (status.repair)
@@ -408,13 +435,67 @@ async def _run_step(
     await rec.write(kube)
     announce(rt, nrem, NotifyEvent.FAILED, result.reason, f"{label}: {result.message}", rec.now)
     rt.metrics.incidents_completed.labels("failed").inc()
-    await kube.post_event(
+    rt.post_event(
         nrem.to_k8s(),
         reason=EventReason.STEP_FAILED,
         message=f"{label}: {result.message}",
         type_="Warning",
     )
     return None
+
+
+def _reserve_spare(rt: Runtime, nrem: NodeRemediation, step: Step) -> None:
+    """Claim the spare of the rung's replace step now, beside the current step (the engine's
+    `reserve`): claim, promotion and Slurm resume, as the replace step does them, so that
+    the requeued job finds the spare ready. Idempotent (the claim is a label naming the
+    incident, written under the spare's resourceVersion: never two incidents on one spare,
+    and a restart finds its own claim); recorded by the next pass (`_record_reserved`)."""
+    name = nrem.metadata.name
+    if nrem.status.replacement_node is not None or name in rt.reservations:
+        return
+    assert step.replace is not None
+    pool = step.replace.reserve_pool_ref.name
+
+    async def claim() -> steps.StepResult:
+        try:
+            return await steps.replace(
+                rt.require_kube(),
+                rt.slurm_for,
+                rt.pools.get(pool),
+                pool,
+                list(rt.nodes.values()),
+                node=nrem.spec.node_name,
+                incident=name,
+                retry_after=rt.config.retry_interval,
+            )
+        finally:
+            wake(rt, name)
+
+    rt.reservations[name] = asyncio.create_task(claim(), name=f"reserve:{name}")
+
+
+def _record_reserved(rt: Runtime, nrem: NodeRemediation, rec: Recorder) -> None:
+    """Put a finished early claim on record (written with this pass): the replacement node
+    and the ReplacementClaimed condition. The replace step itself runs later and finds it."""
+    name = nrem.metadata.name
+    task = rt.reservations.get(name)
+    if task is None or not task.done():
+        return
+    del rt.reservations[name]
+    if task.cancelled():
+        return
+    if task.exception() is not None:
+        log.warning("incident %s: early spare claim failed: %s", name, task.exception())
+        return
+    result: steps.StepResult = task.result()
+    if result.kind != "done" or rec.status.replacement_node is not None:
+        log.info("incident %s: no spare claimed early (%s); the replace step will look again",
+                 name, result.message)  # fmt: skip
+        return
+    rec.merge(result.status)
+    rec.condition(NremCondition.REPLACEMENT_CLAIMED, "True", result.reason,
+                  f"claimed ahead of the replace step: {result.message}")  # fmt: skip
+    rec.event("spareClaimed", result.message)
 
 
 def _observe_latency(rt: Runtime, nrem: NodeRemediation, rec: Recorder, action: Action) -> None:
@@ -491,7 +572,7 @@ async def _complete(
     await history.write_now(rt, nrem.spec.node_name)
     rt.metrics.incidents_completed.labels(reason.lower()).inc()
     event_reason = ENDED_EVENT.get(reason, EventReason.COMPLETED)
-    await rt.require_kube().post_event(nrem.to_k8s(), reason=event_reason, message=message)
+    rt.post_event(nrem.to_k8s(), reason=event_reason, message=message)
 
 
 async def _block(
@@ -504,7 +585,7 @@ async def _block(
     if changed:
         rec.event(NremCondition.BLOCKED, f"{reason}: {message}")
         rt.metrics.blocked.labels(reason).inc()
-        await rt.require_kube().post_event(
+        rt.post_event(
             nrem.to_k8s(),
             reason=EventReason.STEP_BLOCKED,
             message=f"{reason}: {message}",

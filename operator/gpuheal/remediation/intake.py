@@ -45,19 +45,56 @@ from gpuheal.remediation.driver import ensure_driver
 from gpuheal.remediation.state import Runtime
 
 log = logging.getLogger("gpuheal.intake")
+RETRIES = 6  # a signal whose handling fails is tried again after 1, 2, 4 ... 32 s
 
 
 def _now() -> dt.datetime:
     return dt.datetime.now(dt.UTC)
 
 
-async def observe(rt: Runtime, node: str, obs: Observation) -> str:
-    """Handle one signal; returns what became of it (also counted in gpuheal_signals_total)."""
-    result = await _observe(rt, node, obs)
+async def submit(rt: Runtime, node: str, obs: Observation) -> None:
+    """Hand a signal over and return at once, unless ``--signal-concurrency`` signals are in
+    hand already (then wait for a free place: a burst slows the watch down, it does not pile
+    up tasks). Signals of different nodes run side by side; one node's run one at a time in
+    the order they came (`observe` takes the node's lock, and asyncio locks are FIFO)."""
+    await rt.intake_slots.acquire()
+    try:
+        _spawn_observe(rt, node, obs, slot=True)
+    except BaseException:
+        rt.intake_slots.release()
+        raise
+
+
+async def observe(rt: Runtime, node: str, obs: Observation, attempt: int = 0) -> str:
+    """Handle one signal; returns what became of it (also counted in gpuheal_signals_total).
+    The node's signals are handled one at a time. A signal whose handling failed (the API
+    server refused the incident's create, say) is forgotten and handled again later, with
+    backoff, up to `RETRIES` times; then it is logged as an error, never dropped silently."""
+    async with rt.node_lock(node):
+        try:
+            result = await _observe(rt, node, obs)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            rt.forget(node, obs)
+            result = "retry" if attempt < RETRIES else "failed"
+            log.error(
+                "signal %s on %s: %s: %s%s",
+                obs.key,
+                node,
+                type(exc).__name__,
+                exc,
+                f"; again in {2**attempt} s" if result == "retry" else "; giving up",
+                extra={"node": node, "xid": obs.xid, "result": result},
+            )
+            if result == "retry":
+                asyncio.get_running_loop().call_later(
+                    2**attempt, lambda: _spawn_observe(rt, node, obs, attempt=attempt + 1)
+                )
     rt.metrics.signals.labels(obs.source, result).inc()
-    if result not in ("duplicate", "pending"):
+    if result not in ("duplicate", "pending", "retry", "failed"):
         history.signal(rt, node, obs, result)
-    if result not in ("duplicate", "ignored", "pending"):
+    if result not in ("duplicate", "ignored", "pending", "retry", "failed"):
         log.info(
             "signal %s on %s: %s",
             obs.key,
@@ -74,7 +111,7 @@ async def _observe(rt: Runtime, node: str, obs: Observation) -> str:  # noqa: PL
         return "duplicate"
     if any(same_fault(o, obs) for o in earlier):
         return "duplicate"  # another reporter of a fault seen already (NPD's two Events, dcgm)
-    if any(obs.key in i.trigger_keys or obs.identity in i.recorded for i in rt.incidents.values()):
+    if rt.incidents.recorded(obs.key, obs.identity):
         return "duplicate"  # a signal an incident recorded, seen again (relist, restart)
     if rt.seen_in_history(node, obs):
         return "duplicate"  # in the node's FaultHistory: handled before a restart
@@ -82,35 +119,35 @@ async def _observe(rt: Runtime, node: str, obs: Observation) -> str:  # noqa: PL
     policy = rt.policy_of(node)
     if view is None or policy is None:
         return "ignored"
-    async with rt.node_lock(node):
-        active = rt.active_incident(node)
-        if active is not None:
-            await _attach(rt, active, obs)
-            return "attached"
-        decision = decide(
-            policy.spec,
-            rt.engine_view(view),
-            rt.node_history(node),
-            rt.counts(policy.metadata.name),
-            _now(),
-            new=obs,
-            max_signal_age=dt.timedelta(seconds=rt.config.event_max_age),
-        )
-        if isinstance(decision, Wait):  # a condition not held long enough: look again then
-            rt.forget(node, obs)
-            _look_again(rt, node, obs, decision.until)
-            return "pending"
-        if isinstance(decision, Act) and decision.trigger is not None:
-            if decision.operation is Action.ALERT:
-                await _post(rt, view, EventReason.DETECTED, decision.message)
-                return "alerted"
-            if decision.operation is Move.OPEN:
-                return await _open(rt, policy, view, decision.trigger)
-        if isinstance(decision, Blocked):
-            await _post(rt, view, EventReason.STEP_BLOCKED, f"{obs.what}: {decision.message}")
-            rt.metrics.blocked.labels(decision.reason).inc()
-            return "blocked"
-        return "stale" if decision.reason == Reason.STALE else "ignored"
+    active = rt.active_incident(node)
+    if active is not None:
+        await _attach(rt, active, obs)
+        return "attached"
+    now = _now()
+    decision = decide(
+        policy.spec,
+        rt.engine_view(view),
+        rt.node_history(node),
+        rt.counts(policy.metadata.name, now),
+        now,
+        new=obs,
+        max_signal_age=dt.timedelta(seconds=rt.config.event_max_age),
+    )
+    if isinstance(decision, Wait):  # a condition not held long enough: look again then
+        rt.forget(node, obs)
+        _look_again(rt, node, obs, decision.until)
+        return "pending"
+    if isinstance(decision, Act) and decision.trigger is not None:
+        if decision.operation is Action.ALERT:
+            _post(rt, view, EventReason.DETECTED, decision.message)
+            return "alerted"
+        if decision.operation is Move.OPEN:
+            return await _open(rt, policy, view, decision.trigger)
+    if isinstance(decision, Blocked):
+        _post(rt, view, EventReason.STEP_BLOCKED, f"{obs.what}: {decision.message}")
+        rt.metrics.blocked.labels(decision.reason).inc()
+        return "blocked"
+    return "stale" if decision.reason == Reason.STALE else "ignored"
 
 
 async def _node_view(rt: Runtime, node: str) -> NodeView | None:
@@ -155,14 +192,7 @@ async def _open(rt: Runtime, policy: RemediationPolicy, view: NodeView, trigger:
     created = await rt.require_kube().create_custom(NREM_PLURAL, _wire(nrem))
     if created is None:
         return "duplicate"
-    rt.incidents[name] = IncidentSummary(
-        name=name,
-        node=view.name,
-        policy=policy.metadata.name,
-        active=True,
-        holds_slot=False,
-        trigger_keys=frozenset({signal.key}),
-    )
+    rt.incident_seen(NodeRemediation.model_validate(created), ours=True)
     rt.metrics.incidents.labels(
         "xid" if signal.xid is not None else "condition", signal.source or "manual"
     ).inc()
@@ -171,7 +201,7 @@ async def _open(rt: Runtime, policy: RemediationPolicy, view: NodeView, trigger:
         rt, view.name, name, rule=trigger.rule.name, rung=trigger.rung,
         why=trigger.repeat or trigger.why,
     )  # fmt: skip
-    await _post(
+    _post(
         rt,
         view,
         EventReason.REMEDIATION_CREATED,
@@ -205,17 +235,18 @@ async def _attach(rt: Runtime, active: IncidentSummary, obs: Observation) -> Non
     ):
         return
     signals = [*nrem.spec.signals, record][-64:]
-    await kube.patch_custom(
+    patched = await kube.patch_custom(
         NREM_PLURAL,
         active.name,
         {"spec": {"signals": [s.to_k8s() for s in signals]}},
     )
+    rt.incident_seen(NodeRemediation.model_validate(patched), ours=True)
     ensure_driver(rt, active.name)
-    await kube.post_event(body, reason=EventReason.SIGNAL_ATTACHED, message=f"{obs.what} attached")
+    rt.post_event(body, reason=EventReason.SIGNAL_ATTACHED, message=f"{obs.what} attached")
 
 
-async def _post(rt: Runtime, view: NodeView, reason: EventReason, message: str) -> None:
-    await rt.require_kube().post_event(
+def _post(rt: Runtime, view: NodeView, reason: EventReason, message: str) -> None:
+    rt.post_event(
         {"apiVersion": "v1", "kind": "Node", "metadata": {"name": view.name, "uid": view.uid}},
         reason=reason,
         message=message,
@@ -235,10 +266,20 @@ def check_conditions(rt: Runtime, view: NodeView) -> None:
             _spawn_observe(rt, view.name, obs)
 
 
-def _spawn_observe(rt: Runtime, node: str, obs: Observation) -> None:
-    task = asyncio.create_task(observe(rt, node, obs), name=f"observe:{obs.key}")
+def _spawn_observe(
+    rt: Runtime, node: str, obs: Observation, *, slot: bool = False, attempt: int = 0
+) -> None:
+    """`observe` as a task of its own (kept in ``rt.tasks`` so that stop() cancels it);
+    ``slot``: it holds one of `submit`'s places, given back when it ends."""
+    task = asyncio.create_task(observe(rt, node, obs, attempt), name=f"observe:{obs.key}")
     rt.tasks.append(task)
-    task.add_done_callback(rt.tasks.remove)
+
+    def done(task: asyncio.Task[str]) -> None:
+        rt.tasks.remove(task)
+        if slot:
+            rt.intake_slots.release()
+
+    task.add_done_callback(done)
 
 
 def _look_again(rt: Runtime, node: str, obs: Observation, at: dt.datetime) -> None:

@@ -10,11 +10,10 @@ from typing import Any
 from pydantic import ValidationError
 
 from gpuheal.api.faulthistory import FaultHistory
-from gpuheal.api.names import APPROVE_ANNOTATION
 from gpuheal.api.noderemediation import NodeRemediation
 from gpuheal.api.remediationpolicy import RemediationPolicy
 from gpuheal.api.reservepool import ReservePool
-from gpuheal.policy.inputs import incident_summary, node_view
+from gpuheal.policy.inputs import node_view
 from gpuheal.remediation import intake
 from gpuheal.remediation.driver import ensure_driver, stop_driver
 from gpuheal.remediation.state import Runtime
@@ -49,7 +48,10 @@ def policy_changed(rt: Runtime, type_: str | None, body: dict[str, Any]) -> None
         log.error("RemediationPolicy %s does not parse; ignoring it: %s", name, exc)
         rt.drop_policy(name)
         return
+    old = rt.policies.get(name)
     rt.set_policy(policy)
+    if old is not None and old.metadata.generation == policy.metadata.generation:
+        return  # a status write (the operator's own report, mostly): no new rules to apply
     if "conditions" in rt.config.sources:
         for view in list(rt.nodes.values()):
             if rt.assignment.get(view.name) == name:
@@ -82,26 +84,25 @@ def history_changed(rt: Runtime, type_: str | None, body: dict[str, Any]) -> Non
 
 
 def incident_changed(rt: Runtime, type_: str | None, body: dict[str, Any]) -> None:
-    """Keep the incident's summary current; an open incident gets a driver."""
+    """Keep the incident's summary current; an open incident gets a driver. The echo of
+    the operator's own write (same resourceVersion as its answer, taken in already) costs
+    a dict lookup: no parse, no wake-up."""
     name = body["metadata"]["name"]
     if type_ == "DELETED":
-        rt.incidents.pop(name, None)
-        rt.incident_marks.pop(name, None)
+        rt.incident_gone(name)
         stop_driver(rt, name)
+        return
+    held = rt.latest.get(name)
+    if held is not None and held.metadata.resource_version == body["metadata"].get(
+        "resourceVersion"
+    ):
         return
     try:
         nrem = NodeRemediation.model_validate(body)
     except ValidationError as exc:
         log.error("NodeRemediation %s does not parse; ignoring it: %s", name, exc)
         return
-    summary = incident_summary(nrem)
-    rt.incidents[name] = summary
     # A person (approval) or a new signal changed it: worth a look now, unlike our own writes.
-    mark = (nrem.metadata.generation, nrem.metadata.annotations.get(APPROVE_ANNOTATION))
-    changed = rt.incident_marks.get(name) != mark
-    rt.incident_marks[name] = mark
-    if summary.holds_slot or not summary.active:
-        rt.release_slot(name)  # recorded on the incident now (or over): no local slot needed
-    rt.metrics.active_incidents.set(sum(1 for i in rt.incidents.values() if i.active))
-    if summary.active:
+    changed = rt.incident_seen(nrem)
+    if rt.incidents[name].active:
         ensure_driver(rt, name, wake_up=changed)

@@ -4,6 +4,7 @@ one merge patch per pass."""
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Callable
 from typing import Any
 
 from gpuheal.adapters.kube import Kube
@@ -25,8 +26,15 @@ class Recorder:
     changed it meanwhile, the write is a 409 and the pass starts again from a fresh read.
     """
 
-    def __init__(self, nrem: NodeRemediation, now: dt.datetime) -> None:
+    def __init__(
+        self,
+        nrem: NodeRemediation,
+        now: dt.datetime,
+        *,
+        written: Callable[[dict[str, Any]], None] = lambda body: None,
+    ) -> None:
         self.name = nrem.metadata.name
+        self.written = written  # gets the object as the API server stored it
         self.status = nrem.status.model_copy(deep=True)
         self.generation = nrem.metadata.generation
         self.resource_version = nrem.metadata.resource_version
@@ -112,3 +120,4 @@ class Recorder:
         )
         self.resource_version = (updated.get("metadata") or {}).get("resourceVersion")
         self.dirty = False
+        self.written(updated)

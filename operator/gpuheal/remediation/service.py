@@ -10,7 +10,6 @@ import os
 from collections.abc import Coroutine
 from typing import Any
 
-from kubernetes_asyncio.client.exceptions import ApiException
 from prometheus_client import start_http_server
 from tenacity import (
     AsyncRetrying,
@@ -20,13 +19,13 @@ from tenacity import (
     wait_exponential_jitter,
 )
 
-from gpuheal.adapters.kube import Kube
+from gpuheal.adapters.events import EventOutbox
+from gpuheal.adapters.kube import ApiError, Kube
 from gpuheal.adapters.lease import Lease
 from gpuheal.adapters.notify import WebhookSender
 from gpuheal.adapters.slurm import BridgeSlurm
-from gpuheal.api.names import HISTORY_PLURAL, NREM_PLURAL, POLICY_PLURAL, POOL_PLURAL
+from gpuheal.api.names import HISTORY_PLURAL, POLICY_PLURAL, POOL_PLURAL
 from gpuheal.config import bridge_targets, parse_events, parse_webhooks
-from gpuheal.kubeapi import make_api_client
 from gpuheal.remediation import history, objects, report, sources
 from gpuheal.remediation.notify import Notifier, Target
 from gpuheal.remediation.state import Runtime
@@ -39,9 +38,13 @@ async def start(rt: Runtime, *, serve_metrics: bool) -> None:
     (kopf retries start-up): nothing is started twice."""
     cfg = rt.config
     if rt.kube is None:
-        rt.kube = Kube(await make_api_client(cfg.kubeconfig), component="gpuheal")
+        rt.kube = Kube.connect(cfg.kubeconfig, component="gpuheal")
+    if rt.events is None:
+        posted = rt.metrics.events
+        rt.events = EventOutbox(rt.kube, count=lambda result: posted.labels(result).inc())
+        _spawn(rt, "outbox", rt.events.run())
     if cfg.lease_duration > 0 and rt.lease is None:
-        rt.lease = Lease(rt.kube.api, cfg.namespace, duration=cfg.lease_duration)
+        rt.lease = Lease(rt.kube, cfg.namespace, duration=cfg.lease_duration)
         await rt.lease.acquire()  # a second copy waits here: nothing below runs in it
         _spawn(rt, "lease", rt.lease.keep(_lost_lease))
     if not rt.bridges:
@@ -71,6 +74,10 @@ async def start(rt: Runtime, *, serve_metrics: bool) -> None:
         start_http_server(cfg.metrics_port, registry=rt.metrics.registry)
         rt.metrics_served = True
     await _prefill(rt)
+    if "incidents" not in _running(rt):
+        incidents_ready = asyncio.Event()
+        _spawn(rt, "incidents", sources.watch_incidents(rt, incidents_ready))
+        await asyncio.wait_for(incidents_ready.wait(), timeout=300)  # before any signal
     if "nodes" not in _running(rt):
         nodes_ready = asyncio.Event()
         _spawn(rt, "nodes", sources.watch_nodes(rt, nodes_ready))
@@ -107,14 +114,14 @@ def _lost_lease() -> None:
 
 
 async def _prefill(rt: Runtime) -> None:
-    """Read policies, pools, incidents and fault histories before any signal is handled,
-    so that a signal seen at start-up attaches to the incident it belongs to instead of
-    opening a second, and counts with everything the nodes went through before."""
+    """Read policies, pools and fault histories before any incident or signal is handled
+    (the incidents' own watch lists them next, so that a signal seen at start-up attaches to
+    the incident it belongs to instead of opening a second, and counts with everything the
+    nodes went through before)."""
     for plural, changed in (
         (POLICY_PLURAL, objects.policy_changed),
         (POOL_PLURAL, objects.pool_changed),
         (HISTORY_PLURAL, objects.history_changed),
-        (NREM_PLURAL, objects.incident_changed),
     ):
         for item in await _list_retrying(rt, plural):
             changed(rt, None, item)
@@ -137,7 +144,7 @@ async def _list_retrying(rt: Runtime, plural: str) -> list[dict[str, Any]]:
     retries start-up)."""
 
     def transient(exc: BaseException) -> bool:
-        return isinstance(exc, ApiException) and exc.status in (404, 429, 500, 503)
+        return isinstance(exc, ApiError) and exc.status in (404, 429, 500, 503)
 
     def say(state: RetryCallState) -> None:
         exc = state.outcome.exception() if state.outcome else None
@@ -159,10 +166,16 @@ async def stop(rt: Runtime) -> None:
     if rt.history_queue and rt.kube is not None:
         with contextlib.suppress(Exception):  # a clean stop writes what is queued
             await asyncio.wait_for(history.write_queued(rt), timeout=5)
-    pending = [*rt.tasks, *rt.drivers.values()]
+    outbox = [t for t in rt.tasks if t.get_name() == "outbox"]
+    pending = [t for t in [*rt.tasks, *rt.drivers.values()] if t not in outbox]
     for task in pending:
         task.cancel()
     await asyncio.gather(*pending, return_exceptions=True)
+    if rt.events is not None:
+        await rt.events.flush(within=5.0)  # what is left is logged, not dropped silently
+    for task in outbox:
+        task.cancel()
+    await asyncio.gather(*outbox, return_exceptions=True)
     for timer in rt.condition_timers.values():
         timer.cancel()
     if rt.lease is not None:

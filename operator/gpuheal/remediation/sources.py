@@ -19,7 +19,7 @@ from gpuheal.api.meta import rfc3339_ms
 from gpuheal.policy.inputs import event_observations, node_event, reporter_of
 from gpuheal.policy.types import Observation
 from gpuheal.remediation import intake
-from gpuheal.remediation.objects import node_changed
+from gpuheal.remediation.objects import incident_changed, node_changed
 from gpuheal.remediation.state import Runtime
 from gpuheal.xid.identity import NO_GPUS, normalize_uuid
 from gpuheal.xid.parse import dcgm_xid_events, parse_dcgm_metrics
@@ -69,6 +69,23 @@ async def watch_nodes(rt: Runtime, ready: asyncio.Event | None = None) -> None:
     await _follow(rt, "nodes", "nodes", ready, handle)
 
 
+async def watch_incidents(rt: Runtime, ready: asyncio.Event | None = None) -> None:
+    """NodeRemediations, forever, through our own list+watch rather than kopf: most of their
+    changes are the operator's own status writes, whose echo costs a JSON parse and a dict
+    lookup here (`objects.incident_changed`), where kopf spent a deep copy and a diff on
+    each. After a relist, incidents that vanished meanwhile are dropped."""
+    async for ev in rt.require_kube().list_watch("noderemediations"):
+        if ev.type in ("LISTED", "ADDED", "MODIFIED", "DELETED"):
+            incident_changed(rt, ev.type, ev.obj)
+        elif ev.type == "SYNCED":
+            for gone in set(rt.incidents) - set(ev.obj["names"]):
+                incident_changed(rt, "DELETED", {"metadata": {"name": gone}})
+            if ready is not None:
+                ready.set()
+        elif ev.type == "BLIND":
+            log.warning("NodeRemediation watch failed, relisting: %s", ev.obj["message"])
+
+
 async def watch_events(rt: Runtime) -> None:
     """Events about Nodes, forever (server-side ``fieldSelector=involvedObject.kind=Node``)."""
 
@@ -79,14 +96,15 @@ async def watch_events(rt: Runtime) -> None:
     await _follow(rt, "node_events", "events", None, handle)
 
 
-async def handle_event(rt: Runtime, body: dict[str, Any]) -> list[str]:
-    """One Event about a Node: each XID it reports (or the Warning itself) to the intake."""
+async def handle_event(rt: Runtime, body: dict[str, Any]) -> None:
+    """Hand each XID the Event reports (or the Warning itself) to the intake (which handles
+    it while the watch reads on)."""
     ev = node_event(body)
     if ev is None or ev.component == rt.require_kube().component:
-        return []  # not about a Node, or one of our own Events
+        return  # not about a Node, or one of our own Events
     view = rt.nodes.get(ev.node)
-    found = event_observations(ev, _now(), view.gpus if view is not None else None)
-    return [await intake.observe(rt, ev.node, obs) for obs in found]
+    for obs in event_observations(ev, _now(), view.gpus if view is not None else None):
+        await intake.submit(rt, ev.node, obs)
 
 
 async def scrape_dcgm(rt: Runtime) -> None:
@@ -109,7 +127,7 @@ async def scrape_dcgm(rt: Runtime) -> None:
                 log.warning("dcgm source blind: listing dcgm-exporter pods failed: %s", exc)
             else:
                 for node, obs in await scrape_once(rt, scraper, pods, previous):
-                    await intake.observe(rt, node, obs)
+                    await intake.submit(rt, node, obs)
             await asyncio.sleep(rt.config.dcgm_interval)
     finally:
         await scraper.close()

@@ -10,24 +10,34 @@ incident it belongs to), and read back from there after a restart.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import dataclasses
 import datetime as dt
 from collections import Counter, deque
+from collections.abc import Iterable, Iterator, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpuheal.adapters.events import EventOutbox
 from gpuheal.adapters.kube import Kube
 from gpuheal.adapters.lease import Lease
 from gpuheal.adapters.notify import WebhookSender
 from gpuheal.adapters.slurm import BridgeSlurm, UnknownCluster
 from gpuheal.api.faulthistory import FaultHistory, HistoryEntry
+from gpuheal.api.meta import parse_duration
+from gpuheal.api.names import APPROVE_ANNOTATION
+from gpuheal.api.noderemediation import NodeRemediation
 from gpuheal.api.remediationpolicy import RemediationPolicy
 from gpuheal.api.reservepool import RefillStatus, ReservePool
 from gpuheal.config import OperatorConfig
 from gpuheal.metrics import Metrics
-from gpuheal.policy import cluster_counts, select_policy
 from gpuheal.policy import history as fault_history
-from gpuheal.policy.inputs import breaker_state, last_resolved, merge_observations
+from gpuheal.policy import select_policy
+from gpuheal.policy.inputs import (
+    breaker_state,
+    incident_summary,
+    merge_observations,
+)
 from gpuheal.policy.select import slurm_cluster
 from gpuheal.policy.types import (
     ALWAYS,
@@ -76,6 +86,111 @@ class Breaker:
 
 
 @dataclass
+class _Tally:
+    """One policy's share of the incidents, kept as they change."""
+
+    holders: set[str] = field(default_factory=set)  # open incidents holding a slot
+    open_nodes: Counter[str] = field(default_factory=Counter)  # node -> open incidents
+    starts: list[dt.datetime] = field(default_factory=list)  # slot_taken_at, sorted
+
+
+class Incidents(MutableMapping[str, IncidentSummary]):
+    """Every incident's summary by name, with the indexes a decision reads: the open incident
+    of a node, the signals incidents recorded (dedupe), when a node's last incident ended,
+    and per policy the slots held, the open nodes and when slots were taken. A change costs
+    a few set operations; nothing here walks every incident (they accumulate: closed
+    NodeRemediations are kept)."""
+
+    def __init__(self) -> None:
+        self._items: dict[str, IncidentSummary] = {}
+        self._open_on: dict[str, set[str]] = {}  # node -> open incident names
+        self._keys: Counter[str] = Counter()  # trigger keys of every incident
+        self._recorded: Counter[tuple[object, ...]] = Counter()  # signal identities
+        self._ended: dict[str, dict[str, dt.datetime]] = {}  # node -> {name: completed_at}
+        self._tallies: dict[str, _Tally] = {}
+        self.open_count = 0
+
+    def __getitem__(self, name: str) -> IncidentSummary:
+        return self._items[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._items)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __setitem__(self, name: str, summary: IncidentSummary) -> None:
+        old = self._items.get(name)
+        if old == summary:
+            return
+        if old is not None:
+            self._index(old, -1)
+        self._items[name] = summary
+        self._index(summary, +1)
+
+    def __delitem__(self, name: str) -> None:
+        self._index(self._items.pop(name), -1)
+
+    def _index(self, i: IncidentSummary, sign: int) -> None:
+        tally = self._tallies.setdefault(i.policy, _Tally())
+        _bump(self._keys, i.trigger_keys, sign)
+        _bump(self._recorded, i.recorded, sign)
+        if i.active:
+            self.open_count += sign
+            _member(self._open_on, i.node, i.name, sign)
+            _bump(tally.open_nodes, (i.node,), sign)
+            if i.holds_slot and sign > 0:
+                tally.holders.add(i.name)
+            elif i.holds_slot:
+                tally.holders.discard(i.name)
+        if i.completed_at is not None:
+            ended = self._ended.setdefault(i.node, {})
+            if sign > 0:
+                ended[i.name] = i.completed_at
+            elif ended.pop(i.name, None) is not None and not ended:
+                del self._ended[i.node]
+        if i.slot_taken_at is not None:
+            if sign > 0:
+                bisect.insort(tally.starts, i.slot_taken_at)
+            else:
+                at = bisect.bisect_left(tally.starts, i.slot_taken_at)
+                if at < len(tally.starts) and tally.starts[at] == i.slot_taken_at:
+                    del tally.starts[at]
+
+    # ---- reads --------------------------------------------------------------------------
+    def open_on(self, node: str) -> IncidentSummary | None:
+        names = self._open_on.get(node)
+        return self._items[min(names)] if names else None
+
+    def recorded(self, key: str, identity: tuple[object, ...]) -> bool:
+        """Did an incident open on this signal key, or record this signal?"""
+        return key in self._keys or identity in self._recorded
+
+    def last_resolved(self, node: str) -> dt.datetime | None:
+        return max(self._ended.get(node, {}).values(), default=None)
+
+    def tally(self, policy: str) -> _Tally:
+        return self._tallies.get(policy) or _Tally()
+
+
+def _bump(counter: Counter[Any], items: Iterable[Any], sign: int) -> None:
+    for item in items:
+        counter[item] += sign
+        if counter[item] <= 0:
+            del counter[item]
+
+
+def _member(sets: dict[str, set[str]], key: str, item: str, sign: int) -> None:
+    if sign > 0:
+        sets.setdefault(key, set()).add(item)
+        return
+    members = sets.get(key, set())
+    members.discard(item)
+    if not members:
+        sets.pop(key, None)
+
+
+@dataclass
 class Runtime:
     config: OperatorConfig
     metrics: Metrics
@@ -86,20 +201,29 @@ class Runtime:
     notifier: Notifier | None = None
     notify_sender: WebhookSender | None = None
     notify_targets: list[Target] = field(default_factory=list)  # --notify-webhooks
+    events: EventOutbox | None = None
     nodes: dict[str, NodeView] = field(default_factory=dict)
     policies: dict[str, RemediationPolicy] = field(default_factory=dict)
     pools: dict[str, ReservePool] = field(default_factory=dict)
-    incidents: dict[str, IncidentSummary] = field(default_factory=dict)
+    incidents: Incidents = field(default_factory=Incidents)
     incident_marks: dict[str, tuple[int | None, str | None]] = field(default_factory=dict)
+    # The newest NodeRemediation known per open incident (our own writes' answers and the
+    # watch): a driver pass starts from it instead of a GET. A stale one costs a 409 and a
+    # GET (every status write carries the resourceVersion it read), never a wrong write.
+    latest: dict[str, NodeRemediation] = field(default_factory=dict)
     # node -> the policy that governs it (None: none, or a tie), and the tied names if a tie
     assignment: dict[str, str | None] = field(default_factory=dict)
     tied: dict[str, tuple[str, ...]] = field(default_factory=dict)
     selected: Counter[str] = field(default_factory=Counter)
     kept_out: set[str] = field(default_factory=set)  # nodes gpuheal keeps cordoned
+    # policy -> {node it governs that gpuheal keeps cordoned: the incident whose cordon it is}
+    kept_out_of: dict[str, dict[str, str]] = field(default_factory=dict)
     history: dict[str, deque[Observation]] = field(default_factory=dict)
     seen_keys: dict[str, dt.datetime] = field(default_factory=dict)
     drivers: dict[str, asyncio.Task[None]] = field(default_factory=dict)
     wakeups: dict[str, asyncio.Event] = field(default_factory=dict)
+    # incident -> its spare being claimed ahead of the replace step (driver._reserve_spare)
+    reservations: dict[str, asyncio.Task[Any]] = field(default_factory=dict)
     tasks: list[asyncio.Task[Any]] = field(default_factory=list)
     # maxUnhealthy slots taken by incidents of this process, not yet recorded on them.
     slots: dict[str, set[str]] = field(default_factory=dict)
@@ -120,6 +244,10 @@ class Runtime:
     node_locks: dict[str, asyncio.Lock] = field(default_factory=dict)
     condition_timers: dict[str, asyncio.TimerHandle] = field(default_factory=dict)
     metrics_served: bool = False
+    intake_slots: asyncio.Semaphore = field(init=False)  # see intake.submit
+
+    def __post_init__(self) -> None:
+        self.intake_slots = asyncio.Semaphore(self.config.signal_concurrency)
 
     def require_kube(self) -> Kube:
         if self.kube is None:
@@ -147,24 +275,42 @@ class Runtime:
             )
         return bridge
 
+    def post_event(
+        self, involved: dict[str, Any], *, reason: str, message: str, type_: str = "Normal"
+    ) -> None:
+        """Queue a Kubernetes Event (posted in the background: never on a step's path)."""
+        if self.events is None:
+            raise RuntimeError("the Event outbox is not set up (startup did not run)")
+        self.events.post(involved, reason=reason, message=message, type_=type_)
+
     # ---- views --------------------------------------------------------------------------
     def set_node(self, view: NodeView) -> None:
         old = self.nodes.get(view.name)
         self.nodes[view.name] = view
-        if view.kept_out_by:
-            self.kept_out.add(view.name)
-        else:
-            self.kept_out.discard(view.name)
         if old is None or old.labels != view.labels:
             self._assign(view)
+        else:
+            self._keep_out(view.name, view.kept_out_by)
 
     def drop_node(self, name: str) -> None:
         self.nodes.pop(name, None)
-        self.kept_out.discard(name)
+        self._keep_out(name, None)
         self.tied.pop(name, None)
         previous = self.assignment.pop(name, None)
         if previous is not None:
             self.selected[previous] -= 1
+
+    def _keep_out(self, node: str, by: str | None) -> None:
+        """Index a node gpuheal keeps cordoned (``by``: the incident) under its policy."""
+        for kept in self.kept_out_of.values():
+            kept.pop(node, None)
+        if by is None:
+            self.kept_out.discard(node)
+            return
+        self.kept_out.add(node)
+        policy = self.assignment.get(node)
+        if policy is not None:
+            self.kept_out_of.setdefault(policy, {})[node] = by
 
     def set_policy(self, policy: RemediationPolicy) -> None:
         name = policy.metadata.name
@@ -187,6 +333,7 @@ class Runtime:
         self.assignment.clear()
         self.tied.clear()
         self.selected.clear()
+        self.kept_out_of.clear()
         for view in self.nodes.values():
             self._assign(view)
 
@@ -205,6 +352,7 @@ class Runtime:
             self.tied[view.name] = tied
         else:
             self.tied.pop(view.name, None)
+        self._keep_out(view.name, view.kept_out_by)
 
     def policy_of(self, node: str) -> RemediationPolicy | None:
         name = self.assignment.get(node)
@@ -215,7 +363,7 @@ class Runtime:
 
     # ---- incidents ----------------------------------------------------------------------
     def active_incident(self, node: str) -> IncidentSummary | None:
-        return next((i for i in self.incidents.values() if i.node == node and i.active), None)
+        return self.incidents.open_on(node)
 
     def pool_counts(self) -> dict[str, PoolCounts]:
         """Each ReservePool's available spares (ready, unclaimed, not kept out by gpuheal)
@@ -233,24 +381,62 @@ class Runtime:
             out[name] = PoolCounts(available=available, min_available=pool.spec.min_available)
         return out
 
-    def counts(self, policy: str) -> ClusterCounts:
-        """The policy's cluster counts now (incidents, nodes kept out, local slots, pools)."""
+    def counts(self, policy: str, now: dt.datetime | None = None) -> ClusterCounts:
+        """The policy's cluster counts now, from the indexes: what `policy.cluster_counts`
+        computes from every incident and every kept-out node (a test holds them equal),
+        without walking them. ``recent_starts`` holds only the starts inside the policy's
+        rate-limit window (all that `admit` reads) when ``now`` is given."""
         breaker = self.breakers.get(policy, Breaker())
-        kept_out = [
-            self.nodes[n]
-            for n in self.kept_out
-            if n in self.nodes and self.assignment.get(n) == policy
-        ]
-        return cluster_counts(
-            policy,
-            self.selected[policy],
-            self.incidents.values(),
-            kept_out,
-            local_slots=self.slots.get(policy, ()),
+        tally = self.incidents.tally(policy)
+        kept = self.kept_out_of.get(policy, {})
+        holders = tally.holders.union(kept.values(), self.slots.get(policy, ()))
+        unhealthy = len(tally.open_nodes) + sum(1 for n in kept if n not in tally.open_nodes)
+        starts: tuple[dt.datetime, ...] = tuple(tally.starts)
+        spec = self.policies[policy].spec if policy in self.policies else None
+        if now is not None and spec is not None:
+            window = spec.safety.rate_limit.window if spec.safety.rate_limit else None
+            since = now - parse_duration(window) if window else now
+            starts = tuple(tally.starts[bisect.bisect_right(tally.starts, since) :])
+        return ClusterCounts(
+            selected=self.selected[policy],
+            unhealthy=unhealthy,
+            remediating=len(holders),
+            recent_starts=starts,
             breaker_open=breaker.open,
             breaker_changed_at=breaker.changed_at,
-            pools=self.pool_counts() if self.pools else None,
+            pools=self.pool_counts(),
         )
+
+    def incident_seen(self, nrem: NodeRemediation, *, ours: bool = False) -> bool:
+        """Take in an incident's newest state: our own write's answer (``ours``), the watch,
+        or a GET. Keeps its summary (counts), its body (the driver's next pass) and gives
+        back a local slot once the incident records it. Returns whether someone else changed
+        what wakes a sleeping driver (a new generation: a signal attached; an approval).
+        A watch event older than what we hold (our own write's answer came first) or the
+        echo of our own write changes nothing."""
+        name = nrem.metadata.name
+        held = self.latest.get(name)
+        held_rv = held.metadata.resource_version if held is not None else None
+        if held is not None and not ours and not _newer(nrem.metadata.resource_version, held_rv):
+            return False
+        summary = incident_summary(nrem)
+        self.incidents[name] = summary
+        if summary.active:
+            self.latest[name] = nrem
+        else:
+            self.latest.pop(name, None)
+        if summary.holds_slot or not summary.active:
+            self.release_slot(name)  # recorded on the incident now (or over)
+        self.metrics.active_incidents.set(self.incidents.open_count)
+        mark = (nrem.metadata.generation, nrem.metadata.annotations.get(APPROVE_ANNOTATION))
+        changed = self.incident_marks.get(name) != mark
+        self.incident_marks[name] = mark
+        return changed and not ours
+
+    def incident_gone(self, name: str) -> None:
+        self.incidents.pop(name, None)
+        self.incident_marks.pop(name, None)
+        self.latest.pop(name, None)
 
     def release_slot(self, incident: str) -> None:
         for holders in self.slots.values():
@@ -306,7 +492,7 @@ class Runtime:
         and the same GPUs' signals on other nodes (a GPU that moved keeps its record)."""
         record = self.fault_history.get(node, NodeRecord())
         observations = merge_observations(self.history.get(node, ()), record.observations, extra)
-        resolved = [last_resolved(self.incidents.values(), node), record.last_outcome_at]
+        resolved = [self.incidents.last_resolved(node), record.last_outcome_at]
         uuids = {o.gpu_uuid for o in observations if o.gpu_uuid}
         elsewhere = [
             o
@@ -357,6 +543,14 @@ class Runtime:
 
     def node_lock(self, node: str) -> asyncio.Lock:
         return self.node_locks.setdefault(node, asyncio.Lock())
+
+
+def _newer(rv: str | None, than: str | None) -> bool:
+    """Is resourceVersion ``rv`` newer than ``than``? Opaque strings to the API; etcd's are
+    integers, compared as such when both are (else: assume newer, the safe side)."""
+    if rv is None or than is None or not (rv.isdigit() and than.isdigit()):
+        return rv != than
+    return int(rv) > int(than)
 
 
 def breaker_from_status(policy: RemediationPolicy) -> Breaker:

@@ -846,7 +846,8 @@ async def execute(  # noqa: PLR0911
             step.drain_options(),
             started=_started(rec, C.DRAINED),
             now=now,
-            retry_after=retry,
+            # evicted pods usually go within their grace period: look again soon, then less
+            retry_after=min(retry, 0.25 * 2 ** min(attempt, 8)),
         )
         for what, n in counts.items():
             if n:

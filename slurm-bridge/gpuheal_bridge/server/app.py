@@ -236,6 +236,7 @@ def create_app(settings: BridgeSettings) -> FastAPI:  # noqa: PLR0915 - routes a
                 watcher.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await watcher
+            await ops.settled(within=10.0)  # requeues still expediting in the background
             await backend.aclose()
             store.close()
 

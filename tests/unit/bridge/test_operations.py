@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from gpuheal_bridge.api.models import (
@@ -16,7 +18,7 @@ from gpuheal_bridge.api.models import (
     ResumeRequest,
     SignalTarget,
 )
-from gpuheal_bridge.backends.base import NotFound, Unavailable
+from gpuheal_bridge.backends.base import JobProbe, NotFound, Unavailable
 from gpuheal_bridge.operations import Operations, OwnershipConflict
 from tests.unit.bridge.fakes import FakeClock, FakeJob, FakeSlurm
 
@@ -182,6 +184,60 @@ async def test_expedite_sets_start_now_on_begintime(ops: Operations, slurm: Fake
     assert result.requeue_to_running_seconds is not None
     assert slurm.mutating_calls() == ["requeue", "start_now"]  # one update: both at once
     assert result.excluded_nodes == ["node1"]
+
+
+class SlowProbes(FakeSlurm):
+    """Job probes wait for `gate`: slurmctld is slow to show the requeued job PENDING."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = asyncio.Event()
+
+    async def probe_job(self, job_id: int) -> JobProbe:
+        await self.gate.wait()
+        return await super().probe_job(job_id)
+
+
+async def test_drain_answers_once_the_requeue_is_accepted_and_expedites_after(
+    clock: FakeClock,
+) -> None:
+    """What the operator asks (expedite, no wait for RUNNING): the drain and the requeue are
+    on record in the answer; waiting for PENDING/BeginTime and the expedite come after."""
+    slurm = SlowProbes()
+    slurm.add_node("node1", "MIXED")
+    slurm.add_job(FakeJob(7, ["node1"], next_node="node3"))
+    ops = Operations(slurm, clock=clock, sleep=clock.sleep, poll_interval=0.1)
+    req = DrainRequest(incident="nrem-abc", xid=79, requeue=RequeueOptions(expedite=True))
+    resp = await asyncio.wait_for(ops.drain("node1", "node1", req), 5)
+    assert resp.outcome is DrainOutcome.DRAINED
+    [job] = resp.jobs
+    assert job.outcome is JobOutcome.REQUEUED
+    assert not job.expedited
+    assert job.detail is not None
+    assert "go on in the bridge" in job.detail
+    assert slurm.mutating_calls() == ["drain", "requeue"]  # answered before any wait
+    slurm.gate.set()
+    await ops.settled()
+    assert slurm.mutating_calls() == ["drain", "requeue", "start_now"]
+    assert slurm.jobs[7].excluded == ["node1"]
+    assert 7 in slurm.expedited
+    # a second call on the same node repeats nothing
+    again = await ops.drain("node1", "node1", req)
+    assert again.outcome is DrainOutcome.ALREADY_DRAINED
+    await ops.settled()
+    assert slurm.mutating_calls() == ["drain", "requeue", "start_now"]
+
+
+async def test_a_caller_that_waits_for_running_still_gets_the_whole_story(
+    ops: Operations, slurm: FakeSlurm
+) -> None:
+    slurm.add_job(FakeJob(7, ["node1"], next_node="node3"))
+    opts = RequeueOptions(expedite=True, wait_running_seconds=30)
+    resp = await ops.drain("node1", "node1", DrainRequest(incident="nrem-abc", requeue=opts))
+    [job] = resp.jobs
+    assert job.expedited
+    assert job.state_after == "RUNNING"
+    assert job.excluded_nodes == ["node1"]
 
 
 async def test_requeuehold_is_not_expedited(ops: Operations, slurm: FakeSlurm) -> None:

@@ -1,0 +1,139 @@
+"""The operator's incremental indexes say what a full scan says.
+
+`Runtime.counts()` reads per-policy tallies kept as incidents and nodes change; the pure
+`policy.cluster_counts()` (what `gpuheal explain` uses) computes the same from every incident
+and every kept-out node. Any sequence of changes must leave them equal, and the other
+indexes (open incident of a node, recorded signals, last resolved) equal to their scans.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from prometheus_client import CollectorRegistry
+
+from gpuheal.config import OperatorConfig
+from gpuheal.metrics import Metrics
+from gpuheal.policy import admit, cluster_counts
+from gpuheal.policy.inputs import last_resolved
+from gpuheal.policy.types import IncidentSummary, NodeView
+from gpuheal.remediation.state import Runtime
+from tests.unit.test_policy_select import make_policy
+
+NOW = dt.datetime(2026, 11, 22, 6, 0, tzinfo=dt.UTC)
+NODES = [f"n{i}" for i in range(6)]
+NAMES = [f"i{i}" for i in range(8)]
+
+
+def MINUTES_AGO(m: int) -> dt.datetime:
+    return NOW - dt.timedelta(minutes=m)
+
+
+summaries = st.builds(
+    IncidentSummary,
+    name=st.sampled_from(NAMES),
+    node=st.sampled_from(NODES),
+    policy=st.sampled_from(["p", "q"]),
+    active=st.booleans(),
+    holds_slot=st.booleans(),
+    trigger_keys=st.frozensets(st.sampled_from(["k1", "k2", "k3"]), max_size=2),
+    recorded=st.frozensets(st.tuples(st.sampled_from(["a", "b"]), st.integers(0, 2)), max_size=2),
+    slot_taken_at=st.one_of(st.none(), st.integers(0, 120).map(MINUTES_AGO)),
+    completed_at=st.one_of(st.none(), st.integers(0, 120).map(MINUTES_AGO)),
+)  # fmt: skip
+node_changes = st.tuples(
+    st.sampled_from(NODES),
+    st.sampled_from(["p", "q", "none"]),  # the label that picks the node's policy
+    st.one_of(st.none(), st.sampled_from(NAMES)),  # the incident that keeps it cordoned
+)
+changes = st.lists(
+    st.one_of(
+        st.tuples(st.just("put"), summaries),
+        st.tuples(st.just("drop"), st.sampled_from(NAMES)),
+        st.tuples(st.just("node"), node_changes),
+        st.tuples(st.just("gone"), st.sampled_from(NODES)),
+        st.tuples(st.just("slot"), st.tuples(st.sampled_from(["p", "q"]), st.sampled_from(NAMES))),
+    ),
+    max_size=40,
+)
+
+
+def runtime() -> Runtime:
+    rt = Runtime(OperatorConfig(), Metrics(CollectorRegistry()))
+    rate = {"rateLimit": {"remediations": 3, "window": "1h"}}
+    rt.set_policy(make_policy("p", labels={"pool": "p"}, **rate))
+    rt.set_policy(make_policy("q", labels={"pool": "q"}))
+    return rt
+
+
+def apply(rt: Runtime, change: tuple[str, object]) -> None:
+    kind, arg = change
+    if kind == "put":
+        assert isinstance(arg, IncidentSummary)
+        rt.incidents[arg.name] = arg
+    elif kind == "drop":
+        rt.incidents.pop(str(arg), None)
+    elif kind == "node":
+        node, pool, keeper = arg  # type: ignore[misc]
+        rt.set_node(
+            NodeView(
+                name=node,
+                labels={"pool": pool},
+                unschedulable=keeper is not None,
+                cordoned_by=keeper,
+            )
+        )
+    elif kind == "gone":
+        rt.drop_node(str(arg))
+    else:
+        policy, name = arg  # type: ignore[misc]
+        rt.slots.setdefault(policy, set()).add(name)
+
+
+def scanned(rt: Runtime, policy: str) -> object:
+    kept = [rt.nodes[n] for n in rt.kept_out if n in rt.nodes and rt.assignment.get(n) == policy]
+    breaker = rt.breakers[policy]
+    return cluster_counts(
+        policy,
+        rt.selected[policy],
+        list(rt.incidents.values()),
+        kept,
+        local_slots=rt.slots.get(policy, ()),
+        breaker_open=breaker.open,
+        breaker_changed_at=breaker.changed_at,
+    )
+
+
+@settings(max_examples=300, deadline=None)
+@given(changes)
+def test_incremental_counts_equal_a_full_scan(steps: list[tuple[str, object]]) -> None:
+    rt = runtime()
+    for change in steps:
+        apply(rt, change)
+        for policy in ("p", "q"):
+            full = scanned(rt, policy)
+            fast = rt.counts(policy)
+            assert fast.__class__ is full.__class__
+            assert (fast.selected, fast.unhealthy, fast.remediating) == (
+                full.selected,  # type: ignore[attr-defined]
+                full.unhealthy,  # type: ignore[attr-defined]
+                full.remediating,  # type: ignore[attr-defined]
+            )
+            assert sorted(fast.recent_starts) == sorted(full.recent_starts)  # type: ignore[attr-defined]
+            # with `now`, only the rate-limit window's starts: the gate decides the same
+            windowed = rt.counts(policy, NOW)
+            safety = rt.policies[policy].spec.safety
+            assert admit(safety, windowed, NOW) == admit(safety, full, NOW)  # type: ignore[arg-type]
+    values = list(rt.incidents.values())
+    for node in NODES:
+        open_ = {i.name for i in values if i.node == node and i.active}
+        found = rt.active_incident(node)
+        assert (found.name if found else None) == (min(open_) if open_ else None)
+        assert rt.incidents.last_resolved(node) == last_resolved(values, node)
+    for key in ("k1", "k2", "k3"):
+        for identity in (("a", 0), ("b", 2)):
+            expected = any(key in i.trigger_keys or identity in i.recorded for i in values)
+            assert rt.incidents.recorded(key, identity) == expected
+    assert rt.incidents.open_count == sum(1 for i in values if i.active)
