@@ -516,7 +516,9 @@ async def _finish(  # noqa: PLR0911
     if isinstance(decision, Act) and decision.operation is Move.CLOSE:
         if decision.reason in (Reason.VERIFICATION_FAILED, Reason.REPAIR_FAILED):
             rec.condition(NremCondition.FAILED, "True", decision.reason, decision.message)
-            await _complete(rt, nrem, rec, "Failed", decision.message)
+            await _complete(
+                rt, nrem, rec, "Failed", decision.message, failed=_cause(rec, decision.reason)
+            )
             return None
         if decision.reason == Reason.RETIRED:
             await _complete(rt, nrem, rec, "Retired", f"{node} retired: {rec.status.why}")
@@ -560,19 +562,42 @@ async def _finish(  # noqa: PLR0911
     return retry
 
 
-async def _complete(
-    rt: Runtime, nrem: NodeRemediation, rec: Recorder, reason: str, message: str
+async def _complete(  # noqa: PLR0917
+    rt: Runtime,
+    nrem: NodeRemediation,
+    rec: Recorder,
+    reason: str,
+    message: str,
+    failed: str | None = None,
 ) -> None:
+    """Close the incident. `failed`: it ended in failure, for this cause; people hear
+    "failed (cause)", as for a step that failed outright, not "completed"."""
     rec.clear_blocked()
     rec.condition(NremCondition.COMPLETED, "True", reason, message)
     rec.event(NremCondition.COMPLETED, f"{reason}: {message}")
     await rec.write(rt.require_kube())
-    announce(rt, nrem, NotifyEvent.COMPLETED, reason, message, rec.now)
+    if failed is None:
+        announce(rt, nrem, NotifyEvent.COMPLETED, reason, message, rec.now)
+    else:
+        announce(rt, nrem, NotifyEvent.FAILED, failed, message, rec.now)
     history.outcome(rt, nrem, reason, message)
     await history.write_now(rt, nrem.spec.node_name)
     rt.metrics.incidents_completed.labels(reason.lower()).inc()
     event_reason = ENDED_EVENT.get(reason, EventReason.COMPLETED)
     rt.post_event(nrem.to_k8s(), reason=event_reason, message=message)
+
+
+def _cause(rec: Recorder, reason: str) -> str:
+    """The most specific reason a closing failure has: the failed reset/reboot's own
+    (e.g. HookRefused, NotVerified) or the check's, else the engine's."""
+    if reason == Reason.REPAIR_FAILED and rec.status.repair is not None:
+        step = {"reset": NremCondition.RESET, "reboot": NremCondition.REBOOTED}
+        condition = step.get(rec.status.repair.action)
+        if condition is not None and rec.reason(condition):
+            return rec.reason(condition) or reason
+    if reason == Reason.VERIFICATION_FAILED and rec.reason(NremCondition.VERIFIED):
+        return rec.reason(NremCondition.VERIFIED) or reason
+    return reason
 
 
 async def _block(
