@@ -6,10 +6,13 @@ rule_matches`), so a signal listed by two rules only ever reaches the first: the
 rule, or that part of it, can never fire. Each check here is written twice, as one CEL
 expression that lists the problems in the user's words (the API server reports the first)
 and as a Python function that yields the same messages in the same order (local files and
-`model_validate` fail the same way). The CEL walks bounded lists only and, where a plain
-pairwise walk would cost too much for the API server's estimate, sorts encoded integers
-(`value * 32 + rule index`) so that duplicates sit side by side. The API server's CEL has
-no `cel.bind`: `[expr].map(name, ...)[0]` names a value computed once.
+`model_validate` fail the same way).
+
+The CEL walks bounded lists only and stays within the API server's cost budgets, estimated
+when the CRD is created and counted when an object is checked (a policy at every bound is
+accepted: tests/integration/test_crd_validation.py). That server's CEL has no `cel.bind`
+(`[expr].map(name, ...)[0]` names a value computed once) and takes `string(int)` and
+`filter(...).map(...)` as unbounded (`cel_int`, `map(x, keep, text)`).
 """
 
 from __future__ import annotations
@@ -38,7 +41,7 @@ def class_of(xid: int) -> XidClass:
     return entry.action_class if entry is not None else XidClass.UNKNOWN
 
 
-# ---- CEL building blocks (r: a rule) -----------------------------------------------------
+# ---- CEL building blocks (r, q: rules; i, j: their indexes) ------------------------------
 def _list(rule: str, field: str) -> str:
     return f"(has({rule}.signals.{field}) ? {rule}.signals.{field} : [])"
 
@@ -59,6 +62,15 @@ def _matches_154(r: str) -> str:
     return f"({RECOVERY_XID} in {_xids(r)} || 'RecoveryAction' in {_classes(r)})"
 
 
+def _s(text: str) -> str:
+    return cel_str(text)
+
+
+def _let(name: str, value: str, expr: str) -> str:
+    """CEL `expr` with `name` bound to `value` (computed once; the server has no cel.bind)."""
+    return f"[{value}].map({name}, {expr})[0]"
+
+
 _CLASS_INDEX = (
     "{"
     + ", ".join(
@@ -67,27 +79,11 @@ _CLASS_INDEX = (
     + "}"
 )
 _CLASS_NAMES = "[" + ", ".join(f"'{c.value}'" for c in _CLASSES) + "]"
-_CLASS_NUMBERS = "{" + ", ".join(f"'{c.value}': {n}" for n, c in enumerate(_CLASSES)) + "}"
 _UNKNOWN = _CLASSES.index(XidClass.UNKNOWN)
 
 
 def _class_index(x: str) -> str:
     return f"({x} in {_CLASS_INDEX} ? {_CLASS_INDEX}[{x}] : {_UNKNOWN})"
-
-
-def _pairs_sorted(encoded: str, describe: Callable[[str, str, str], str]) -> str:
-    """Problems where one value is listed by two rules: `encoded` is the list of
-    `value * 32 + rule index` (each value once per rule); sorted, a value listed by two rules
-    sits next to itself; `describe(value, first rule, later rule)` is a CEL string."""
-    first, later = "self.rules[v % 32].name", "self.rules[s[k + 1] % 32].name"
-    return (
-        f"[{encoded}.sort()].map(s, s.transformList(k, v, "
-        f"k + 1 < size(s) && v / 32 == s[k + 1] / 32, {describe('v / 32', first, later)}))[0]"
-    )
-
-
-def _s(text: str) -> str:
-    return cel_str(text)
 
 
 def _shadowed(what: str, first: str, later: str) -> str:
@@ -108,61 +104,91 @@ def _shadowed_py(what: str, first: str, later: str) -> str:
 # ---- the checks --------------------------------------------------------------------------
 @dataclasses.dataclass(frozen=True)
 class SpecCheck:
-    """One check over the whole rule list: CEL listing the problems, Python yielding them."""
+    """One check over the whole rule list: `found` (CEL: is there a problem?), `first` (CEL:
+    the first problem in words, built only when there is one), `problems` (Python: every
+    problem, the first one first)."""
 
     name: str
-    problems_cel: str
+    found: str
+    first: str
     problems: Callable[[Sequence[Rule]], Iterator[str]]
 
     def cel(self) -> dict[str, JsonValue]:
-        return check(
-            f"size({self.problems_cel}) == 0",
-            message_expression=f"{self.problems_cel}[0]",
-            field_path=".rules",
-        )
+        return check(f"!({self.found})", message_expression=self.first, field_path=".rules")
+
+
+def _item_check(
+    name: str,
+    field: str,
+    bad: Callable[[str, str], str],
+    describe: Callable[[str, str], str],
+    problems: Callable[[Sequence[Rule]], Iterator[str]],
+    *,
+    setup: tuple[str, str] | None = None,
+) -> SpecCheck:
+    """A check on the items of list `field` of each rule (index `i`): `bad(rule, item)` says
+    whether an item is a problem, `describe(rule, item)` says it (CEL string). The first
+    problem is the first bad item of the first rule that has one. `setup` binds a
+    (name, value) for both. Only ints are bound (`i`, `k`): a string or object bound through
+    a list literal loses its size in the cost estimate."""
+    has_bad = f"has(r.signals.{field}) && r.signals.{field}.exists(x, {bad('r', 'x')})"
+    found = f"self.rules.exists(i, r, {has_bad})"
+    rule, items = "self.rules[i]", f"self.rules[i].signals.{field}"
+    first = _let(
+        "i",
+        f"self.rules.transformList(i, r, {has_bad}, i)[0]",
+        _let(
+            "k",
+            f"{items}.transformList(k, x, {bad(rule, 'x')}, k)[0]",
+            describe(rule, f"{items}[k]"),
+        ),
+    )
+    if setup is not None:
+        found = _let(setup[0], setup[1], found)
+        first = _let(setup[0], setup[1], first)
+    return SpecCheck(name, found, first, problems)
+
+
+def _earlier(field: str, x: str) -> str:
+    """CEL: an earlier rule `q` (index `j`) lists `x` in `field` too."""
+    return f"j < i && has(q.signals.{field}) && {x} in q.signals.{field}"
+
+
+def _first_earlier(field: str, x: str) -> str:
+    return f"self.rules.transformList(j, q, {_earlier(field, x)}, q.name)[0]"
 
 
 def _xid_in_two_rules(rules: Sequence[Rule]) -> Iterator[str]:
-    pairs = sorted(
-        (x, i)
-        for i, r in enumerate(rules)
-        for x in dict.fromkeys(r.signals.xids)
-        if x != RECOVERY_XID
-    )
-    for (x, i), (y, j) in itertools.pairwise(pairs):
-        if x == y:
-            yield _shadowed_py(f"XID {x}", rules[i].name, rules[j].name)
+    for i, r in enumerate(rules):
+        for x in r.signals.xids:
+            earlier = [q.name for q in rules[:i] if x in q.signals.xids]
+            if x != RECOVERY_XID and earlier:
+                yield _shadowed_py(f"XID {x}", earlier[0], r.name)
 
 
-XID_IN_TWO_RULES = SpecCheck(
+XID_IN_TWO_RULES = _item_check(
     "xid-in-two-rules",
-    _pairs_sorted(
-        f"self.rules.transformList(i, r, {_xids('r')}.filter(x, x != {RECOVERY_XID})"
-        ".distinct().map(x, x * 32 + i)).flatten()",
-        lambda v, a, b: _shadowed(f"{_s('XID ')} + {cel_int(v)}", a, b),
-    ),
+    "xids",
+    lambda r, x: f"{x} != {RECOVERY_XID} && self.rules.exists(j, q, {_earlier('xids', x)})",
+    lambda r, x: _shadowed(f"{_s('XID ')} + {cel_int(x)}", _first_earlier("xids", x), f"{r}.name"),
     _xid_in_two_rules,
 )
 
 
 def _class_in_two_rules(rules: Sequence[Rule]) -> Iterator[str]:
-    pairs = sorted(
-        (_CLASSES.index(c), i)
-        for i, r in enumerate(rules)
-        for c in dict.fromkeys(r.signals.xid_classes)
-        if c is not XidClass.RECOVERY_ACTION
-    )
-    for (c, i), (d, j) in itertools.pairwise(pairs):
-        if c == d:
-            yield _shadowed_py(f"XID class {_CLASSES[c].value}", rules[i].name, rules[j].name)
+    for i, r in enumerate(rules):
+        for c in r.signals.xid_classes:
+            earlier = [q.name for q in rules[:i] if c in q.signals.xid_classes]
+            if c is not XidClass.RECOVERY_ACTION and earlier:
+                yield _shadowed_py(f"XID class {c.value}", earlier[0], r.name)
 
 
-CLASS_IN_TWO_RULES = SpecCheck(
+CLASS_IN_TWO_RULES = _item_check(
     "class-in-two-rules",
-    _pairs_sorted(
-        f"self.rules.transformList(i, r, {_classes('r')}.filter(c, c != 'RecoveryAction')"
-        f".distinct().map(c, {_CLASS_NUMBERS}[c] * 32 + i)).flatten()",
-        lambda v, a, b: _shadowed(f"{_s('XID class ')} + {_CLASS_NAMES}[{v}]", a, b),
+    "xidClasses",
+    lambda r, x: f"{x} != 'RecoveryAction' && self.rules.exists(j, q, {_earlier('xidClasses', x)})",
+    lambda r, x: _shadowed(
+        f"{_s('XID class ')} + {x}", _first_earlier("xidClasses", x), f"{r}.name"
     ),
     _class_in_two_rules,
 )
@@ -178,38 +204,42 @@ def _xid_after_its_class(rules: Sequence[Rule]) -> Iterator[str]:
             c = class_of(x)
             j = first.get(c, MAX_RULES)
             if x != RECOVERY_XID and j < i:
-                yield _after_class_py(x, c, rules[j].name, r.name)
+                yield (
+                    f"XID {x} of rule {r.name} is in class {c.value}, which rule "
+                    f"{rules[j].name} above it takes: {r.name} would never see it; move "
+                    f"{r.name} above {rules[j].name} to treat XID {x} differently"
+                )
 
 
-def _after_class_py(x: int, c: XidClass, first: str, later: str) -> str:
-    return (
-        f"XID {x} of rule {later} is in class {c.value}, which rule {first} above it takes: "
-        f"{later} would never see it; move {later} above {first} to treat XID {x} differently"
-    )
-
-
-def _after_class_cel() -> str:
+def _after_class() -> SpecCheck:
     # firsts[c]: the index of the first rule that lists class c (32: none).
     firsts = (
         f"lists.range({len(_CLASSES)}).map(c, [self.rules.transformList(j, q, "
         f"{_CLASS_NAMES}[c] in {_classes('q')}, j)].map(l, size(l) > 0 ? l[0] : 32)[0])"
     )
-    cls = _class_index("x")
-    first = f"self.rules[firsts[{cls}]].name"
-    text = (
-        f"{_s('XID ')} + {cel_int('x')} + {_s(' of rule ')} + r.name + {_s(' is in class ')} + "
-        f"{_CLASS_NAMES}[{cls}] + {_s(', which rule ')} + {first} + "
-        f"{_s(' above it takes: ')} + r.name + {_s(' would never see it; move ')} + r.name + "
-        f"{_s(' above ')} + {first} + {_s(' to treat XID ')} + {cel_int('x')} + "
-        f"{_s(' differently')}"
-    )
-    return (
-        f"[{firsts}].map(firsts, self.rules.transformList(i, r, {_xids('r')}"
-        f".map(x, x != {RECOVERY_XID} && firsts[{cls}] < i, {text})).flatten())[0]"
+
+    def text(r: str, x: str) -> str:
+        cls = _class_index(x)
+        first = f"self.rules[firsts[{cls}]].name"
+        return (
+            f"{_s('XID ')} + {cel_int(x)} + {_s(' of rule ')} + {r}.name + "
+            f"{_s(' is in class ')} + {_CLASS_NAMES}[{cls}] + {_s(', which rule ')} + {first} + "
+            f"{_s(' above it takes: ')} + {r}.name + {_s(' would never see it; move ')} + "
+            f"{r}.name + {_s(' above ')} + {first} + {_s(' to treat XID ')} + {cel_int(x)} + "
+            f"{_s(' differently')}"
+        )
+
+    return _item_check(
+        "xid-after-its-class",
+        "xids",
+        lambda r, x: f"{x} != {RECOVERY_XID} && firsts[{_class_index(x)}] < i",
+        text,
+        _xid_after_its_class,
+        setup=("firsts", firsts),
     )
 
 
-XID_AFTER_ITS_CLASS = SpecCheck("xid-after-its-class", _after_class_cel(), _xid_after_its_class)
+XID_AFTER_ITS_CLASS = _after_class()
 
 
 def _matches_154_py(r: Rule) -> bool:
@@ -225,12 +255,13 @@ def _recovery_overlap(rules: Sequence[Rule]) -> Iterator[str]:
                 continue
             if not q.signals.recovery_actions:
                 yield _takes_all_154_py(q.name, r.name)
-                continue
+                break
             shared = [a for a in r.signals.recovery_actions if a in q.signals.recovery_actions]
             if shared:
                 yield _shadowed_py(
                     f"XID 154 with recovery action {shared[0].value}", q.name, r.name
                 )
+                break
 
 
 def _takes_all_154_py(first: str, later: str) -> str:
@@ -240,24 +271,41 @@ def _takes_all_154_py(first: str, later: str) -> str:
     )
 
 
-def _recovery_overlap_cel() -> str:
+def _recovery_overlap_check() -> SpecCheck:
+    def overlap(r: str, q: str) -> str:
+        return (
+            f"{_matches_154(q)} && (size({_actions(q)}) == 0 || "
+            f"{_actions(r)}.exists(a, a in {_actions(q)}))"
+        )
+
+    has_bad = f"{_matches_154('r')} && self.rules.exists(j, q, j < i && {overlap('r', 'q')})"
+    r, q = "self.rules[i]", "self.rules[j]"
     all_154 = (
-        f"{_s('rule ')} + q.name + "
-        f"{_s(' takes every XID 154 (it lists no recoveryActions), so rule ')} + r.name + "
-        f"{_s(' below it would never see one: give ')} + q.name + "
+        f"{_s('rule ')} + {q}.name + "
+        f"{_s(' takes every XID 154 (it lists no recoveryActions), so rule ')} + {r}.name + "
+        f"{_s(' below it would never see one: give ')} + {q}.name + "
         f"{_s(' the recoveryActions it is for')}"
     )
-    shared = f"{_actions('r')}.filter(a, a in {_actions('q')})[0]"
-    one = _shadowed(f"{_s('XID 154 with recovery action ')} + {shared}", "q.name", "r.name")
-    return (
-        f"self.rules.transformList(i, r, {_matches_154('r')} ? self.rules.transformList(j, q, "
-        f"j < i && {_matches_154('q')} && (size({_actions('q')}) == 0 || "
-        f"{_actions('r')}.exists(a, a in {_actions('q')})), "
-        f"size({_actions('q')}) == 0 ? {all_154} : {one}) : []).flatten()"
+    shared = f"{_actions(r)}.filter(a, a in {_actions(q)})[0]"
+    one = _shadowed(f"{_s('XID 154 with recovery action ')} + {shared}", f"{q}.name", f"{r}.name")
+    first = _let(
+        "i",
+        f"self.rules.transformList(i, r, {has_bad}, i)[0]",
+        _let(
+            "j",
+            f"self.rules.transformList(j, q, j < i && {overlap(r, 'q')}, j)[0]",
+            f"size({_actions(q)}) == 0 ? {all_154} : {one}",
+        ),
+    )
+    return SpecCheck(
+        "recovery-action-overlap",
+        f"self.rules.exists(i, r, {has_bad})",
+        first,
+        _recovery_overlap,
     )
 
 
-RECOVERY_OVERLAP = SpecCheck("recovery-action-overlap", _recovery_overlap_cel(), _recovery_overlap)
+RECOVERY_OVERLAP = _recovery_overlap_check()
 
 
 # Conditions and Events are compared by text, and a pairwise walk over texts costs too much
@@ -278,15 +326,17 @@ def _flag(v: str) -> str:
     return f"{v}.substring(size({v}) - 1)"
 
 
-def _sorted_texts(
+def _text_check(
+    name: str,
     field: str,
     *,
-    keep: str,
     text: str,
     flag: str,
     pair: str,
     describe: Callable[[str, str, str], str],
-) -> str:
+    problems: Callable[[Sequence[Rule]], Iterator[str]],
+    keep: str = "true",
+) -> SpecCheck:
     """Problems among the `field` items (`e`) of all rules: `text` per kept item, `flag` one
     character; adjacent sorted keys `v`, `w` for which `pair` holds are described."""
     key = f"{text} + '@' + {_IDX}[i] + {flag}"
@@ -294,16 +344,27 @@ def _sorted_texts(
         f"self.rules.transformList(i, r, has(r.signals.{field}), "
         f"r.signals.{field}.map(e, {keep}, {key}).distinct()).flatten().sort()"
     )
-    first, later = f"self.rules[{_index('v')}].name", f"self.rules[{_index('w')}].name"
-    return (
-        f"[{keys}].map(s, s.transformList(k, v, k + 1 < size(s) && "
-        f"[s[k + 1]].all(w, {_head('v')} == {_head('w')} && {pair}), "
-        f"[s[k + 1]].map(w, {describe(_head('v'), first, later)})[0]))[0]"
+    adjacent = f"k + 1 < size(s) && [s[k + 1]].all(w, {_head('v')} == {_head('w')} && {pair})"
+    found = _let("s", keys, f"s.exists(k, v, {adjacent})")
+    # The text comes from `v` iterating `s` (an indexed element of a bound list has no size
+    # in the estimate); only the first pair's message is built.
+    text = describe(
+        _head("v"), f"self.rules[{_index('v')}].name", f"self.rules[{_index('s[n + 1]')}].name"
     )
+    first = _let(
+        "s",
+        keys,
+        _let(
+            "k",
+            f"s.transformList(k, v, {adjacent}, k)[0]",
+            f"s.transformList(n, v, n == k, {text})[0]",
+        ),
+    )
+    return SpecCheck(name, found, first, problems)
 
 
 def _text_pairs(keys: list[tuple[str, int, str]]) -> Iterator[tuple[str, int, str, int, str]]:
-    """The Python side of `_sorted_texts`: (text, index, flag) keys, distinct per rule,
+    """The Python side of `_text_check`: (text, index, flag) keys, distinct per rule,
     sorted as CEL sorts the encoded strings, adjacent pairs with equal texts."""
     encoded = sorted({f"{t}@{i:02d}{f}" for t, i, f in keys})
     for v, w in itertools.pairwise(encoded):
@@ -322,17 +383,15 @@ def _condition_in_two_rules(rules: Sequence[Rule]) -> Iterator[str]:
             yield _shadowed_py(f"condition {text}", rules[i].name, rules[j].name)
 
 
-CONDITION_IN_TWO_RULES = SpecCheck(
+CONDITION_IN_TWO_RULES = _text_check(
     "condition-in-two-rules",
-    _sorted_texts(
-        "conditions",
-        keep="has(e.status)",
-        text="e.type + ' with status ' + e.status",
-        flag="'-'",
-        pair=f"{_index('v')} != {_index('w')}",
-        describe=lambda text, a, b: _shadowed(f"{_s('condition ')} + {text}", a, b),
-    ),
-    _condition_in_two_rules,
+    "conditions",
+    keep="has(e.status)",
+    text="e.type + ' with status ' + e.status",
+    flag="'-'",
+    pair=f"{_index('v')} != {_index('w')}",
+    describe=lambda text, a, b: _shadowed(f"{_s('condition ')} + {text}", a, b),
+    problems=_condition_in_two_rules,
 )
 
 
@@ -353,26 +412,16 @@ def _event_in_two_rules(rules: Sequence[Rule]) -> Iterator[str]:
             yield _shadowed_py(f"Event reason {text}", rules[i].name, rules[j].name)
 
 
-EVENT_IN_TWO_RULES = SpecCheck(
+EVENT_IN_TWO_RULES = _text_check(
     "event-in-two-rules",
-    _sorted_texts(
-        "events",
-        keep="true",
-        text="e.reason + (has(e.messageContains) ? ' with messageContains \\'' + e.messageContains "
-        "+ '\\'' : '')",
-        flag="'-'",
-        pair=f"{_index('v')} != {_index('w')}",
-        describe=lambda text, a, b: _shadowed(f"{_s('Event reason ')} + {text}", a, b),
-    ),
-    _event_in_two_rules,
+    "events",
+    text="e.reason + (has(e.messageContains) ? ' with messageContains \\'' + e.messageContains "
+    "+ '\\'' : '')",
+    flag="'-'",
+    pair=f"{_index('v')} != {_index('w')}",
+    describe=lambda text, a, b: _shadowed(f"{_s('Event reason ')} + {text}", a, b),
+    problems=_event_in_two_rules,
 )
-
-
-def _takes_every_event_py(reason: str, first: str, later: str) -> str:
-    return (
-        f"rule {first} takes every Event with reason {reason} (it names no messageContains), "
-        f"so rule {later} below it would never see one"
-    )
 
 
 def _event_after_catch_all(rules: Sequence[Rule]) -> Iterator[str]:
@@ -382,25 +431,25 @@ def _event_after_catch_all(rules: Sequence[Rule]) -> Iterator[str]:
         keys += [(e.reason, i, "0" if e.reason in plain else "1") for e in r.signals.events]
     for reason, i, flag, j, _ in _text_pairs(keys):
         if i < j and flag == "0":
-            yield _takes_every_event_py(reason, rules[i].name, rules[j].name)
+            yield (
+                f"rule {rules[i].name} takes every Event with reason {reason} (it names no "
+                f"messageContains), so rule {rules[j].name} below it would never see one"
+            )
 
 
-EVENT_AFTER_CATCH_ALL = SpecCheck(
+EVENT_AFTER_CATCH_ALL = _text_check(
     "event-after-catch-all",
-    _sorted_texts(
-        "events",
-        keep="true",
-        text="e.reason",
-        flag="(r.signals.events.exists(d, d.reason == e.reason && !has(d.messageContains)) "
-        "? '0' : '1')",
-        pair=f"{_index('v')} < {_index('w')} && {_flag('v')} == '0'",
-        describe=lambda reason, a, b: (
-            f"{_s('rule ')} + {a} + {_s(' takes every Event with reason ')} + {reason} + "
-            f"{_s(' (it names no messageContains), so rule ')} + {b} + "
-            f"{_s(' below it would never see one')}"
-        ),
+    "events",
+    text="e.reason",
+    flag="(r.signals.events.exists(d, d.reason == e.reason && !has(d.messageContains)) "
+    "? '0' : '1')",
+    pair=f"{_index('v')} < {_index('w')} && {_flag('v')} == '0'",
+    describe=lambda reason, a, b: (
+        f"{_s('rule ')} + {a} + {_s(' takes every Event with reason ')} + {reason} + "
+        f"{_s(' (it names no messageContains), so rule ')} + {b} + "
+        f"{_s(' below it would never see one')}"
     ),
-    _event_after_catch_all,
+    problems=_event_after_catch_all,
 )
 
 SPEC_CHECKS = (

@@ -267,7 +267,7 @@ class SignalSelector(Model):
     model_config = ConfigDict(json_schema_extra=cel(*_SIGNAL_RULES, *_SIGNAL_CHECKS))
 
     xids: list[Annotated[int, Field(ge=1, le=65535)]] = list_of(
-        64,
+        16,
         "NVIDIA XID codes that trigger the rule (e.g. [79] for a GPU that fell off "
         "the bus); `gpuheal xid explain <code>` prints the catalogue entry of each.",
     )
