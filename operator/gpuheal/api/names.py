@@ -65,6 +65,7 @@ class PolicyCondition(enum.StrEnum):
     CIRCUIT_BREAKER_OPEN = "CircuitBreakerOpen"
     PAUSED = "Paused"
     OVERLAPPING = "Overlapping"
+    WARNINGS = "Warnings"  # True: the policy is valid but something in it is questionable
 
 
 class PoolCondition(enum.StrEnum):
@@ -111,6 +112,8 @@ class Reason(enum.StrEnum):
     NOT_PAUSED = "NotPaused"
     NODES_IN_OTHER_POLICIES = "NodesInOtherPolicies"
     NO_OVERLAP = "NoOverlap"
+    POLICY_WARNINGS = "PolicyWarnings"
+    NO_WARNINGS = "NoWarnings"
     ENOUGH_SPARES = "EnoughSpares"
     BELOW_MIN_AVAILABLE = "BelowMinAvailable"
     NO_SPARES = "NoSpares"

@@ -1032,7 +1032,9 @@ class RemediationPolicyStatus(Model):
         default="", max_length=MAX_MESSAGE, description="A one-line summary for people."
     )
     conditions: list[Condition] = conditions_field(
-        "Ready, CircuitBreakerOpen, Paused, Overlapping."
+        "Ready, CircuitBreakerOpen, Paused, Overlapping, Warnings (the policy is valid but "
+        "something in it is questionable: a ReservePool that does not exist, a limit that "
+        "lets no node out...)."
     )
 
 
