@@ -13,6 +13,7 @@ import enum
 import json
 import logging
 import random
+import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
@@ -77,6 +78,36 @@ class ClaimResult:
     already: bool  # claimed by this incident before (restart): nothing was written now
 
 
+class EventBudget:
+    """client-go's Event spam filter, simplified: per object, a burst of Events, then one per
+    `refill` seconds; the rest are dropped. Whatever arrives (a flood of 10,000 XID Events on
+    one node), gpuheal's own Events about one object stay a handful."""
+
+    def __init__(
+        self,
+        burst: int = 25,
+        refill: float = 10.0,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        max_objects: int = 10_000,
+    ) -> None:
+        self.burst, self.refill, self.clock, self.max_objects = burst, refill, clock, max_objects
+        self.tokens: dict[str, tuple[float, float]] = {}  # object -> (tokens, at)
+        self.dropped = 0
+
+    def allow(self, key: str) -> bool:
+        now = self.clock()
+        tokens, at = self.tokens.pop(key, (float(self.burst), now))
+        tokens = min(float(self.burst), tokens + (now - at) / self.refill)
+        allowed = tokens >= 1.0
+        self.tokens[key] = (tokens - 1.0 if allowed else tokens, now)  # most recent last
+        if len(self.tokens) > self.max_objects:
+            del self.tokens[next(iter(self.tokens))]
+        if not allowed:
+            self.dropped += 1
+        return allowed
+
+
 class Kube:
     """Async facade over the few API calls gpuheal makes."""
 
@@ -87,6 +118,7 @@ class Kube:
         self.custom: Any = client.CustomObjectsApi(api)
         self.batch: Any = client.BatchV1Api(api)
         self.component = component
+        self.event_budget = EventBudget()
 
     async def close(self) -> None:
         await self.api.close()
@@ -139,7 +171,10 @@ class Kube:
                 raise KubeError(f"node {node} not found")
             owner = (body["metadata"].get("annotations") or {}).get(names.CORDONED_BY_ANNOTATION)
             if body.get("spec", {}).get("unschedulable"):
-                return None, CordonOutcome.ALREADY_OURS if owner else CordonOutcome.BY_OTHER
+                # Ours only if our mark names this incident: a mark naming another incident
+                # (one that ended, or one a person made up) does not make this cordon ours.
+                ours = owner == incident
+                return None, CordonOutcome.ALREADY_OURS if ours else CordonOutcome.BY_OTHER
             marks = {
                 names.CORDONED_BY_ANNOTATION: incident,
                 names.CORDONED_AT_ANNOTATION: rfc3339(_now()),
@@ -294,7 +329,8 @@ class Kube:
         type_: str = "Normal",
     ) -> None:
         """Record a core/v1 Event about ``involved``. Failures are logged, not raised: an Event
-        is a courtesy, never a reason for a step to fail.
+        is a courtesy, never a reason for a step to fail. Past the object's `EventBudget`
+        (25, then one per 10 s) the Event is dropped: the status says the same.
 
         The Event lives in the object's namespace, or in ``default`` for cluster-scoped objects
         (Nodes, NodeRemediations): the apiserver rejects any other namespace for those (422),
@@ -302,6 +338,9 @@ class Kube:
         """
         meta = involved.get("metadata", {})
         namespace = meta.get("namespace") or "default"
+        if not self.event_budget.allow(f"{involved.get('kind')}/{namespace}/{meta.get('name')}"):
+            log.debug("Event %s on %s dropped: too many on it lately", reason, meta.get("name"))
+            return
         now = rfc3339(_now())
         event = {
             "apiVersion": "v1",

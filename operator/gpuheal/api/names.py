@@ -103,6 +103,7 @@ class Reason(enum.StrEnum):
     POLICY_NOT_FOUND = "PolicyNotFound"
     STALE = "StaleSignal"
     NO_RULE = "NoRuleMatches"
+    REFUSED = "Refused"  # a NodeRemediation gpuheal could not have opened (made by hand)
     # policy and pool status
     ACTIVE = "Active"
     TOO_MANY_UNHEALTHY = "TooManyUnhealthy"
@@ -132,6 +133,7 @@ class EventReason(enum.StrEnum):
     RETURNED = "ReturnedToService"
     REPLACED = "Replaced"
     RETIRED = "Retired"
+    REFUSED = "RemediationRefused"
     SOURCE_BLIND = "SourceUnavailable"
 
 

@@ -35,14 +35,16 @@ from gpuheal.api.names import (
 )
 from gpuheal.api.noderemediation import NodeRemediation
 from gpuheal.api.remediationpolicy import Action, RemediationPolicy
-from gpuheal.policy import decide
+from gpuheal.policy import choose_policy, decide
 from gpuheal.policy.inputs import (
     incident_view,
     is_completed,
     merge_observations,
+    node_view,
     recorded_observations,
 )
 from gpuheal.policy.types import Act, Blocked, Decision, History, Idle, Move, NodeView, Wait
+from gpuheal.policy.vet import refusal
 from gpuheal.remediation import steps
 from gpuheal.remediation.record import Recorder
 from gpuheal.remediation.state import Breaker, Runtime
@@ -147,7 +149,7 @@ async def advance(rt: Runtime, name: str, attempt: int = 0) -> float | None:
         return None
     rec = Recorder(nrem, _now())
     if not rec.holds(NremCondition.DETECTED):
-        return await _record_detected(rt, nrem, rec)
+        return await _first_pass(rt, nrem, rec)
     policy = rt.policies.get(nrem.spec.policy_ref.name)
     if policy is None:
         await _block(
@@ -241,9 +243,13 @@ async def _record_detected(rt: Runtime, nrem: NodeRemediation, rec: Recorder) ->
     """The first record: Detected, and the rung the engine opened the incident at."""
     spec = nrem.spec
     first = spec.signals[0]
-    what = f"XID {first.xid}" if first.xid else (first.condition_type or first.event_reason)
-    rung = int(nrem.metadata.annotations.get(INITIAL_RUNG_ANNOTATION, "0") or 0)
-    rung = max(0, min(rung, len(spec.ladder) - 1))
+    what = (
+        f"XID {first.xid}"
+        if first.xid
+        else (first.condition_type or first.event_reason or f"a {first.source.value} signal")
+    )
+    raw = nrem.metadata.annotations.get(INITIAL_RUNG_ANNOTATION, "0")
+    rung = max(0, min(int(raw) if raw.isdecimal() else 0, len(spec.ladder) - 1))
     rec.condition(
         NremCondition.DETECTED,
         "True",
@@ -259,6 +265,46 @@ async def _record_detected(rt: Runtime, nrem: NodeRemediation, rec: Recorder) ->
     await rec.write(rt.require_kube())
     _publish(rt, nrem, rec)
     return 0.0
+
+
+async def _first_pass(rt: Runtime, nrem: NodeRemediation, rec: Recorder) -> float | None:
+    """Vet an incident not yet started (`policy.vet`: one gpuheal could have opened?), then
+    record Detected; a refused one is over at once."""
+    node, pname = nrem.spec.node_name, nrem.spec.policy_ref.name
+    view = rt.nodes.get(node)
+    if view is None:  # not in the views (yet, at start-up; or no such Node): ask
+        body = await rt.require_kube().get_node(node)
+        view = node_view(body) if body is not None else None
+    governing = choose_policy(rt.policies.values(), view.labels)[0] if view else None
+    why = refusal(
+        nrem.metadata.name,
+        nrem.spec,
+        rt.policies.get(pname),
+        governing.metadata.name if governing else None,
+        rt.incidents.values(),
+    )
+    if why is None:
+        # Marked before any await: an incident on the same node looked at next sees this one.
+        mine = rt.incidents.get(nrem.metadata.name)
+        if mine is not None:
+            rt.incidents[nrem.metadata.name] = dataclasses.replace(mine, started=True)
+        return await _record_detected(rt, nrem, rec)
+    await _refuse(rt, nrem, rec, why)
+    return None
+
+
+async def _refuse(rt: Runtime, nrem: NodeRemediation, rec: Recorder, why: str) -> None:
+    """An incident gpuheal could not have opened (`policy.vet`): completed at once, with why,
+    and nothing done to the node."""
+    message = f"not driven: {why}"
+    log.warning("incident %s refused: %s", nrem.metadata.name, why)
+    rec.condition(NremCondition.COMPLETED, "True", Reason.REFUSED, message)
+    rec.event(NremCondition.COMPLETED, f"{Reason.REFUSED}: {message}")
+    await rec.write(rt.require_kube())
+    rt.metrics.incidents_completed.labels("refused").inc()
+    await rt.require_kube().post_event(
+        nrem.to_k8s(), reason=EventReason.REFUSED, message=message, type_="Warning"
+    )
 
 
 async def _carry_out(  # noqa: PLR0911

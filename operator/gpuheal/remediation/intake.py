@@ -28,7 +28,7 @@ from gpuheal.api.noderemediation import NodeRemediation, NodeRemediationSpec
 from gpuheal.api.remediationpolicy import Action, RemediationPolicy, Rung
 from gpuheal.policy import condition_observations, decide
 from gpuheal.policy.engine import same_fault
-from gpuheal.policy.inputs import node_view, signal_record
+from gpuheal.policy.inputs import signal_record
 from gpuheal.policy.types import (
     Act,
     Blocked,
@@ -65,6 +65,12 @@ async def observe(rt: Runtime, node: str, obs: Observation) -> str:
 
 
 async def _observe(rt: Runtime, node: str, obs: Observation) -> str:  # noqa: PLR0911
+    view = rt.nodes.get(node)
+    policy = rt.policy_of(node)
+    if view is None or policy is None:
+        # A node no policy governs, or no Node at all (an Event may name any node): nothing is
+        # recorded and nothing is asked of the API server, whatever the signal says.
+        return "ignored"
     earlier = tuple(rt.history.get(node, ()))
     if not rt.remember(node, obs):
         return "duplicate"
@@ -72,15 +78,10 @@ async def _observe(rt: Runtime, node: str, obs: Observation) -> str:  # noqa: PL
         return "duplicate"  # another reporter of a fault seen already (NPD's two Events, dcgm)
     if any(obs.key in i.trigger_keys or obs.identity in i.recorded for i in rt.incidents.values()):
         return "duplicate"  # a signal an incident recorded, seen again (relist, restart)
-    view = await _node_view(rt, node)
-    policy = rt.policy_of(node)
-    if view is None or policy is None:
-        return "ignored"
     async with rt.node_lock(node):
         active = rt.active_incident(node)
         if active is not None:
-            await _attach(rt, active, obs)
-            return "attached"
+            return "attached" if await _attach(rt, active, obs) else "coalesced"
         decision = decide(
             policy.spec,
             rt.engine_view(view),
@@ -105,17 +106,6 @@ async def _observe(rt: Runtime, node: str, obs: Observation) -> str:  # noqa: PL
             rt.metrics.blocked.labels(decision.reason).inc()
             return "blocked"
         return "stale" if decision.reason == Reason.STALE else "ignored"
-
-
-async def _node_view(rt: Runtime, node: str) -> NodeView | None:
-    view = rt.nodes.get(node)
-    if view is None:
-        body = await rt.require_kube().get_node(node)
-        if body is None:
-            return None
-        view = node_view(body)
-        rt.set_node(view)
-    return view
 
 
 async def _open(rt: Runtime, policy: RemediationPolicy, view: NodeView, trigger: Trigger) -> str:
@@ -178,13 +168,25 @@ def _wire(nrem: NodeRemediation) -> dict[str, Any]:
     return body
 
 
-async def _attach(rt: Runtime, active: IncidentSummary, obs: Observation) -> None:
+ATTACH_EVERY = dt.timedelta(seconds=1)
+"""At most one signal per incident per second is recorded on it (and said in an Event); the
+rest of a burst is in the node's history in memory, which the driver's engine reads too."""
+
+
+async def _attach(rt: Runtime, active: IncidentSummary, obs: Observation) -> bool:
     """Record the new signal on the open incident and wake its driver: the engine decides
-    there whether it climbs a rung."""
+    there whether it climbs a rung. A flood of signals (10,000 Events in a minute) costs one
+    write per second, not one per signal: False when this one was only woken on."""
+    now = _now()
+    last = rt.attached_at.get(active.name)
+    if last is not None and now - last < ATTACH_EVERY:
+        ensure_driver(rt, active.name)
+        return False
+    rt.attached_at[active.name] = now
     kube = rt.require_kube()
     body = await kube.get_custom(NREM_PLURAL, active.name)
     if body is None:
-        return
+        return False
     nrem = NodeRemediation.model_validate(body)
     record = signal_record(obs)
     if any(
@@ -192,7 +194,7 @@ async def _attach(rt: Runtime, active: IncidentSummary, obs: Observation) -> Non
         == (record.observed_at, record.xid, record.event_uid, record.condition_type)
         for s in nrem.spec.signals
     ):
-        return
+        return False
     signals = [*nrem.spec.signals, record][-64:]
     await kube.patch_custom(
         NREM_PLURAL,
@@ -201,6 +203,7 @@ async def _attach(rt: Runtime, active: IncidentSummary, obs: Observation) -> Non
     )
     ensure_driver(rt, active.name)
     await kube.post_event(body, reason=EventReason.SIGNAL_ATTACHED, message=f"{obs.what} attached")
+    return True
 
 
 async def _post(rt: Runtime, view: NodeView, reason: EventReason, message: str) -> None:
