@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import logging
+from collections.abc import Coroutine
 from typing import Any
 
 from gpuheal.api.meta import ObjectMeta, ObjectRef
@@ -169,40 +170,69 @@ def _wire(nrem: NodeRemediation) -> dict[str, Any]:
 
 
 ATTACH_EVERY = dt.timedelta(seconds=1)
-"""At most one signal per incident per second is recorded on it (and said in an Event); the
-rest of a burst is in the node's history in memory, which the driver's engine reads too."""
+"""An incident is written at most once a second: the signals of a burst are recorded together
+(the object keeps the last 64), with one `SignalAttached` Event."""
+MAX_SIGNALS = 64
 
 
 async def _attach(rt: Runtime, active: IncidentSummary, obs: Observation) -> bool:
     """Record the new signal on the open incident and wake its driver: the engine decides
-    there whether it climbs a rung. A flood of signals (10,000 Events in a minute) costs one
-    write per second, not one per signal: False when this one was only woken on."""
-    now = _now()
-    last = rt.attached_at.get(active.name)
-    if last is not None and now - last < ATTACH_EVERY:
-        ensure_driver(rt, active.name)
+    there whether it climbs a rung (it reads the node's history in memory too, so it need not
+    wait for the write). A flood of signals (10,000 Events in a minute) costs one write per
+    second, not one per signal: False when this one waits for the next write."""
+    name = active.name
+    ensure_driver(rt, name)
+    queued = rt.attach_pending.get(name)
+    if queued is not None:  # a write is due: it takes this one too
+        queued.append(obs)
+        del queued[:-MAX_SIGNALS]
         return False
-    rt.attached_at[active.name] = now
+    now = _now()
+    last = rt.attached_at.get(name)
+    if last is not None and now - last < ATTACH_EVERY:
+        rt.attach_pending[name] = [obs]
+        delay = (last + ATTACH_EVERY - now).total_seconds()
+        asyncio.get_running_loop().call_later(
+            delay, lambda: _spawn(rt, f"attach:{name}", _flush(rt, name))
+        )
+        return False
+    rt.attached_at[name] = now
+    return await _record(rt, name, [obs])
+
+
+async def _flush(rt: Runtime, name: str) -> None:
+    """The due write: every signal that waited for it, in one."""
+    batch = rt.attach_pending.pop(name, [])
+    rt.attached_at[name] = _now()
+    try:
+        await _record(rt, name, batch)
+    except Exception as exc:  # the signals stay in memory; the next signal writes again
+        log.warning("recording %d signal(s) on %s failed: %s", len(batch), name, exc)
+
+
+async def _record(rt: Runtime, name: str, observations: list[Observation]) -> bool:
+    """One write of `observations` to the incident's `spec.signals` (those not there yet)."""
     kube = rt.require_kube()
-    body = await kube.get_custom(NREM_PLURAL, active.name)
+    body = await kube.get_custom(NREM_PLURAL, name)
     if body is None:
         return False
     nrem = NodeRemediation.model_validate(body)
-    record = signal_record(obs)
-    if any(
-        (s.observed_at, s.xid, s.event_uid, s.condition_type)
-        == (record.observed_at, record.xid, record.event_uid, record.condition_type)
-        for s in nrem.spec.signals
-    ):
+    seen = {(s.observed_at, s.xid, s.event_uid, s.condition_type) for s in nrem.spec.signals}
+    records = []
+    for obs in observations:
+        record = signal_record(obs)
+        key = (record.observed_at, record.xid, record.event_uid, record.condition_type)
+        if key not in seen:
+            seen.add(key)
+            records.append(record)
+    if not records:
         return False
-    signals = [*nrem.spec.signals, record][-64:]
-    await kube.patch_custom(
-        NREM_PLURAL,
-        active.name,
-        {"spec": {"signals": [s.to_k8s() for s in signals]}},
-    )
-    ensure_driver(rt, active.name)
-    await kube.post_event(body, reason=EventReason.SIGNAL_ATTACHED, message=f"{obs.what} attached")
+    signals = [*nrem.spec.signals, *records][-MAX_SIGNALS:]
+    await kube.patch_custom(NREM_PLURAL, name, {"spec": {"signals": [s.to_k8s() for s in signals]}})
+    ensure_driver(rt, name)
+    what = observations[-1].what
+    message = f"{what} attached" + (f" (and {len(records) - 1} more)" if len(records) > 1 else "")
+    await kube.post_event(body, reason=EventReason.SIGNAL_ATTACHED, message=message)
     return True
 
 
@@ -228,7 +258,11 @@ def check_conditions(rt: Runtime, view: NodeView) -> None:
 
 
 def _spawn_observe(rt: Runtime, node: str, obs: Observation) -> None:
-    task = asyncio.create_task(observe(rt, node, obs), name=f"observe:{obs.key}")
+    _spawn(rt, f"observe:{obs.key}", observe(rt, node, obs))
+
+
+def _spawn(rt: Runtime, name: str, coro: Coroutine[Any, Any, Any]) -> None:
+    task = asyncio.create_task(coro, name=name)
     rt.tasks.append(task)
     task.add_done_callback(rt.tasks.remove)
 

@@ -60,6 +60,7 @@ class Runtime:
     history: dict[str, deque[Observation]] = field(default_factory=dict)
     seen_keys: dict[str, dt.datetime] = field(default_factory=dict)
     attached_at: dict[str, dt.datetime] = field(default_factory=dict)  # incident -> last record
+    attach_pending: dict[str, list[Observation]] = field(default_factory=dict)  # its next write
     drivers: dict[str, asyncio.Task[None]] = field(default_factory=dict)
     wakeups: dict[str, asyncio.Event] = field(default_factory=dict)
     tasks: list[asyncio.Task[Any]] = field(default_factory=list)
