@@ -132,7 +132,8 @@ class Metrics:
         self.events = counter(
             "gpuheal_events_total",
             "Kubernetes Events gpuheal posted (posted), or gave up on after retries, at a full "
-            "queue or at shutdown (lost; each is logged at WARNING with its message).",
+            "queue or at shutdown (lost; each is logged at WARNING with its message), or dropped "
+            "past an object's budget (dropped: 25, then one per 10 s; the status says the same).",
             ["result"],
         )
         self.nodes_watched = gauge(

@@ -12,7 +12,7 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpuheal.api import Action, LabelSelector, RemediationPolicy, RemediationPolicySpec
+from gpuheal.api import Action, LabelSelector, RemediationPolicy, RemediationPolicySpec, Rule, Rung
 from gpuheal.api.names import Reason
 from gpuheal.policy import allowed_unhealthy, decide, select_policy
 from gpuheal.policy.types import (
@@ -134,23 +134,33 @@ def test_replayed_old_event_after_resolution_starts_nothing() -> None:
 
 def test_xid94_never_replaces_on_first_sight_even_if_policy_says_so() -> None:
     doc = live_example()
-    # A policy that (via the class, which CEL cannot see) puts replace on rung 0 for 94.
+    # A policy that puts replace on rung 0 for 94 (by its class). The CRD and the model reject
+    # one now, but a policy stored before that rule existed may still carry it, so the engine
+    # keeps its guard: the replace step is moved onto rung 0 past validation.
     doc["spec"]["rules"] = [
         {
             "name": "greedy",
             "signals": {"xidClasses": ["ContainedMemory"]},
+            "escalation": {"occurrences": 2, "window": "24h"},
             "ladder": [
+                {"name": "now", "steps": [{"action": "cordon"}]},
                 {
-                    "name": "now",
+                    "name": "later",
                     "steps": [
-                        {"action": "cordon"},
-                        {"action": "replace", "replace": {"reservePoolRef": {"name": "spares"}}},
+                        {"action": "replace", "replace": {"reservePoolRef": {"name": "spares"}}}
                     ],
-                }
+                },
             ],
         }
     ]
     spec = RemediationPolicy.model_validate(doc).spec
+    greedy = spec.rules[0]
+    spec.rules[0] = Rule.model_construct(
+        name=greedy.name,
+        signals=greedy.signals,
+        ladder=[Rung.model_construct(name="now", steps=[*greedy.ladder[0].steps,
+                                                        *greedy.ladder[1].steps])],
+    )  # fmt: skip
     history = History(observations=[xid(94, T0)])
     decision = decide(spec, NODE, history, CALM, T0)
     assert ops(decision) == ("cordon", "greedy", 0)

@@ -16,6 +16,7 @@ from gpuheal.api import Action, RemediationPolicy, RemediationPolicySpec
 from gpuheal.api.faulthistory import EntryKind, FaultHistory, HistoryEntry
 from gpuheal.api.names import Reason
 from gpuheal.api.noderemediation import NodeRemediation
+from gpuheal.api.remediationpolicy import Step
 from gpuheal.policy import admit, cluster_counts, decide
 from gpuheal.policy import history as fh
 from gpuheal.policy.engine import human_window, repeat_phrase
@@ -325,9 +326,12 @@ def test_retire_closes_for_good_and_is_never_first_sight_for_94() -> None:
     rule = {
         "name": "ecc",
         "signals": {"xidClasses": ["ContainedMemory"]},
-        "ladder": [{"name": "out", "steps": [{"action": "cordon"}, {"action": "retire"}]}],
+        "ladder": [{"name": "out", "steps": [{"action": "cordon"}]}],
     }
     policy = spec([rule])
+    # The CRD refuses retire on the first rung here now; a policy stored before that rule
+    # existed still has it, and the engine must still guard the first sight.
+    policy.rules[0].ladder[0].steps.append(Step(action=Action.RETIRE))
     new = xid(94, T0)
     opened = decide(policy, NODE, History(observations=[new]), CALM, T0, new=new)
     assert isinstance(opened, Act)

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from gpuheal.adapters.events import EventOutbox
-from gpuheal.adapters.kube import ApiError
+from gpuheal.adapters.kube import ApiError, EventBudget
 
 
 class FakeKube:
@@ -22,6 +22,10 @@ class FakeKube:
         self.calls = 0
         self.gate = asyncio.Event()
         self.gate.set()
+        self.budget = EventBudget(burst=3, refill=3600.0)
+
+    def event_allowed(self, involved: dict[str, Any]) -> bool:
+        return self.budget.allow(involved["metadata"]["name"])
 
     async def send_event(self, involved: dict[str, Any], **kw: Any) -> None:
         self.calls += 1
@@ -90,3 +94,17 @@ async def test_a_full_queue_and_what_is_left_at_shutdown_are_logged(
     assert "the Event queue is full" in caplog.text
     assert "still queued at shutdown" in caplog.text
     assert "cancelled at shutdown" in caplog.text
+
+
+async def test_past_an_objects_budget_events_are_dropped_before_the_queue() -> None:
+    kube = FakeKube()
+    results: list[str] = []
+    outbox = EventOutbox(kube, count=results.append)  # type: ignore[arg-type]
+    worker = asyncio.create_task(outbox.run())
+    for i in range(5):
+        outbox.post(node("n1"), reason=f"R{i}", message="m")
+    outbox.post(node("n2"), reason="Other", message="m")
+    await outbox.flush(5)
+    worker.cancel()
+    assert kube.sent == [("n1", "R0"), ("n1", "R1"), ("n1", "R2"), ("n2", "Other")]
+    assert sorted(results) == ["dropped", "dropped", "posted", "posted", "posted", "posted"]

@@ -13,6 +13,7 @@ from typing import Any, ClassVar
 import pytest
 
 from gpuheal.api.remediationpolicy import HookSpec, SlurmDrainOptions
+from gpuheal.api.remediationpolicy import RequeueMode as PolicyRequeue
 from gpuheal.api.reservepool import ReservePool
 from gpuheal.policy import spare_candidates
 from gpuheal.policy.types import NodeCondition, NodeView
@@ -33,12 +34,16 @@ def test_requeue_options_follow_the_policy() -> None:
     assert (opts.checkpoint.signal, opts.checkpoint.grace_seconds) == ("USR1", 90.0)
     assert opts.exclude_node
     assert opts.expedite
-    held = steps.requeue_options(SlurmDrainOptions(requeue="requeueHold", grace_period="1h"))
+    held = steps.requeue_options(SlurmDrainOptions(requeue="requeueHold", grace_period="10m"))
     assert held is not None
     assert held.mode is RequeueMode.REQUEUE_HOLD
     assert not held.expedite
+    # The CRD and the model refuse a gracePeriod over 10m now; the cap stays for policies
+    # stored before (built past validation here).
     capped = steps.requeue_options(
-        SlurmDrainOptions(requeue="requeue", checkpoint_signal="USR1", grace_period="1h")
+        SlurmDrainOptions.model_construct(
+            requeue=PolicyRequeue.REQUEUE, checkpoint_signal="USR1", grace_period="1h"
+        )
     )
     assert capped is not None
     assert capped.checkpoint is not None

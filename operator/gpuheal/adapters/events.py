@@ -62,13 +62,17 @@ class EventOutbox:
         self.workers = workers
         self.attempts = attempts
         self.max_wait = max_wait
-        self.count = count  # result: posted | lost
+        self.count = count  # result: posted | lost | dropped
         self.queue: asyncio.Queue[Notice] = asyncio.Queue(maxsize=capacity)
 
     def post(
         self, involved: dict[str, Any], *, reason: str, message: str, type_: str = "Normal"
     ) -> None:
-        """Queue an Event about ``involved``; returns at once."""
+        """Queue an Event about ``involved``; returns at once. Past the object's Event
+        budget it is dropped here (counted ``dropped``), before it takes a place in the queue."""
+        if not self.kube.event_allowed(involved):
+            self.count("dropped")
+            return
         notice = Notice(involved, reason, message, type_, dt.datetime.now(dt.UTC))
         try:
             self.queue.put_nowait(notice)

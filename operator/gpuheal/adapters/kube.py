@@ -20,6 +20,7 @@ import json
 import logging
 import os
 import random
+import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
@@ -221,12 +222,43 @@ class ClaimResult:
     already: bool  # claimed by this incident before (restart): nothing was written now
 
 
+class EventBudget:
+    """client-go's Event spam filter, simplified: per object, a burst of Events, then one per
+    `refill` seconds; the rest are dropped. Whatever arrives (a flood of 10,000 XID Events on
+    one node), gpuheal's own Events about one object stay a handful."""
+
+    def __init__(
+        self,
+        burst: int = 25,
+        refill: float = 10.0,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        max_objects: int = 10_000,
+    ) -> None:
+        self.burst, self.refill, self.clock, self.max_objects = burst, refill, clock, max_objects
+        self.tokens: dict[str, tuple[float, float]] = {}  # object -> (tokens, at)
+        self.dropped = 0
+
+    def allow(self, key: str) -> bool:
+        now = self.clock()
+        tokens, at = self.tokens.pop(key, (float(self.burst), now))
+        tokens = min(float(self.burst), tokens + (now - at) / self.refill)
+        allowed = tokens >= 1.0
+        self.tokens[key] = (tokens - 1.0 if allowed else tokens, now)  # most recent last
+        if len(self.tokens) > self.max_objects:
+            del self.tokens[next(iter(self.tokens))]
+        if not allowed:
+            self.dropped += 1
+        return allowed
+
+
 class Kube:
     """Async facade over the few API calls gpuheal makes."""
 
     def __init__(self, transport: Transport, *, component: str = "gpuheal") -> None:
         self.http = transport
         self.component = component
+        self.event_budget = EventBudget()
 
     @classmethod
     def connect(cls, kubeconfig: str | None = None, *, component: str = "gpuheal") -> Kube:
@@ -284,7 +316,10 @@ class Kube:
                 raise KubeError(f"node {node} not found")
             owner = (body["metadata"].get("annotations") or {}).get(names.CORDONED_BY_ANNOTATION)
             if body.get("spec", {}).get("unschedulable"):
-                return None, CordonOutcome.ALREADY_OURS if owner else CordonOutcome.BY_OTHER
+                # Ours only if our mark names this incident: a mark naming another incident
+                # (one that ended, or one a person made up) does not make this cordon ours.
+                ours = owner == incident
+                return None, CordonOutcome.ALREADY_OURS if ours else CordonOutcome.BY_OTHER
             marks = {
                 names.CORDONED_BY_ANNOTATION: incident,
                 names.CORDONED_AT_ANNOTATION: rfc3339(_now()),
@@ -429,13 +464,26 @@ class Kube:
         type_: str = "Normal",
     ) -> None:
         """Record a core/v1 Event about ``involved`` now. Failures are logged, not raised: an
-        Event is a courtesy, never a reason for a step to fail. (The operator posts through
+        Event is a courtesy, never a reason for a step to fail. Past the object's `EventBudget`
+        the Event is dropped (`event_allowed`). (The operator posts through
         `gpuheal.adapters.events.EventOutbox`, off its steps' path, with retries.)"""
+        if not self.event_allowed(involved):
+            return
         try:
             await self.send_event(involved, reason=reason, message=message, type_=type_)
         except (ApiError, aiohttp.ClientError, TimeoutError) as exc:
             log.warning("could not post Event %s on %s: %s", reason,
                         involved.get("metadata", {}).get("name"), exc)  # fmt: skip
+
+    def event_allowed(self, involved: JSON) -> bool:
+        """Within the object's `EventBudget` (25, then one per 10 s)? Past it an Event is
+        dropped: the status says the same."""
+        meta = involved.get("metadata", {})
+        key = f"{involved.get('kind')}/{meta.get('namespace') or 'default'}/{meta.get('name')}"
+        if self.event_budget.allow(key):
+            return True
+        log.debug("an Event on %s dropped: too many on it lately", meta.get("name"))
+        return False
 
     async def send_event(
         self,

@@ -77,6 +77,11 @@ def _structural_object(out: dict[str, Any]) -> dict[str, Any]:
         # CRDs forbid `additionalProperties: false` (pruning already drops unknown fields)
         # and `true` is spelled x-kubernetes-preserve-unknown-fields.
         del out["additionalProperties"]
+    enum = out.get("enum")
+    if isinstance(enum, list) and enum and all(isinstance(v, str) for v in enum):
+        # CEL cost estimation takes a string without maxLength as long as a request can be:
+        # a message that names an enum value would never pass it.
+        out.setdefault("maxLength", max(len(v) for v in enum))
     out.pop("$defs", None)
     # Not part of the apiextensions schema dialect: map keys are bounded by the Python model.
     out.pop("propertyNames", None)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import enum
+import json
 import re
 from collections.abc import Sequence
 from typing import Annotated, Any, Literal
@@ -36,11 +37,19 @@ MAX_LABEL_VALUE = 63
 MAX_MESSAGE = 1024
 MAX_DURATION = 32
 
-# Go duration syntax restricted to the units that make sense here (and that CEL's duration()
-# understands). Days are deliberately absent: `24h` is unambiguous, `1d` is not valid Go.
-# `[.]` rather than `\.`: the pattern is also embedded in CEL string literals, where `\.` is
-# not a valid escape.
-DURATION_PATTERN = r"^([0-9]+([.][0-9]+)?(ms|s|m|h))+$"
+# Go duration syntax restricted to what makes sense here (and what CEL's duration()
+# understands): hours, minutes, seconds, milliseconds, each at most once, in that order, with
+# at most 6 digits each. Days are deliberately absent: `24h` is unambiguous, `1d` is not valid
+# Go. The digit bound keeps every duration far below the ~2.5 million hours where CEL's
+# duration() fails with a protobuf conversion error instead of a message. `[.]` rather than
+# `\.`: the pattern is also embedded in CEL string literals, where `\.` is not a valid escape.
+# The empty string matches the pattern; `duration_ok` and `parse_duration` refuse it.
+_PART = r"[0-9]{1,6}([.][0-9]{1,9})?"
+DURATION_PATTERN = rf"^({_PART}h)?({_PART}m)?({_PART}s)?({_PART}ms)?$"
+DURATION_MESSAGE = (
+    "must be a duration such as 90s, 10m, 1h30m or 250ms "
+    "(hours, minutes, seconds, milliseconds, in that order, up to 6 digits each)"
+)
 _DURATION_RE = re.compile(DURATION_PATTERN)
 _DURATION_PART_RE = re.compile(r"([0-9]+(?:\.[0-9]+)?)(ms|s|m|h)")
 _UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
@@ -67,8 +76,13 @@ def parse_duration(text: str) -> dt.timedelta:
 
     Same grammar as the CRD pattern, so anything the API server accepted parses here.
     """
-    if not isinstance(text, str) or len(text) > MAX_DURATION or not _DURATION_RE.match(text):
-        raise DurationError(f"{text!r} is not a duration such as 90s, 10m or 1h30m")
+    if (
+        not isinstance(text, str)
+        or not text
+        or len(text) > MAX_DURATION
+        or not _DURATION_RE.match(text)
+    ):
+        raise DurationError(f"{text!r} {DURATION_MESSAGE}")
     seconds = sum(
         float(number) * _UNIT_SECONDS[unit] for number, unit in _DURATION_PART_RE.findall(text)
     )
@@ -112,20 +126,29 @@ def _check_duration(text: str) -> str:
 
 def _check_positive_duration(text: str) -> str:
     if parse_duration(text) <= dt.timedelta(0):
-        raise DurationError(f"{text!r} must be longer than zero")
+        raise DurationError(f"{text!r} {_POSITIVE_MESSAGE}")
     return text
 
 
-# The CEL guard (`!self.matches(...) ||`) keeps a malformed value from producing a second,
-# confusing "evaluation error" next to the pattern's own message.
+def duration_ok(expr: str) -> str:
+    """CEL: `expr` is a duration `parse_duration` accepts. Guard every `duration()` call with
+    it, so a malformed value gets the one readable message of its field instead of a second,
+    confusing "evaluation error"."""
+    return f"({expr} != '' && {expr}.matches('{DURATION_PATTERN}'))"
+
+
+_POSITIVE_MESSAGE = "must be a positive duration such as 30s, 10m or 24h"
+_DURATION_RULE = {"rule": duration_ok("self"), "message": DURATION_MESSAGE}
 _POSITIVE_RULE = {
-    "rule": f"!self.matches('{DURATION_PATTERN}') || duration(self) > duration('0s')",
-    "message": "must be a positive duration such as 30s, 10m or 24h",
+    "rule": f"!{duration_ok('self')} || duration(self) > duration('0s')",
+    "message": _POSITIVE_MESSAGE,
 }
 
 Duration = Annotated[
     str,
-    Field(pattern=DURATION_PATTERN, max_length=MAX_DURATION),
+    Field(
+        max_length=MAX_DURATION, json_schema_extra={"x-kubernetes-validations": [_DURATION_RULE]}
+    ),
     AfterValidator(_check_duration),
 ]
 """A Go duration, zero allowed (`0s`)."""
@@ -133,9 +156,8 @@ Duration = Annotated[
 PositiveDuration = Annotated[
     str,
     Field(
-        pattern=DURATION_PATTERN,
         max_length=MAX_DURATION,
-        json_schema_extra={"x-kubernetes-validations": [_POSITIVE_RULE]},
+        json_schema_extra={"x-kubernetes-validations": [_DURATION_RULE, _POSITIVE_RULE]},
     ),
     AfterValidator(_check_positive_duration),
 ]
@@ -224,6 +246,266 @@ def condition_column(name: str, condition: str, field: str = "status") -> dict[s
     return column(name, "string", f'.status.conditions[?(@.type=="{condition}")].{field}')
 
 
+def cel(*rules: tuple[str, str] | dict[str, JsonValue]) -> dict[str, JsonValue]:
+    """`x-kubernetes-validations` for a model's json_schema_extra: (rule, message) pairs, or
+    `check(...)` for a message computed from the object or a field path."""
+    items: list[JsonValue] = [
+        r if isinstance(r, dict) else {"rule": r[0], "message": r[1]} for r in rules
+    ]
+    return {"x-kubernetes-validations": items}
+
+
+def check(
+    rule: str,
+    message: str | None = None,
+    *,
+    message_expression: str | None = None,
+    field_path: str | None = None,
+) -> dict[str, JsonValue]:
+    """One CEL rule with a fixed `message` or a `messageExpression` (a CEL string expression
+    that names what is wrong in the user's words), optionally reported at `field_path`."""
+    out: dict[str, JsonValue] = {"rule": rule}
+    if message is not None:
+        out["message"] = message
+    if message_expression is not None:
+        out["messageExpression"] = message_expression
+    if field_path is not None:
+        out["fieldPath"] = field_path
+    return out
+
+
+# CEL keywords: a property with one of these names is `self.__<name>__` in a rule.
+_CEL_RESERVED = frozenset({
+    "as", "break", "const", "continue", "else", "false", "for", "function", "if", "import",
+    "in", "let", "loop", "package", "namespace", "null", "return", "true", "var", "void",
+    "while",
+})  # fmt: skip
+
+
+def cel_field(name: str) -> str:
+    """How a rule names the property `name` (`for` -> `__for__`)."""
+    return f"__{name}__" if name in _CEL_RESERVED else name
+
+
+def cel_str(text: str) -> str:
+    """A CEL string literal (JSON's escapes are CEL's)."""
+    return json.dumps(text)
+
+
+_DIGITS = "['0', '1', '2', '3', '4', '5', '6', '7', '8', '9']"
+
+
+def cel_int(expr: str) -> str:
+    """CEL: the decimal text of `expr`, an int in 0..99999, as a string of known length.
+
+    `string(int)` would do, but CEL cost estimation takes its result as long as a request
+    can be, and a message that concatenates it never passes the API server's budget."""
+    digits = " + ".join(f"(n >= {10**p} ? {_DIGITS}[n / {10**p} % 10] : '')" for p in (4, 3, 2, 1))
+    return f"[{expr}].map(n, {digits} + {_DIGITS}[n % 10])[0]"
+
+
+# ---- label keys and values: Kubernetes' own syntax, readable messages ----------------------
+LABEL_KEY_HELP = (
+    "a label key is a name of at most 63 letters, digits, '-', '_' or '.' that starts and "
+    "ends with a letter or digit, optionally after a DNS subdomain prefix and '/' "
+    "(e.g. gpuheal.io/pool)"
+)
+LABEL_VALUE_HELP = (
+    "a label value is empty or at most 63 letters, digits, '-', '_' or '.' that starts and "
+    "ends with a letter or digit"
+)
+_LABEL_NAME_RE = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
+_LABEL_VALUE_RE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+_DNS_SUBDOMAIN_RE = re.compile(DNS_SUBDOMAIN_PATTERN)
+
+
+def is_label_key(text: str) -> bool:
+    """Kubernetes' IsQualifiedName (label keys, taint keys): [prefix/]name."""
+    parts = text.split("/")
+    if len(parts) > 2:
+        return False
+    if len(parts) == 2:
+        prefix = parts[0]
+        if not prefix or len(prefix) > MAX_NAME or not _DNS_SUBDOMAIN_RE.match(prefix):
+            return False
+    name = parts[-1]
+    return 0 < len(name) <= MAX_LABEL_VALUE and bool(_LABEL_NAME_RE.match(name))
+
+
+def is_label_value(text: str) -> bool:
+    """Kubernetes' IsValidLabelValue."""
+    return len(text) <= MAX_LABEL_VALUE and bool(_LABEL_VALUE_RE.match(text))
+
+
+def label_key_cel(expr: str) -> str:
+    """CEL: `expr` is a valid label key (the API server's own check, `format.qualifiedName`)."""
+    return f"!format.qualifiedName().validate({expr}).hasValue()"
+
+
+def label_value_cel(expr: str) -> str:
+    return f"!format.labelValue().validate({expr}).hasValue()"
+
+
+def bad_label_key(text: str) -> str:
+    return f"'{text}' is not a valid label key: {LABEL_KEY_HELP}"
+
+
+def bad_label_value(text: str) -> str:
+    return f"'{text}' is not a valid label value: {LABEL_VALUE_HELP}"
+
+
+_KEY_TAIL = "' is not a valid label key: " + LABEL_KEY_HELP
+_VALUE_TAIL = "' is not a valid label value: " + LABEL_VALUE_HELP
+
+
+def _quoted_self_then(tail: str) -> str:
+    """CEL messageExpression: the value in quotes, then `tail`."""
+    return f'"\'" + self + {cel_str(tail)}'
+
+
+def _check_label_key(text: str) -> str:
+    if not is_label_key(text):
+        raise ValueError(bad_label_key(text))
+    return text
+
+
+def _check_label_value(text: str) -> str:
+    if not is_label_value(text):
+        raise ValueError(bad_label_value(text))
+    return text
+
+
+LabelKey = Annotated[
+    str,
+    Field(
+        max_length=MAX_LABEL_KEY,
+        json_schema_extra=cel(
+            check(
+                label_key_cel("self"),
+                message_expression=_quoted_self_then(_KEY_TAIL),
+            )
+        ),
+    ),
+    AfterValidator(_check_label_key),
+]
+"""A label (or taint) key, checked as the API server checks Node labels."""
+
+LabelValue = Annotated[
+    str,
+    Field(
+        max_length=MAX_LABEL_VALUE,
+        json_schema_extra=cel(
+            check(
+                label_value_cel("self"),
+                message_expression=_quoted_self_then(_VALUE_TAIL),
+            )
+        ),
+    ),
+    AfterValidator(_check_label_value),
+]
+"""A label value, checked as the API server checks Node labels."""
+
+
+_NAME_TAIL = (
+    "' is not a valid name: at most 63 lowercase letters, digits or '-', starting and ending "
+    "with a letter or digit"
+)
+_OBJECT_NAME_TAIL = (
+    "' is not a valid object name: at most 253 lowercase letters, digits, '-' or '.', "
+    "starting and ending with a letter or digit"
+)
+_DNS_LABEL_RE = re.compile(DNS_LABEL_PATTERN)
+
+
+def _check_dns_label(text: str) -> str:
+    if len(text) > MAX_LABEL_VALUE or not _DNS_LABEL_RE.match(text):
+        raise ValueError(f"'{text}{_NAME_TAIL}")
+    return text
+
+
+def _check_dns_subdomain(text: str) -> str:
+    if len(text) > MAX_NAME or not _DNS_SUBDOMAIN_RE.match(text):
+        raise ValueError(f"'{text}{_OBJECT_NAME_TAIL}")
+    return text
+
+
+DnsLabel = Annotated[
+    str,
+    Field(
+        max_length=MAX_LABEL_VALUE,
+        json_schema_extra=cel(
+            check(
+                "!format.dns1123Label().validate(self).hasValue()",
+                message_expression=_quoted_self_then(_NAME_TAIL),
+            )
+        ),
+    ),
+    AfterValidator(_check_dns_label),
+]
+"""A name such as a rule's, a rung's or a namespace (RFC 1123 label)."""
+
+DnsSubdomain = Annotated[
+    str,
+    Field(
+        max_length=MAX_NAME,
+        json_schema_extra=cel(
+            check(
+                "!format.dns1123Subdomain().validate(self).hasValue()",
+                message_expression=_quoted_self_then(_OBJECT_NAME_TAIL),
+            )
+        ),
+    ),
+    AfterValidator(_check_dns_subdomain),
+]
+"""The name of a Kubernetes object (RFC 1123 subdomain)."""
+
+
+def label_map_keys_check(field: str) -> dict[str, JsonValue]:
+    """CEL on the model holding the label map `field`: every key is a label key. A CRD schema
+    cannot constrain map keys, so the model that holds the map checks them; in Python the
+    map's `LabelKey` key type does."""
+    bad = f"self.{field}.filter(k, format.qualifiedName().validate(k).hasValue())[0]"
+    return check(
+        f"!has(self.{field}) || self.{field}.all(k, {label_key_cel('k')})",
+        message_expression=" + ".join(('"\'"', bad, cel_str(_KEY_TAIL))),
+        field_path=f".{field}",
+    )
+
+
+# ---- duration ranges -------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class DurationRange:
+    """An upper bound on a duration field, on the model that holds it: one CEL rule for the
+    API server (`cel()`), the same check for local files (`check(model)`)."""
+
+    field: str  # the wire (camelCase) name
+    at_most: str
+    why: str
+
+    @property
+    def message(self) -> str:
+        return f"{self.field} must be at most {self.at_most}: {self.why}"
+
+    def cel(self) -> dict[str, JsonValue]:
+        value = f"self.{cel_field(self.field)}"
+        return check(
+            f"!has({value}) || !{duration_ok(value)} || "
+            f"duration({value}) <= duration('{self.at_most}')",
+            self.message,
+            field_path=f".{self.field}",
+        )
+
+    def check(self, value: str | None) -> None:
+        if value is None:
+            return
+        try:
+            too_long = parse_duration(value) > parse_duration(self.at_most)
+        except DurationError:
+            return  # the field's own check says so
+        if too_long:
+            raise ValueError(self.message)
+
+
 SELECTOR_VALUES_MESSAGE = "In and NotIn need values; Exists and DoesNotExist take none"
 
 
@@ -239,15 +521,11 @@ class SelectorOperator(enum.StrEnum):
 class LabelSelectorRequirement(Model):
     """One expression of a label selector."""
 
-    key: str = Field(
-        max_length=MAX_LABEL_KEY,
-        pattern=LABEL_KEY_PATTERN,
-        description="The label key the expression applies to.",
-    )
+    key: LabelKey = Field(description="The label key the expression applies to.")
     operator: SelectorOperator = Field(
         description="In, NotIn, Exists or DoesNotExist: how the key relates to the values."
     )
-    values: list[Annotated[str, Field(max_length=MAX_LABEL_VALUE)]] = list_of(
+    values: list[LabelValue] = list_of(
         64, "Label values: required for In and NotIn, empty for Exists and DoesNotExist."
     )
 
@@ -268,15 +546,15 @@ class LabelSelector(Model):
                     "rule": "!has(self.matchExpressions) || self.matchExpressions.all(e, "
                     "(e.operator in ['In', 'NotIn']) == (has(e.values) && size(e.values) > 0))",
                     "message": SELECTOR_VALUES_MESSAGE,
-                }
+                },
+                label_map_keys_check("matchLabels"),
             ]
         }
     )
 
-    match_labels: dict[
-        Annotated[str, Field(max_length=MAX_LABEL_KEY)],
-        Annotated[str, Field(max_length=MAX_LABEL_VALUE)],
-    ] = map_of(32, "Labels a node must carry with exactly these values (all of them).")
+    match_labels: dict[LabelKey, LabelValue] = map_of(
+        32, "Labels a node must carry with exactly these values (all of them)."
+    )
     match_expressions: list[LabelSelectorRequirement] = list_of(
         32, "Label expressions a node must satisfy (all of them)."
     )
@@ -308,11 +586,7 @@ class LabelSelector(Model):
 class ObjectRef(Model):
     """Reference to a cluster-scoped object by name."""
 
-    name: str = Field(
-        max_length=MAX_NAME,
-        pattern=DNS_SUBDOMAIN_PATTERN,
-        description="Name of the referenced object.",
-    )
+    name: DnsSubdomain = Field(description="Name of the referenced object.")
 
 
 class ConditionStatus(enum.StrEnum):
@@ -392,12 +666,6 @@ def set_condition(
     out = [c for c in conditions if c.type != type_]
     out.append(updated)
     return out
-
-
-def cel(*rules: tuple[str, str]) -> dict[str, JsonValue]:
-    """`x-kubernetes-validations` for a model's json_schema_extra: (rule, message) pairs."""
-    items: list[JsonValue] = [{"rule": rule, "message": message} for rule, message in rules]
-    return {"x-kubernetes-validations": items}
 
 
 class ObjectMeta(BaseModel):

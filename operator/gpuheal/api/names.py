@@ -75,6 +75,7 @@ class PolicyCondition(enum.StrEnum):
     CIRCUIT_BREAKER_OPEN = "CircuitBreakerOpen"
     PAUSED = "Paused"
     OVERLAPPING = "Overlapping"
+    WARNINGS = "Warnings"  # True: the policy is valid but something in it is questionable
 
 
 class PoolCondition(enum.StrEnum):
@@ -117,6 +118,7 @@ class Reason(enum.StrEnum):
     VERIFICATION_FAILED = "VerificationFailed"
     REPAIR_FAILED = "RepairFailed"
     AWAITING_REPAIR = "AwaitingRepair"
+    REFUSED = "Refused"  # a NodeRemediation gpuheal could not have opened (made by hand)
     # policy and pool status
     ACTIVE = "Active"
     TOO_MANY_UNHEALTHY = "TooManyUnhealthy"
@@ -126,6 +128,8 @@ class Reason(enum.StrEnum):
     NOT_PAUSED = "NotPaused"
     NODES_IN_OTHER_POLICIES = "NodesInOtherPolicies"
     NO_OVERLAP = "NoOverlap"
+    POLICY_WARNINGS = "PolicyWarnings"
+    NO_WARNINGS = "NoWarnings"
     ENOUGH_SPARES = "EnoughSpares"
     BELOW_MIN_AVAILABLE = "BelowMinAvailable"
     NO_SPARES = "NoSpares"
@@ -156,6 +160,7 @@ class EventReason(enum.StrEnum):
     DRY_RUN_COMPLETED = "DryRunCompleted"
     COMPLETED = "RemediationCompleted"
     RETIRED = "Retired"
+    REFUSED = "RemediationRefused"
     SOURCE_BLIND = "SourceUnavailable"
     RETURNED_TO_POOL = "ReturnedToPool"
     VERIFICATION_FAILED = "VerificationFailed"

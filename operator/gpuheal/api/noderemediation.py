@@ -14,6 +14,7 @@ from gpuheal.api.meta import (
     MAX_NAME,
     Condition,
     CrdInfo,
+    DnsLabel,
     Model,
     ObjectRef,
     Resource,
@@ -113,7 +114,7 @@ class NodeRemediationSpec(Model):
         json_schema_extra=cel(("self == oldSelf", "nodeName is immutable")),
     )
     policy_ref: ObjectRef = Field(description="The RemediationPolicy that opened the incident.")
-    rule: str = Field(max_length=63, description="Name of the policy rule that matched.")
+    rule: DnsLabel = Field(description="Name of the policy rule that matched.")
     signals: list[SignalRecord] = Field(
         min_length=1,
         max_length=64,

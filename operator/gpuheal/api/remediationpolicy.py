@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import datetime as dt
 import enum
+import re
+import urllib.parse
 from typing import Annotated, Any, Literal
 
+from pydantic import BaseModel as PydanticModel
 from pydantic import ConfigDict, Field, model_validator
 
+from gpuheal.api.checks import SPEC_CHECKS, check_spec
 from gpuheal.api.meta import (
     CONDITION_TYPE_PATTERN,
     DNS_LABEL_PATTERN,
@@ -20,14 +24,20 @@ from gpuheal.api.meta import (
     Condition,
     ConditionStatus,
     CrdInfo,
+    DnsLabel,
     Duration,
+    DurationRange,
     IntOrPercent,
+    LabelKey,
     LabelSelector,
     Model,
     ObjectRef,
     PositiveDuration,
     Resource,
     cel,
+    cel_int,
+    cel_str,
+    check,
     column,
     condition_column,
     conditions_field,
@@ -35,7 +45,8 @@ from gpuheal.api.meta import (
     parse_duration,
 )
 from gpuheal.api.names import OPT_OUT_LABEL
-from gpuheal.xid.types import RecoveryAction, XidClass
+from gpuheal.xid.catalogue import CATALOGUE
+from gpuheal.xid.types import FirstSight, RecoveryAction, XidClass
 
 
 class Action(enum.StrEnum):
@@ -102,8 +113,58 @@ class EscalationScope(enum.StrEnum):
     NODE = "Node"
 
 
+CONDITION_STATUS_MESSAGE = (
+    "say which status of the condition signals trouble (status: True, False or Unknown, "
+    "e.g. Ready with status False): there is no default"
+)
+CONDITION_TYPE_MESSAGE = (
+    "type must name a node condition such as Ready or GpuXid: letters, digits, '-', '_' "
+    "or '.', starting and ending with a letter or digit"
+)
+# Conditions every kubelet reports, and the status that means healthy.
+_HEALTHY_STATUS = {
+    "Ready": "True",
+    "MemoryPressure": "False",
+    "DiskPressure": "False",
+    "PIDPressure": "False",
+    "NetworkUnavailable": "False",
+}
+_FOR_RANGE = DurationRange(
+    "for", "24h", "a node unhealthy for a day needs a person, not a timer that fires later"
+)
+_CONDITION_RULES = (
+    check("has(self.status)", CONDITION_STATUS_MESSAGE),
+    check(
+        f"self.type.matches(r'{CONDITION_TYPE_PATTERN}')",
+        CONDITION_TYPE_MESSAGE,
+        field_path=".type",
+    ),
+    check(
+        f"!has(self.status) || !(self.type in {_HEALTHY_STATUS}) || "
+        f"{_HEALTHY_STATUS}[self.type] != self.status",
+        message_expression="self.type + ' with status ' + self.status + ' is a healthy node: "
+        "watch the status that means trouble (' + (self.type == 'Ready' ? 'False or Unknown' "
+        ": 'True') + ')'",
+    ),
+    _FOR_RANGE.cel(),
+)
+
+
+def _healthy_status_message(type_: str, status: str) -> str:
+    trouble = "False or Unknown" if type_ == "Ready" else "True"
+    return (
+        f"{type_} with status {status} is a healthy node: "
+        f"watch the status that means trouble ({trouble})"
+    )
+
+
+_CONDITION_TYPE_RE = re.compile(CONDITION_TYPE_PATTERN)
+
+
 class ConditionSignal(Model):
     """A node condition that signals trouble when it holds `status` for at least `for`."""
+
+    model_config = ConfigDict(json_schema_extra=cel(*_CONDITION_RULES))
 
     type: str = Field(
         max_length=316,
@@ -113,17 +174,45 @@ class ConditionSignal(Model):
     status: ConditionStatus = Field(
         default=ConditionStatus.TRUE,
         description="The condition status that signals trouble: True, False or Unknown "
-        "(e.g. Ready with status False).",
+        "(e.g. Ready with status False). Required: which status is trouble depends on the "
+        "condition.",
     )
     for_: Duration = Field(
         default="0s",
         description="How long the condition must hold that status before the rule fires "
-        "(a Go duration such as 5m; 0s: at once).",
+        "(a Go duration such as 5m, at most 24h; 0s: at once).",
     )
+
+    @model_validator(mode="after")
+    def _mirror_cel(self) -> ConditionSignal:
+        if "status" not in self.model_fields_set:
+            raise ValueError(CONDITION_STATUS_MESSAGE)
+        if not _CONDITION_TYPE_RE.match(self.type):
+            raise ValueError(CONDITION_TYPE_MESSAGE)
+        if _HEALTHY_STATUS.get(self.type) == self.status.value:
+            raise ValueError(_healthy_status_message(self.type, self.status.value))
+        _FOR_RANGE.check(self.for_)
+        return self
+
+
+_EMPTY_MESSAGE_CONTAINS = (
+    "messageContains is empty, and every message contains the empty text: omit it to match "
+    "every Event with this reason"
+)
 
 
 class EventSignal(Model):
     """A Kubernetes Event on the Node, matched by reason (and optionally a message part)."""
+
+    model_config = ConfigDict(
+        json_schema_extra=cel(
+            check(
+                "!has(self.messageContains) || size(self.messageContains) > 0",
+                _EMPTY_MESSAGE_CONTAINS,
+                field_path=".messageContains",
+            )
+        )
+    )
 
     reason: str = Field(
         max_length=128,
@@ -137,7 +226,46 @@ class EventSignal(Model):
         description="Optional: the Event's message must also contain this text (case-sensitive).",
     )
 
+    @model_validator(mode="after")
+    def _mirror_cel(self) -> EventSignal:
+        if self.message_contains == "":
+            raise ValueError(_EMPTY_MESSAGE_CONTAINS)
+        return self
 
+
+def _twice(field: str, value: str, same: str, what: str) -> str:
+    """CEL: a message for each item of list `field` listed more than once (`same(a, b)`)."""
+    return (
+        f"(has(self.{field}) ? self.{field}.map({value}, "
+        f"self.{field}.filter(b, {same}).size() > 1, {what}) : [])"
+    )
+
+
+_TWICE = " + ".join(
+    (
+        _twice("xids", "a", "b == a", f"'xids lists XID ' + {cel_int('a')} + ' more than once'"),
+        _twice("xidClasses", "a", "b == a", "'xidClasses lists ' + a + ' more than once'"),
+        _twice(
+            "recoveryActions", "a", "b == a", "'recoveryActions lists ' + a + ' more than once'"
+        ),
+        _twice(
+            "conditions",
+            "a",
+            "b.type == a.type && has(a.status) && has(b.status) && b.status == a.status",
+            "'conditions lists ' + a.type + ' with status ' + a.status + ' more than once: "
+            "one rule waits once per condition and status'",
+        ),
+        _twice(
+            "events",
+            "a",
+            "b.reason == a.reason && has(a.messageContains) == has(b.messageContains) && "
+            "(!has(a.messageContains) || a.messageContains == b.messageContains)",
+            "'events lists reason ' + a.reason + ' more than once'",
+        ),
+    )
+)
+_ONLY_154_HEAD = "recoveryActions make the rule match XID 154 with one of those actions only, so "
+_ONLY_154_TAIL = " listed here would never match: move it to a rule of its own"
 _SIGNAL_RULES = (
     (
         "(has(self.xids) ? size(self.xids) : 0) + "
@@ -153,15 +281,28 @@ _SIGNAL_RULES = (
         "recoveryActions only apply to XID 154: add 154 to xids",
     ),
 )
+_SIGNAL_CHECKS = (
+    check(
+        "!has(self.recoveryActions) || size(self.recoveryActions) == 0 || "
+        "((!has(self.xids) || self.xids.all(x, x == 154)) && "
+        "(!has(self.xidClasses) || self.xidClasses.all(c, c == 'RecoveryAction')))",
+        message_expression=cel_str(_ONLY_154_HEAD)
+        + " + (has(self.xids) && self.xids.exists(x, x != 154) ? "
+        f"'XID ' + {cel_int('self.xids.filter(x, x != 154)[0]')} : "
+        "'class ' + self.xidClasses.filter(c, c != 'RecoveryAction')[0]) + "
+        + cel_str(_ONLY_154_TAIL),
+    ),
+    check(f"size({_TWICE}) == 0", message_expression=f"({_TWICE})[0]"),
+)
 
 
 class SignalSelector(Model):
     """Which signals trigger a rule. Any one matching signal triggers it."""
 
-    model_config = ConfigDict(json_schema_extra=cel(*_SIGNAL_RULES))
+    model_config = ConfigDict(json_schema_extra=cel(*_SIGNAL_RULES, *_SIGNAL_CHECKS))
 
     xids: list[Annotated[int, Field(ge=1, le=65535)]] = list_of(
-        64,
+        16,
         "NVIDIA XID codes that trigger the rule (e.g. [79] for a GPU that fell off "
         "the bus); `gpuheal xid explain <code>` prints the catalogue entry of each.",
     )
@@ -192,11 +333,107 @@ class SignalSelector(Model):
             and XidClass.RECOVERY_ACTION not in self.xid_classes
         ):
             raise ValueError(_SIGNAL_RULES[1][1])
+        if self.recovery_actions:
+            other = [f"XID {x}" for x in self.xids if x != 154] + [
+                f"class {c.value}" for c in self.xid_classes if c is not XidClass.RECOVERY_ACTION
+            ]
+            if other:
+                raise ValueError(_ONLY_154_HEAD + other[0] + _ONLY_154_TAIL)
+        twice = self._twice()
+        if twice:
+            raise ValueError(twice[0])
         return self
+
+    def _twice(self) -> list[str]:
+        """The mirror of `_TWICE`, in the same order."""
+
+        def many(items: list[Any], same: Any) -> list[Any]:
+            return [a for a in items if sum(1 for b in items if same(a, b)) > 1]
+
+        eq = lambda a, b: a == b  # noqa: E731
+        return [
+            *(f"xids lists XID {a} more than once" for a in many(self.xids, eq)),
+            *(f"xidClasses lists {a.value} more than once" for a in many(self.xid_classes, eq)),
+            *(
+                f"recoveryActions lists {a.value} more than once"
+                for a in many(self.recovery_actions, eq)
+            ),
+            *(
+                f"conditions lists {a.type} with status {a.status.value} more than once: "
+                "one rule waits once per condition and status"
+                for a in many(
+                    self.conditions, lambda a, b: (a.type, a.status) == (b.type, b.status)
+                )
+            ),
+            *(
+                f"events lists reason {a.reason} more than once"
+                for a in many(
+                    self.events,
+                    lambda a, b: (a.reason, a.message_contains) == (b.reason, b.message_contains),
+                )
+            ),
+        ]
+
+
+# The signals the Slurm bridge sends (gpuheal_bridge.api.names.SIGNAL_PATTERN, names only):
+# a job can catch each of them and checkpoint. KILL and STOP cannot be caught.
+CHECKPOINT_SIGNALS = (
+    "USR1",
+    "USR2",
+    "TERM",
+    "INT",
+    "HUP",
+    "QUIT",
+    "CONT",
+    "URG",
+    "ALRM",
+    "PWR",
+    "XCPU",
+)
+_UNCATCHABLE = ("KILL", "SIGKILL", "STOP", "SIGSTOP", "9", "19")
+_CHECKPOINT_PATTERN = f"^(SIG)?({'|'.join(CHECKPOINT_SIGNALS)})$"
+UNCATCHABLE_MESSAGE = (
+    "checkpointSignal {signal}: KILL and STOP (9, 19) cannot be caught, so the job dies or "
+    "freezes without a checkpoint; use USR1, USR2 or TERM"
+)
+CHECKPOINT_SIGNAL_MESSAGE = (
+    "checkpointSignal must name a signal a job can catch: "
+    + ", ".join(CHECKPOINT_SIGNALS)
+    + " (SIG prefix optional; numbers differ between systems, use the name)"
+)
+CHECKPOINT_WITHOUT_REQUEUE = (
+    "checkpointSignal is sent only before a requeue, and requeue is none: set requeue to "
+    "requeue or requeueHold, or drop checkpointSignal"
+)
+_GRACE_RANGE = DurationRange(
+    "gracePeriod", "10m", "the Slurm bridge waits at most 10 minutes for a checkpoint"
+)
+_SLURM_DRAIN_RULES = (
+    check(
+        f"!has(self.checkpointSignal) || !(self.checkpointSignal in {list(_UNCATCHABLE)})",
+        message_expression=cel_str("checkpointSignal ")
+        + " + self.checkpointSignal + "
+        + cel_str(UNCATCHABLE_MESSAGE.removeprefix("checkpointSignal {signal}")),
+        field_path=".checkpointSignal",
+    ),
+    check(
+        f"!has(self.checkpointSignal) || self.checkpointSignal in {list(_UNCATCHABLE)} || "
+        f"self.checkpointSignal.matches('{_CHECKPOINT_PATTERN}')",
+        CHECKPOINT_SIGNAL_MESSAGE,
+        field_path=".checkpointSignal",
+    ),
+    check(
+        "!has(self.checkpointSignal) || !has(self.requeue) || self.requeue != 'none'",
+        CHECKPOINT_WITHOUT_REQUEUE,
+    ),
+    _GRACE_RANGE.cel(),
+)
 
 
 class SlurmDrainOptions(Model):
     """How the Slurm node is drained through the bridge, and what happens to its jobs."""
+
+    model_config = ConfigDict(json_schema_extra=cel(*_SLURM_DRAIN_RULES))
 
     requeue: RequeueMode = Field(
         default=RequeueMode.REQUEUE,
@@ -207,9 +444,9 @@ class SlurmDrainOptions(Model):
     checkpoint_signal: str | None = Field(
         default=None,
         max_length=16,
-        pattern=r"^(SIG)?[A-Z][A-Z0-9]*$",
         description="Signal sent to the jobs before the requeue so they can checkpoint "
-        "(e.g. USR1); none when omitted.",
+        "(e.g. USR1; one the job can catch: USR1, USR2, TERM, INT, HUP, QUIT, CONT, URG, ALRM, "
+        "PWR or XCPU, SIG prefix optional); none when omitted.",
     )
     grace_period: Duration = Field(
         default="60s",
@@ -223,9 +460,29 @@ class SlurmDrainOptions(Model):
         "xid=<N>`, which is how gpuheal recognises its own drains.",
     )
 
+    @model_validator(mode="after")
+    def _mirror_cel(self) -> SlurmDrainOptions:
+        signal = self.checkpoint_signal
+        if signal is not None and signal in _UNCATCHABLE:
+            raise ValueError(UNCATCHABLE_MESSAGE.format(signal=signal))
+        if signal is not None and not re.match(_CHECKPOINT_PATTERN, signal):
+            raise ValueError(CHECKPOINT_SIGNAL_MESSAGE)
+        if signal is not None and self.requeue is RequeueMode.NONE:
+            raise ValueError(CHECKPOINT_WITHOUT_REQUEUE)
+        _GRACE_RANGE.check(self.grace_period)
+        return self
+
+
+_DRAIN_RANGES = (
+    DurationRange("timeout", "24h", "a drain still blocked after a day needs a person"),
+    DurationRange("gracePeriod", "1h", "pods that need longer to stop should say so themselves"),
+)
+
 
 class DrainOptions(Model):
     """Evicting the node's pods through the Eviction API (PodDisruptionBudgets honoured)."""
+
+    model_config = ConfigDict(json_schema_extra=cel(*(r.cel() for r in _DRAIN_RANGES)))
 
     timeout: PositiveDuration = Field(
         default="10m",
@@ -242,6 +499,12 @@ class DrainOptions(Model):
         "say why) or Force (delete the remaining pods without the Eviction API; the chart "
         "grants that only with rbac.forceDrain=true).",
     )
+
+    @model_validator(mode="after")
+    def _mirror_cel(self) -> DrainOptions:
+        _DRAIN_RANGES[0].check(self.timeout)
+        _DRAIN_RANGES[1].check(self.grace_period)
+        return self
 
 
 class ConfigMapKeyRef(Model):
@@ -270,9 +533,7 @@ class JobHook(Model):
 
     model_config = ConfigDict(json_schema_extra=cel(*_JOB_RULES))
 
-    namespace: str = Field(
-        max_length=63,
-        pattern=DNS_LABEL_PATTERN,
+    namespace: DnsLabel = Field(
         description="Namespace the Job is created in (the chart grants Job rights only in "
         "rbac.jobHookNamespaces).",
     )
@@ -300,18 +561,53 @@ class JobHook(Model):
         return self
 
 
+WEBHOOK_URL_MESSAGE = (
+    "url must be an http:// or https:// URL with a host, e.g. https://bmc-gateway.example/reboot"
+)
+_WEBHOOK_TIMEOUT = DurationRange(
+    "timeout", "10m", "a webhook that takes longer should answer 202 at once"
+)
+
+
+def webhook_url_ok(url: str) -> bool:
+    """The mirror of the CEL url check: http(s), a host."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+    except ValueError:
+        return False
+    return parts.scheme in ("http", "https") and bool(parts.hostname)
+
+
 class WebhookHook(Model):
     """An HTTP endpoint (e.g. your BMC or fleet tooling) that carries out the reset or reboot."""
 
+    model_config = ConfigDict(
+        json_schema_extra=cel(
+            check(
+                "isURL(self.url) && url(self.url).getScheme() in ['http', 'https'] && "
+                "url(self.url).getHostname() != ''",
+                WEBHOOK_URL_MESSAGE,
+                field_path=".url",
+            ),
+            _WEBHOOK_TIMEOUT.cel(),
+        )
+    )
+
     url: str = Field(
         max_length=2048,
-        pattern=r"^https?://",
         description="URL gpuheal POSTs {action, node, incident, xid} to, with the header "
         "Idempotency-Key: <incident>-<action>; any 2xx is success.",
     )
     timeout: PositiveDuration = Field(
         default="30s", description="How long one call may take before it counts as failed."
     )
+
+    @model_validator(mode="after")
+    def _mirror_cel(self) -> WebhookHook:
+        if not webhook_url_ok(self.url):
+            raise ValueError(WEBHOOK_URL_MESSAGE)
+        _WEBHOOK_TIMEOUT.check(self.timeout)
+        return self
 
 
 class NotifyWebhook(Model):
@@ -375,8 +671,14 @@ class HookSpec(Model):
         if (self.type is HookType.JOB) != (self.job is not None) or (
             self.type is HookType.WEBHOOK
         ) != (self.webhook is not None):
-            raise ValueError("hook.job / hook.webhook must match hook.type")
+            raise ValueError(
+                "hook.job is required exactly when type is Job, "
+                "hook.webhook exactly when type is Webhook"
+            )
         return self
+
+
+_HOOK_TIMEOUT = DurationRange("timeout", "24h", "a hook still running after a day has failed")
 
 
 class ResetOptions(Model):
@@ -384,7 +686,8 @@ class ResetOptions(Model):
 
     model_config = ConfigDict(
         json_schema_extra=cel(
-            ("self.hook.type != 'Slurm'", "Slurm can reboot a node, not reset a GPU")
+            ("self.hook.type != 'Slurm'", "Slurm can reboot a node, not reset a GPU"),
+            _HOOK_TIMEOUT.cel(),
         )
     )
 
@@ -400,11 +703,14 @@ class ResetOptions(Model):
     def _mirror_cel(self) -> ResetOptions:
         if self.hook.type is HookType.SLURM:
             raise ValueError("Slurm can reboot a node, not reset a GPU")
+        _HOOK_TIMEOUT.check(self.timeout)
         return self
 
 
 class RebootOptions(Model):
     """A node reboot or power-cycle carried out by a hook."""
+
+    model_config = ConfigDict(json_schema_extra=cel(_HOOK_TIMEOUT.cel()))
 
     hook: HookSpec = Field(description="How the reboot is carried out.")
     power_cycle: bool = Field(
@@ -415,6 +721,11 @@ class RebootOptions(Model):
     timeout: PositiveDuration = Field(
         default="20m", description="How long the hook may take before the step fails."
     )
+
+    @model_validator(mode="after")
+    def _mirror_cel(self) -> RebootOptions:
+        _HOOK_TIMEOUT.check(self.timeout)
+        return self
 
 
 class ReplaceOptions(Model):
@@ -492,21 +803,48 @@ class Step(Model):
         return self.drain or DrainOptions()
 
 
+_ACTION_TWICE = (
+    "self.steps.map(s, self.steps.filter(t, t.action == s.action).size() > 1, "
+    "'rung ' + self.name + ' lists ' + s.action + ' more than once: an incident runs "
+    "each action once, so the second would never run')"
+)
+
+
 class Rung(Model):
     """One level of the ladder: the steps run, in order, when the rule is at this level."""
 
-    name: str = Field(
-        max_length=63,
-        pattern=DNS_LABEL_PATTERN,
+    model_config = ConfigDict(
+        json_schema_extra=cel(
+            check(f"size({_ACTION_TWICE}) == 0", message_expression=f"{_ACTION_TWICE}[0]")
+        )
+    )
+
+    name: DnsLabel = Field(
         description="Name of the rung (shown in incidents and Events), e.g. power-cycle.",
     )
     steps: list[Step] = Field(
         min_length=1, max_length=8, description="The steps of this rung, run in this order."
     )
 
+    @model_validator(mode="after")
+    def _mirror_cel(self) -> Rung:
+        actions = [s.action for s in self.steps]
+        twice = [a for a in actions if actions.count(a) > 1]
+        if twice:
+            raise ValueError(
+                f"rung {self.name} lists {twice[0].value} more than once: an incident runs "
+                "each action once, so the second would never run"
+            )
+        return self
+
+
+_WINDOW_RANGE = DurationRange("window", "720h", "gpuheal counts repeats over at most 30 days")
+
 
 class Escalation(Model):
     """Every `occurrences` matching signals within `window` climb one rung."""
+
+    model_config = ConfigDict(json_schema_extra=cel(_WINDOW_RANGE.cel()))
 
     occurrences: int = Field(
         default=3,
@@ -523,13 +861,45 @@ class Escalation(Model):
         "node (Node).",
     )
 
+    @model_validator(mode="after")
+    def _mirror_cel(self) -> Escalation:
+        _WINDOW_RANGE.check(self.window)
+        return self
 
+
+# The catalogue's "never replace on first sight" XIDs (94, contained ECC) and the classes
+# made of them only: a rule that names one must not replace on its first rung.
+NO_REPLACE_XIDS = sorted(c for c, e in CATALOGUE.items() if e.first_sight is FirstSight.NO_REPLACE)
+NO_REPLACE_CLASSES = sorted(
+    c.value
+    for c in XidClass
+    if any(e.action_class is c for e in CATALOGUE.values())
+    and all(
+        e.first_sight is FirstSight.NO_REPLACE for e in CATALOGUE.values() if e.action_class is c
+    )
+)
+_NO_REPLACE_MESSAGE = (
+    "XID 94 (contained ECC error) must never replace on first sight: "
+    "move replace (and retire) to a later rung"
+)
+_SAME_RUNGS = (
+    "self.ladder.transformList(i, a, self.ladder.exists(j, b, j < i && b.steps == a.steps), "
+    "'rungs ' + self.ladder.transformList(j, b, j < i && b.steps == a.steps, b.name)[0] + ' and ' "
+    "+ a.name + ' of rule ' + self.name + ' have the same steps: climbing to ' + a.name + "
+    "' would change nothing')"
+)
+_RUNG_TWICE = (
+    "self.ladder.map(a, self.ladder.filter(b, b.name == a.name).size() > 1, "
+    "'rule ' + self.name + ' has two rungs named ' + a.name + ': incidents record the rung by "
+    "name, so names must be unique within a ladder')"
+)
 _RULE_RULES = (
     (
-        "!has(self.signals.xids) || !(94 in self.signals.xids) || "
+        f"!((has(self.signals.xids) && self.signals.xids.exists(x, x in {NO_REPLACE_XIDS})) || "
+        f"(has(self.signals.xidClasses) && "
+        f"self.signals.xidClasses.exists(c, c in {NO_REPLACE_CLASSES}))) || "
         "!self.ladder[0].steps.exists(s, s.action == 'replace' || s.action == 'retire')",
-        "XID 94 (contained ECC error) must never replace on first sight: "
-        "move replace (and retire) to a later rung",
+        _NO_REPLACE_MESSAGE,
     ),
     (
         "size(self.ladder) == 1 || has(self.escalation)",
@@ -539,14 +909,23 @@ _RULE_RULES = (
 )
 
 
+def _as_written(step: Step) -> dict[str, Any]:
+    """A step as its author wrote it (what CEL compares: defaults not filled in)."""
+    return PydanticModel.model_dump(step, by_alias=True, exclude_unset=True, mode="json")
+
+
 class Rule(Model):
     """Signals -> ladder. Rules are tried in order; the first rule a signal matches wins."""
 
-    model_config = ConfigDict(json_schema_extra=cel(*_RULE_RULES))
+    model_config = ConfigDict(
+        json_schema_extra=cel(
+            *_RULE_RULES,
+            check(f"size({_RUNG_TWICE}) == 0", message_expression=f"{_RUNG_TWICE}[0]"),
+            check(f"size({_SAME_RUNGS}) == 0", message_expression=f"{_SAME_RUNGS}[0]"),
+        )
+    )
 
-    name: str = Field(
-        max_length=63,
-        pattern=DNS_LABEL_PATTERN,
+    name: DnsLabel = Field(
         description="Name of the rule, unique in the policy (recorded in each incident).",
     )
     signals: SignalSelector = Field(description="Which signals trigger this rule.")
@@ -563,20 +942,43 @@ class Rule(Model):
 
     @model_validator(mode="after")
     def _mirror_cel(self) -> Rule:
-        if 94 in self.signals.xids and any(
+        no_replace = any(x in NO_REPLACE_XIDS for x in self.signals.xids) or any(
+            c.value in NO_REPLACE_CLASSES for c in self.signals.xid_classes
+        )
+        if no_replace and any(
             s.action in (Action.REPLACE, Action.RETIRE) for s in self.ladder[0].steps
         ):
             raise ValueError(_RULE_RULES[0][1])
         if len(self.ladder) > 1 and self.escalation is None:
             raise ValueError(_RULE_RULES[1][1])
+        names = [r.name for r in self.ladder]
+        twice = [n for n in names if names.count(n) > 1]
+        if twice:
+            raise ValueError(
+                f"rule {self.name} has two rungs named {twice[0]}: incidents record the rung "
+                "by name, so names must be unique within a ladder"
+            )
+        written = [[_as_written(s) for s in r.steps] for r in self.ladder]
+        for i, rung in enumerate(self.ladder):
+            same = [self.ladder[j].name for j in range(i) if written[j] == written[i]]
+            if same:
+                raise ValueError(
+                    f"rungs {same[0]} and {rung.name} of rule {self.name} have the same steps: "
+                    f"climbing to {rung.name} would change nothing"
+                )
         return self
 
     def escalation_or_default(self) -> Escalation:
         return self.escalation or Escalation()
 
 
+_RATE_WINDOW = DurationRange("window", "168h", "gpuheal counts incident starts over at most 7 days")
+
+
 class RateLimit(Model):
     """At most `remediations` incidents started per `window` under this policy."""
+
+    model_config = ConfigDict(json_schema_extra=cel(_RATE_WINDOW.cel()))
 
     remediations: int = Field(
         ge=1, le=10000, description="Most incidents started per window under this policy."
@@ -585,12 +987,21 @@ class RateLimit(Model):
         default="1h", description="The sliding window the limit is counted in."
     )
 
+    @model_validator(mode="after")
+    def _mirror_cel(self) -> RateLimit:
+        _RATE_WINDOW.check(self.window)
+        return self
 
+
+_COOLDOWN_RANGE = DurationRange(
+    "stormCooldown", "24h", "after a day, a storm's nodes are a person's job"
+)
 _SAFETY_RULES = (
     (
         "has(self.maxUnhealthy) != has(self.minHealthy)",
         "set exactly one of maxUnhealthy or minHealthy",
     ),
+    _COOLDOWN_RANGE.cel(),
 )
 
 
@@ -627,10 +1038,8 @@ class Safety(Model):
     paused: bool = Field(
         default=False, description="Start no new incident and continue none (a kill switch)."
     )
-    opt_out_label: str = Field(
+    opt_out_label: LabelKey = Field(
         default=OPT_OUT_LABEL,
-        max_length=MAX_LABEL_KEY,
-        pattern=LABEL_KEY_PATTERN,
         description="Nodes carrying this label (any value) are left alone by this policy.",
     )
     require_approval: list[Action] = list_of(
@@ -644,6 +1053,7 @@ class Safety(Model):
     def _mirror_cel(self) -> Safety:
         if (self.max_unhealthy is None) == (self.min_healthy is None):
             raise ValueError(_SAFETY_RULES[0][1])
+        _COOLDOWN_RANGE.check(self.storm_cooldown)
         return self
 
 
@@ -738,8 +1148,15 @@ class VerificationCheck(Model):
         return self
 
 
+_HEALTHY_FOR_RANGE = DurationRange(
+    "healthyFor", "168h", "a node healthy for a week has earned its way back"
+)
+
+
 class ReturnToService(Model):
     """Uncordon/resume nodes that stayed healthy long enough; only what gpuheal itself did."""
+
+    model_config = ConfigDict(json_schema_extra=cel(_HEALTHY_FOR_RANGE.cel()))
 
     enabled: bool = Field(
         default=True,
@@ -760,6 +1177,11 @@ class ReturnToService(Model):
         description="The check a repaired node must pass before healthyFor starts (none "
         "when omitted); a failure climbs the ladder.",
     )
+
+    @model_validator(mode="after")
+    def _mirror_cel(self) -> ReturnToService:
+        _HEALTHY_FOR_RANGE.check(self.healthy_for)
+        return self
 
 
 class HistorySettings(Model):
@@ -802,7 +1224,9 @@ _POLICY_RULES = (
 class RemediationPolicySpec(Model):
     """Which nodes, which signals, what to do, and the limits that always hold."""
 
-    model_config = ConfigDict(json_schema_extra=cel(*_POLICY_RULES))
+    model_config = ConfigDict(
+        json_schema_extra=cel(*_POLICY_RULES, *(c.cel() for c in SPEC_CHECKS))
+    )
 
     node_selector: LabelSelector = Field(
         description="Nodes this policy governs (an empty selector selects every node)."
@@ -860,6 +1284,7 @@ class RemediationPolicySpec(Model):
             for r in self.rules
         ):
             raise ValueError(_POLICY_RULES[0][1])
+        check_spec(self)
         return self
 
 
@@ -887,7 +1312,9 @@ class RemediationPolicyStatus(Model):
         default="", max_length=MAX_MESSAGE, description="A one-line summary for people."
     )
     conditions: list[Condition] = conditions_field(
-        "Ready, CircuitBreakerOpen, Paused, Overlapping."
+        "Ready, CircuitBreakerOpen, Paused, Overlapping, Warnings (the policy is valid but "
+        "something in it is questionable: a ReservePool that does not exist, a limit that "
+        "lets no node out...)."
     )
 
 

@@ -4,18 +4,17 @@ from __future__ import annotations
 
 import datetime as dt
 import enum
-from typing import Annotated, Literal
+from typing import Literal
 
 from pydantic import ConfigDict, Field, model_validator
 
 from gpuheal.api.meta import (
-    LABEL_KEY_PATTERN,
-    MAX_LABEL_KEY,
-    MAX_LABEL_VALUE,
     MAX_NAME,
     Condition,
     CrdInfo,
+    LabelKey,
     LabelSelector,
+    LabelValue,
     Model,
     PositiveDuration,
     Resource,
@@ -23,11 +22,10 @@ from gpuheal.api.meta import (
     column,
     condition_column,
     conditions_field,
+    label_map_keys_check,
     list_of,
     map_of,
 )
-
-_LabelKey = Annotated[str, Field(max_length=MAX_LABEL_KEY, pattern=LABEL_KEY_PATTERN)]
 
 
 class TaintEffect(enum.StrEnum):
@@ -39,7 +37,7 @@ class TaintEffect(enum.StrEnum):
 class TaintRef(Model):
     """A taint to remove, by key and (optionally) effect."""
 
-    key: _LabelKey = Field(description="The taint's key.")
+    key: LabelKey = Field(description="The taint's key.")
     effect: TaintEffect | None = Field(
         default=None, description="The taint's effect; any effect when omitted."
     )
@@ -70,6 +68,7 @@ _PROMOTION_RULES = (
         "!self.removeLabels.exists(k, k in self.setLabels)",
         "a label cannot be both set and removed on promotion",
     ),
+    label_map_keys_check("setLabels"),
 )
 
 
@@ -78,10 +77,10 @@ class Promotion(Model):
 
     model_config = ConfigDict(json_schema_extra=cel(*_PROMOTION_RULES))
 
-    set_labels: dict[_LabelKey, Annotated[str, Field(max_length=MAX_LABEL_VALUE)]] = map_of(
+    set_labels: dict[LabelKey, LabelValue] = map_of(
         32, "Labels set on the spare (e.g. the pool label of the workers it joins)."
     )
-    remove_labels: list[_LabelKey] = list_of(
+    remove_labels: list[LabelKey] = list_of(
         32, "Label keys removed from the spare (e.g. the label that made it a spare)."
     )
     remove_taints: list[TaintRef] = list_of(

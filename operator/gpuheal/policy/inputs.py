@@ -348,6 +348,7 @@ def incident_summary(nrem: NodeRemediation) -> IncidentSummary:
         slot_taken_at=nrem.status.slot_taken_at,
         started_at=started_at(nrem),
         completed_at=done.last_transition_time if done is not None and completed else None,
+        started=find_condition(nrem.status.conditions, NremCondition.DETECTED) is not None,
     )
 
 

@@ -114,7 +114,10 @@ def cluster_counts(
     replaced = {i.name for i in everything if i.replacement}
     mine = [i for i in everything if i.policy == policy]
     holders = {i.name for i in mine if i.active and i.holds_slot}
-    holders |= {n.kept_out_by for n in kept_out if n.kept_out_by}
+    busy = {i.node for i in mine if i.active and i.holds_slot}
+    # A node counts once: its mark may name an earlier (or made-up) incident while an open one
+    # holds its slot.
+    holders |= {n.kept_out_by for n in kept_out if n.kept_out_by and n.name not in busy}
     holders -= replaced
     holders |= set(local_slots) - replaced
     unhealthy = {i.node for i in mine if i.active} | {n.name for n in kept_out}

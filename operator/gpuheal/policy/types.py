@@ -166,6 +166,7 @@ class IncidentSummary:
     slot_taken_at: dt.datetime | None = None
     started_at: dt.datetime | None = None
     completed_at: dt.datetime | None = None
+    started: bool = False  # passed its first look (`policy.vet`): Detected is recorded
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -36,13 +36,15 @@ from gpuheal.api.names import (
 )
 from gpuheal.api.noderemediation import NodeRemediation, RepairRecord
 from gpuheal.api.remediationpolicy import Action, NotifyEvent, RemediationPolicy, Step
-from gpuheal.policy import decide
+from gpuheal.policy import choose_policy, decide
 from gpuheal.policy.inputs import (
     incident_view,
     is_completed,
+    node_view,
     recorded_observations,
 )
 from gpuheal.policy.types import Act, Blocked, Decision, Idle, Move, NodeView, Wait
+from gpuheal.policy.vet import refusal
 from gpuheal.remediation import history, steps
 from gpuheal.remediation.notify import announce
 from gpuheal.remediation.record import Recorder
@@ -169,6 +171,10 @@ async def advance(rt: Runtime, name: str, attempt: int = 0) -> float | None:
     _record_reserved(rt, nrem, rec)
     opened = None
     if not rec.holds(NremCondition.DETECTED):
+        why = await _vet(rt, nrem)
+        if why is not None:
+            await _refuse(rt, nrem, rec, why)
+            return None
         # Recorded with this pass's step (one write, not two): the engine then sees the
         # opening rung; a crash before the write repeats an idempotent step, nothing more.
         opened = _record_detected(nrem, rec)
@@ -290,9 +296,13 @@ def _record_detected(nrem: NodeRemediation, rec: Recorder) -> str:
     """The first record: Detected, and the rung the engine opened the incident at."""
     spec = nrem.spec
     first = spec.signals[0]
-    what = f"XID {first.xid}" if first.xid else (first.condition_type or first.event_reason)
-    rung = int(nrem.metadata.annotations.get(INITIAL_RUNG_ANNOTATION, "0") or 0)
-    rung = max(0, min(rung, len(spec.ladder) - 1))
+    what = (
+        f"XID {first.xid}"
+        if first.xid
+        else (first.condition_type or first.event_reason or f"a {first.source.value} signal")
+    )
+    raw = nrem.metadata.annotations.get(INITIAL_RUNG_ANNOTATION, "0")
+    rung = max(0, min(int(raw) if raw.isdecimal() else 0, len(spec.ladder) - 1))
     why = nrem.metadata.annotations.get(WHY_ANNOTATION, "")[:256]
     rec.condition(
         NremCondition.DETECTED,
@@ -306,6 +316,42 @@ def _record_detected(nrem: NodeRemediation, rec: Recorder) -> str:
     )
     rec.event(NremCondition.DETECTED, opened)
     return opened
+
+
+async def _vet(rt: Runtime, nrem: NodeRemediation) -> str | None:
+    """Could gpuheal have opened this incident (`policy.vet`)? None: yes (and it is marked
+    started); else why not, for a person who made one by hand."""
+    node, pname = nrem.spec.node_name, nrem.spec.policy_ref.name
+    view = rt.nodes.get(node)
+    if view is None:  # not in the views (yet, at start-up; or no such Node): ask
+        body = await rt.require_kube().get_node(node)
+        view = node_view(body) if body is not None else None
+    governing = choose_policy(rt.policies.values(), view.labels)[0] if view else None
+    why = refusal(
+        nrem.metadata.name,
+        nrem.spec,
+        rt.policies.get(pname),
+        governing.metadata.name if governing else None,
+        rt.incidents.values(),
+    )
+    if why is None:
+        # Marked before any await: an incident on the same node looked at next sees this one.
+        mine = rt.incidents.get(nrem.metadata.name)
+        if mine is not None:
+            rt.incidents[nrem.metadata.name] = dataclasses.replace(mine, started=True)
+    return why
+
+
+async def _refuse(rt: Runtime, nrem: NodeRemediation, rec: Recorder, why: str) -> None:
+    """An incident gpuheal could not have opened (`policy.vet`): completed at once, with why,
+    and nothing done to the node."""
+    message = f"not driven: {why}"
+    log.warning("incident %s refused: %s", nrem.metadata.name, why)
+    rec.condition(NremCondition.COMPLETED, "True", Reason.REFUSED, message)
+    rec.event(NremCondition.COMPLETED, f"{Reason.REFUSED}: {message}")
+    await rec.write(rt.require_kube())
+    rt.metrics.incidents_completed.labels("refused").inc()
+    rt.post_event(nrem.to_k8s(), reason=EventReason.REFUSED, message=message, type_="Warning")
 
 
 async def _carry_out(  # noqa: PLR0911
@@ -650,7 +696,7 @@ async def _repair_failed(
     rec.event(label, f"failed: {result.message}")
     await rec.write(rt.require_kube())
     history.step(rt, nrem, label.rpartition("/")[2], rung, f"failed: {result.message}")
-    await rt.require_kube().post_event(
+    rt.post_event(
         nrem.to_k8s(),
         reason=EventReason.STEP_FAILED,
         message=f"{label}: {result.message}",
@@ -684,7 +730,7 @@ async def _verify(rt: Runtime, nrem: NodeRemediation, rec: Recorder, decision: A
     await rec.write(rt.require_kube())
     history.step(rt, nrem, "check", rung, f"{'passed' if passed else 'failed'}: {result.message}")
     if not passed:
-        await rt.require_kube().post_event(
+        rt.post_event(
             nrem.to_k8s(),
             reason=EventReason.VERIFICATION_FAILED,
             message=result.message,

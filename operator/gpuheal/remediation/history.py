@@ -59,7 +59,11 @@ def signal(rt: Runtime, node: str, obs: Observation, result: str) -> None:
     if obs.xid is None and result not in RECORDED_RESULTS:
         return
     active = rt.active_incident(node)
-    incident = active.name if active is not None and result in ("incident", "attached") else None
+    incident = (
+        active.name
+        if active is not None and result in ("incident", "attached", "coalesced")
+        else None
+    )
     record(rt, node, [fh.signal_entry(obs, incident=incident)])
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import logging
+from collections.abc import Coroutine
 from typing import Any
 
 from gpuheal.api.meta import ObjectMeta, ObjectRef
@@ -29,7 +30,7 @@ from gpuheal.api.noderemediation import NodeRemediation, NodeRemediationSpec
 from gpuheal.api.remediationpolicy import Action, RemediationPolicy, Rung
 from gpuheal.policy import condition_observations, decide
 from gpuheal.policy.engine import same_fault
-from gpuheal.policy.inputs import node_view, signal_record
+from gpuheal.policy.inputs import signal_record
 from gpuheal.policy.types import (
     Act,
     Blocked,
@@ -92,8 +93,8 @@ async def observe(rt: Runtime, node: str, obs: Observation, attempt: int = 0) ->
                     2**attempt, lambda: _spawn_observe(rt, node, obs, attempt=attempt + 1)
                 )
     rt.metrics.signals.labels(obs.source, result).inc()
-    if result not in ("duplicate", "pending", "retry", "failed"):
-        history.signal(rt, node, obs, result)
+    if result not in ("duplicate", "pending", "retry", "failed") and node in rt.nodes:
+        history.signal(rt, node, obs, result)  # never a FaultHistory for a made-up node name
     if result not in ("duplicate", "ignored", "pending", "retry", "failed"):
         log.info(
             "signal %s on %s: %s",
@@ -106,6 +107,12 @@ async def observe(rt: Runtime, node: str, obs: Observation, attempt: int = 0) ->
 
 
 async def _observe(rt: Runtime, node: str, obs: Observation) -> str:  # noqa: PLR0911
+    view = rt.nodes.get(node)
+    policy = rt.policy_of(node)
+    if view is None or policy is None:
+        # A node no policy governs, or no Node at all (an Event may name any node): nothing is
+        # recorded and nothing is asked of the API server, whatever the signal says.
+        return "ignored"
     earlier = tuple(rt.history.get(node, ()))
     if not rt.remember(node, obs):
         return "duplicate"
@@ -115,14 +122,9 @@ async def _observe(rt: Runtime, node: str, obs: Observation) -> str:  # noqa: PL
         return "duplicate"  # a signal an incident recorded, seen again (relist, restart)
     if rt.seen_in_history(node, obs):
         return "duplicate"  # in the node's FaultHistory: handled before a restart
-    view = await _node_view(rt, node)
-    policy = rt.policy_of(node)
-    if view is None or policy is None:
-        return "ignored"
     active = rt.active_incident(node)
     if active is not None:
-        await _attach(rt, active, obs)
-        return "attached"
+        return "attached" if await _attach(rt, active, obs) else "coalesced"
     now = _now()
     decision = decide(
         policy.spec,
@@ -148,17 +150,6 @@ async def _observe(rt: Runtime, node: str, obs: Observation) -> str:  # noqa: PL
         rt.metrics.blocked.labels(decision.reason).inc()
         return "blocked"
     return "stale" if decision.reason == Reason.STALE else "ignored"
-
-
-async def _node_view(rt: Runtime, node: str) -> NodeView | None:
-    view = rt.nodes.get(node)
-    if view is None:
-        body = await rt.require_kube().get_node(node)
-        if body is None:
-            return None
-        view = node_view(body)
-        rt.set_node(view)
-    return view
 
 
 async def _open(rt: Runtime, policy: RemediationPolicy, view: NodeView, trigger: Trigger) -> str:
@@ -219,30 +210,74 @@ def _wire(nrem: NodeRemediation) -> dict[str, Any]:
     return body
 
 
-async def _attach(rt: Runtime, active: IncidentSummary, obs: Observation) -> None:
+ATTACH_EVERY = dt.timedelta(seconds=1)
+"""An incident is written at most once a second: the signals of a burst are recorded together
+(the object keeps the last 64), with one `SignalAttached` Event."""
+MAX_SIGNALS = 64
+
+
+async def _attach(rt: Runtime, active: IncidentSummary, obs: Observation) -> bool:
     """Record the new signal on the open incident and wake its driver: the engine decides
-    there whether it climbs a rung."""
+    there whether it climbs a rung (it reads the node's history in memory too, so it need not
+    wait for the write). A flood of signals (10,000 Events in a minute) costs one write per
+    second, not one per signal: False when this one waits for the next write."""
+    name = active.name
+    ensure_driver(rt, name)
+    queued = rt.attach_pending.get(name)
+    if queued is not None:  # a write is due: it takes this one too
+        queued.append(obs)
+        del queued[:-MAX_SIGNALS]
+        return False
+    now = _now()
+    last = rt.attached_at.get(name)
+    if last is not None and now - last < ATTACH_EVERY:
+        rt.attach_pending[name] = [obs]
+        delay = (last + ATTACH_EVERY - now).total_seconds()
+        asyncio.get_running_loop().call_later(
+            delay, lambda: _spawn(rt, f"attach:{name}", _flush(rt, name))
+        )
+        return False
+    rt.attached_at[name] = now
+    return await _record(rt, name, [obs])
+
+
+async def _flush(rt: Runtime, name: str) -> None:
+    """The due write: every signal that waited for it, in one."""
+    batch = rt.attach_pending.pop(name, [])
+    rt.attached_at[name] = _now()
+    try:
+        await _record(rt, name, batch)
+    except Exception as exc:  # the signals stay in memory; the next signal writes again
+        log.warning("recording %d signal(s) on %s failed: %s", len(batch), name, exc)
+
+
+async def _record(rt: Runtime, name: str, observations: list[Observation]) -> bool:
+    """One write of `observations` to the incident's `spec.signals` (those not there yet)."""
     kube = rt.require_kube()
-    body = await kube.get_custom(NREM_PLURAL, active.name)
+    body = await kube.get_custom(NREM_PLURAL, name)
     if body is None:
-        return
+        return False
     nrem = NodeRemediation.model_validate(body)
-    record = signal_record(obs)
-    if any(
-        (s.observed_at, s.xid, s.event_uid, s.condition_type)
-        == (record.observed_at, record.xid, record.event_uid, record.condition_type)
-        for s in nrem.spec.signals
-    ):
-        return
-    signals = [*nrem.spec.signals, record][-64:]
+    seen = {(s.observed_at, s.xid, s.event_uid, s.condition_type) for s in nrem.spec.signals}
+    records = []
+    for obs in observations:
+        record = signal_record(obs)
+        key = (record.observed_at, record.xid, record.event_uid, record.condition_type)
+        if key not in seen:
+            seen.add(key)
+            records.append(record)
+    if not records:
+        return False
+    signals = [*nrem.spec.signals, *records][-MAX_SIGNALS:]
     patched = await kube.patch_custom(
-        NREM_PLURAL,
-        active.name,
-        {"spec": {"signals": [s.to_k8s() for s in signals]}},
+        NREM_PLURAL, name, {"spec": {"signals": [s.to_k8s() for s in signals]}}
     )
     rt.incident_seen(NodeRemediation.model_validate(patched), ours=True)
-    ensure_driver(rt, active.name)
-    rt.post_event(body, reason=EventReason.SIGNAL_ATTACHED, message=f"{obs.what} attached")
+    ensure_driver(rt, name)
+    what = observations[-1].what
+    message = f"{what} attached" + (f" (and {len(records) - 1} more)" if len(records) > 1 else "")
+    rt.post_event(body, reason=EventReason.SIGNAL_ATTACHED, message=message)
+    return True
 
 
 def _post(rt: Runtime, view: NodeView, reason: EventReason, message: str) -> None:
@@ -272,6 +307,14 @@ def _spawn_observe(
     """`observe` as a task of its own (kept in ``rt.tasks`` so that stop() cancels it);
     ``slot``: it holds one of `submit`'s places, given back when it ends."""
     task = asyncio.create_task(observe(rt, node, obs, attempt), name=f"observe:{obs.key}")
+    _track(rt, task, slot=slot)
+
+
+def _spawn(rt: Runtime, name: str, coro: Coroutine[Any, Any, Any]) -> None:
+    _track(rt, asyncio.create_task(coro, name=name))
+
+
+def _track(rt: Runtime, task: asyncio.Task[Any], *, slot: bool = False) -> None:
     rt.tasks.append(task)
 
     def done(task: asyncio.Task[str]) -> None:

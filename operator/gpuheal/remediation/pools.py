@@ -40,7 +40,7 @@ async def refill(rt: Runtime, pool: ReservePool, available: int, now: dt.datetim
         requested_at=now, wanted=ask.wanted, since=ask.since, result=result, message=message
     )
     log.info("pool %s refill: asked for %d spare(s): %s %s", name, ask.wanted, result, message)
-    await rt.require_kube().post_event(
+    rt.post_event(
         {"apiVersion": API_VERSION, "kind": POOL_KIND,
          "metadata": {"name": name, "uid": pool.metadata.uid}},
         reason=EventReason.REFILL_REQUESTED,

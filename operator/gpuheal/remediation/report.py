@@ -11,11 +11,12 @@ import datetime as dt
 import logging
 from typing import Any
 
-from gpuheal.api.meta import Condition, ConditionStatus, set_condition
+from gpuheal.api.meta import MAX_MESSAGE, Condition, ConditionStatus, set_condition
 from gpuheal.api.names import POLICY_PLURAL, POOL_PLURAL, PolicyCondition, PoolCondition, Reason
 from gpuheal.api.remediationpolicy import RemediationPolicy, RemediationPolicyStatus
 from gpuheal.api.reservepool import Claim, ReservePool, ReservePoolStatus
 from gpuheal.policy import allowed_unhealthy, unhealthy_reasons
+from gpuheal.policy.warnings import policy_warnings
 from gpuheal.remediation import pools
 from gpuheal.remediation.state import Breaker, Runtime
 
@@ -80,6 +81,13 @@ def policy_status(
     paused = policy.spec.safety.paused
     conds.set(
         PolicyCondition.PAUSED, paused, Reason.PAUSED_BY_SPEC if paused else Reason.NOT_PAUSED
+    )
+    warnings = policy_warnings(policy.spec, rt.pools, len(selected))
+    conds.set(
+        PolicyCondition.WARNINGS,
+        bool(warnings),
+        Reason.POLICY_WARNINGS if warnings else Reason.NO_WARNINGS,
+        "; ".join(warnings)[:MAX_MESSAGE],
     )
     conds.set(
         PolicyCondition.READY,

@@ -52,7 +52,15 @@ async def _follow(rt: Runtime, resource: Watched, source: str, ready: asyncio.Ev
             _seeing(rt, source)
             if ready is not None:
                 ready.set()
-        await handle(ev.type, ev.obj)
+        try:
+            await handle(ev.type, ev.obj)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            # One object nobody foresaw must not end the watch: the views would freeze.
+            rt.metrics.source_errors.labels(source).inc()
+            name = (ev.obj.get("metadata") or {}).get("name") if isinstance(ev.obj, dict) else None
+            log.exception("%s: could not handle %s %s; skipped", source, ev.type, name)
 
 
 async def watch_nodes(rt: Runtime, ready: asyncio.Event | None = None) -> None:

@@ -51,6 +51,9 @@ from gpuheal.policy.types import (
 from gpuheal.remediation.notify import Notifier, Target
 
 HISTORY_PER_NODE = 256
+MAX_SEEN_KEYS = 200_000
+"""Dedupe keys kept at most (the oldest go first): a flood of distinct Events (10,000 a
+minute, for hours) must not grow memory without bound; ~40 MiB at the bound."""
 GLOBAL_SOURCES = frozenset({"nodes", "events", "conditions"})
 """Sources that cover every node: blind, they hold back every node. A dcgm-exporter pod
 covers its own node only."""
@@ -220,6 +223,8 @@ class Runtime:
     kept_out_of: dict[str, dict[str, str]] = field(default_factory=dict)
     history: dict[str, deque[Observation]] = field(default_factory=dict)
     seen_keys: dict[str, dt.datetime] = field(default_factory=dict)
+    attached_at: dict[str, dt.datetime] = field(default_factory=dict)  # incident -> last record
+    attach_pending: dict[str, list[Observation]] = field(default_factory=dict)  # its next write
     drivers: dict[str, asyncio.Task[None]] = field(default_factory=dict)
     wakeups: dict[str, asyncio.Event] = field(default_factory=dict)
     # incident -> its spare being claimed ahead of the replace step (driver._reserve_spare)
@@ -448,6 +453,8 @@ class Runtime:
         if obs.key in self.seen_keys:
             return False
         self.seen_keys[obs.key] = obs.time
+        if len(self.seen_keys) > MAX_SEEN_KEYS:
+            del self.seen_keys[next(iter(self.seen_keys))]  # insertion order: the oldest
         self.history.setdefault(node, deque(maxlen=HISTORY_PER_NODE)).append(obs)
         return True
 
@@ -462,6 +469,8 @@ class Runtime:
         """Drop dedupe keys and history older than ``cutoff`` (bounded memory)."""
         for key in [k for k, t in self.seen_keys.items() if t < cutoff]:
             del self.seen_keys[key]
+        for name in [n for n, t in self.attached_at.items() if t < cutoff]:
+            del self.attached_at[name]
         for node in list(self.history):
             kept = deque((s for s in self.history[node] if s.time >= cutoff), HISTORY_PER_NODE)
             if kept:

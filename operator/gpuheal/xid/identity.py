@@ -113,7 +113,7 @@ def parse_gpu_map(text: str | None) -> GpuMap:
         return GpuMap()
     try:
         data = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):  # `[[[[...` nests deeper than the parser recurses
         return GpuMap()
     if not isinstance(data, dict):
         return GpuMap()

@@ -1,0 +1,96 @@
+"""Warnings on a valid policy's status: what may be meant, or depends on the cluster."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from gpuheal.api import RemediationPolicy
+from gpuheal.policy.warnings import policy_warnings
+
+CORDON = [{"name": "fence", "steps": [{"action": "cordon"}]}]
+POOL = {"reservePoolRef": {"name": "spares"}}
+REPLACE = [{"name": "out", "steps": [{"action": "replace", "replace": POOL}]}]
+
+
+def _spec(*rules: dict[str, Any], **safety: Any) -> Any:
+    doc = {
+        "metadata": {"name": "p"},
+        "spec": {
+            "nodeSelector": {},
+            "safety": {"maxUnhealthy": 2, **safety},
+            "rules": list(rules),
+        },
+    }
+    return RemediationPolicy.model_validate(doc).spec
+
+
+def _rule(name: str, ladder: list[dict[str, Any]] = CORDON, **signals: Any) -> dict[str, Any]:
+    rule: dict[str, Any] = {"name": name, "signals": signals, "ladder": ladder}
+    if len(ladder) > 1:
+        rule["escalation"] = {"occurrences": 2, "window": "24h"}
+    return rule
+
+
+@pytest.mark.parametrize(
+    ("spec", "expected"),
+    [
+        (_spec(_rule("gone", xids=[79])), []),
+        (
+            _spec(_rule("gone", ladder=REPLACE, xids=[79])),
+            ["rule gone, rung out: ReservePool spares does not exist"],
+        ),
+        (
+            _spec(_rule("app", xids=[13])),
+            ["rule app: XID 13 only alerts the first time it is seen on a GPU"],
+        ),
+        (
+            _spec(_rule("odd", xidClasses=["Unknown"])),
+            ["rule odd: class Unknown only alerts the first time"],
+        ),
+        (
+            _spec(_rule("gone", ladder=[*REPLACE, *CORDON], xids=[79])),
+            [
+                "rule gone, rung out: ReservePool spares does not exist",
+                "rule gone: rung fence comes after rung out, which replaces the node",
+            ],
+        ),
+        (
+            _spec(_rule("driver", xids=[154])),
+            ["rule driver takes every XID 154, also recovery action None"],
+        ),
+        (
+            _spec(
+                _rule(
+                    "npd",
+                    ladder=[*CORDON, {"name": "drain", "steps": [{"action": "drain"}]}],
+                    conditions=[{"type": "GpuXid", "status": "True"}],
+                )
+            ),
+            ["rule npd counts repeats per GPU, but its conditions and Events name no GPU"],
+        ),
+        (
+            _spec(_rule("all-xid-events", events=[{"reason": "GpuXid"}]), _rule("gone", xids=[79])),
+            [
+                "rule all-xid-events takes every GpuXid Event (matched by reason), so rules below "
+                "it (gone) see XIDs from dcgm-exporter only"
+            ],
+        ),
+        (
+            _spec(_rule("gone", xids=[79]), maxUnhealthy=0),
+            ["safety: maxUnhealthy 0 lets none of the 10 selected nodes out of service"],
+        ),
+        (_spec(_rule("gone", xids=[79]), maxUnhealthy=0, dryRun=True), []),
+    ],
+)
+def test_policy_warnings(spec: Any, expected: list[str]) -> None:
+    found = policy_warnings(spec, pools=set(), selected=10)
+    assert len(found) == len(expected), found
+    for text, prefix in zip(found, expected, strict=True):
+        assert text.startswith(prefix), (text, prefix)
+
+
+def test_no_warning_once_the_pool_exists_and_no_breaker_warning_without_nodes() -> None:
+    spec = _spec(_rule("gone", ladder=REPLACE, xids=[79]), maxUnhealthy=0)
+    assert policy_warnings(spec, pools={"spares"}, selected=0) == []
