@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
-from gpuheal_bridge.api.models import JobState
+from gpuheal_bridge.api.models import JobEnd, JobState
 from gpuheal_bridge.backends.base import JobProbe, SlurmNode, Unavailable
 from gpuheal_bridge.hostlist import expand
 from gpuheal_bridge.ownership import split_reason_suffix
@@ -114,22 +114,71 @@ def _text_state(value: Any) -> str:
     return str(value or "UNKNOWN").upper()
 
 
+#: Final job states -> how the job ended (``squeue --json`` keeps finished jobs for MinJobAge).
+ENDED_STATES: Mapping[str, JobEnd] = {
+    "COMPLETED": JobEnd.COMPLETED,
+    "FAILED": JobEnd.FAILED,
+    "NODE_FAIL": JobEnd.NODE_FAIL,
+    "CANCELLED": JobEnd.CANCELLED,
+    "TIMEOUT": JobEnd.TIMEOUT,
+    "OUT_OF_MEMORY": JobEnd.OUT_OF_MEMORY,
+    "PREEMPTED": JobEnd.PREEMPTED,
+    "BOOT_FAIL": JobEnd.BOOT_FAIL,
+    "DEADLINE": JobEnd.DEADLINE,
+    "SPECIAL_EXIT": JobEnd.OTHER,
+    "REVOKED": JobEnd.OTHER,
+}
+
+
+def _nodes(value: Any) -> list[str]:
+    if isinstance(value, str):
+        return expand(value)
+    return [str(n) for n in value or []]
+
+
+def exit_parts(value: Any) -> tuple[int | None, int | None]:
+    """``exit_code`` -> (exit status, signal). 22.05 gives the raw wait status (``256`` is
+    exit 1, ``9`` is SIGKILL); v0.0.39+ an object ``{"return_code": .., "signal": {"id": ..}}``."""
+    if isinstance(value, Mapping):
+        status = _number(value.get("return_code"))
+        sig = value.get("signal") or {}
+        signal = _number(sig.get("id") if isinstance(sig, Mapping) else sig)
+        return status, (signal or None)
+    if value is None or isinstance(value, bool):
+        return None, None
+    raw = int(value)
+    if raw & 0x7F:
+        return None, raw & 0x7F
+    return (raw >> 8) & 0xFF, None
+
+
 def job_from_json(item: Mapping[str, Any]) -> JobState:
     """One entry of ``squeue --json`` / slurmrestd ``jobs``."""
     excluded = item.get("excluded_nodes")
     reason = item.get("state_reason")
+    state = _text_state(item.get("job_state"))
+    ended = ENDED_STATES.get(state)
+    status, signal = exit_parts(item.get("exit_code")) if ended is not None else (None, None)
+    end = _number(item.get("end_time")) if ended is not None else 0
+    count = _number(item.get("node_count"))
     return JobState(
         job_id=int(item["job_id"]),
         name=item.get("name") or None,
         user=item.get("user_name") or None,
-        state=_text_state(item.get("job_state")),
+        state=state,
         reason=None if reason in (None, "", "None") else str(reason),
         nodes=expand(item.get("nodes") or ""),
         batch_host=item.get("batch_host") or None,
         batch=bool(item.get("batch_flag")),
         requeue=bool(item.get("requeue")),
         restart_count=_number(item.get("restart_cnt")),
-        excluded_nodes=expand(excluded) if isinstance(excluded, str) else list(excluded or []),
+        excluded_nodes=_nodes(excluded),
+        required_nodes=_nodes(item.get("required_nodes")),
+        node_count=count or None,
+        ended=ended,
+        end_time=datetime.fromtimestamp(end, tz=UTC) if end > 0 else None,
+        exit_status=status,
+        exit_signal=signal,
     )
 
 
@@ -147,6 +196,17 @@ ACTIVE_STATES = frozenset(
 def jobs_on(jobs: list[JobState], node: str) -> list[JobState]:
     """Filter ``squeue --json`` ourselves: 22.05 ignores ``-w``/``-t`` with ``--json``."""
     return [j for j in jobs if node in j.nodes and j.state in ACTIVE_STATES]
+
+
+def ended_on(jobs: list[JobState], node: str, since: datetime) -> list[JobState]:
+    """Jobs that ran on ``node`` and ended at or after ``since`` (while slurmctld still holds
+    them: MinJobAge after their end, 300 s by default)."""
+    return [
+        j
+        for j in jobs
+        if node in j.nodes and j.ended is not None and j.end_time is not None
+        and j.end_time >= since
+    ]  # fmt: skip
 
 
 def parse_probe_line(line: str) -> JobProbe:

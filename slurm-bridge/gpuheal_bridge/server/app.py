@@ -13,6 +13,7 @@ validation and mapping (422/404), idempotency replay, per-node/per-job lock, Slu
 
 from __future__ import annotations
 
+import datetime as dt
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -340,9 +341,11 @@ def create_app(settings: BridgeSettings) -> FastAPI:  # noqa: PLR0915 - routes a
     @app.get(
         "/v1/nodes/{node}/jobs", response_model=JobsResponse, responses=_ERRORS, tags=["nodes"]
     )
-    async def node_jobs(node: str) -> JobsResponse:
-        """Jobs allocated on the node that have not finished."""
-        return await ops.jobs(node, mapper.to_slurm(node))
+    async def node_jobs(node: str, ended_since: dt.datetime | None = None) -> JobsResponse:
+        """Jobs allocated on the node that have not finished; with ``ended_since`` (ISO time
+        or Unix seconds) also the jobs that ended there since then, each with ``ended`` (how)
+        and ``end_time``, as long as slurmctld remembers them (MinJobAge)."""
+        return await ops.jobs(node, mapper.to_slurm(node), ended_since)
 
     @app.post(
         "/v1/nodes/{node}/drain", response_model=DrainResponse, responses=_ERRORS, tags=["nodes"]
@@ -352,9 +355,10 @@ def create_app(settings: BridgeSettings) -> FastAPI:  # noqa: PLR0915 - routes a
     ) -> JSONResponse:
         """DRAIN with reason ``gpuheal: <incident> xid=<n>``; optionally requeue its jobs.
 
-        Idempotent: a node gpuheal drained already is reported ``already_drained`` (its jobs
-        are still requeued when asked); a node drained or down by someone else is reported
-        ``drained_by_other`` and left untouched (no reason change, no requeue).
+        Idempotent: a node gpuheal drained already is reported ``already_drained``; a node
+        drained or down by someone else is reported ``drained_by_other`` and its reason is
+        left untouched (so it is never resumed without force). Either way its jobs are
+        requeued when asked: who drained a node does not decide whether its jobs move.
         """
         return await mutate_node(request, node, body, idempotency_key, ops.drain)
 
