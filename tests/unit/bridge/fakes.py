@@ -72,6 +72,8 @@ class FakeSlurm:
         self.down = False
         self.expedited: set[int] = set()
         self.kill_wait_s: float | None = 2.0
+        #: operations that fail as if slurmctld were down (the others work)
+        self.fail_ops: set[str] = set()
 
     # -- setup helpers
     def add_node(
@@ -97,7 +99,7 @@ class FakeSlurm:
 
     def _check(self, op: str, *args: object) -> None:
         self.calls.append((op, args))
-        if self.down:
+        if self.down or op in self.fail_ops:
             raise Unavailable("Unable to contact slurm controller (connect failure)")
 
     def _job(self, job_id: int) -> FakeJob:
