@@ -208,9 +208,9 @@ class SlurmDrainOptions(Model):
         description="Batch jobs that ended on the node by failure (FAILED, NODE_FAIL: a "
         "process that died with its GPU) this long before the signal, or after it, are the "
         "fault's victims and are requeued like the running ones; completed, cancelled and "
-        "timed-out jobs never are. Slurm forgets an ended job MinJobAge after its end (300 s "
-        "by default): a job that ended longer ago than that is out of reach whatever the "
-        "window, and is not listed in the status.",
+        "timed-out jobs never are (failures up to twice as old are named in the status as "
+        "too old). Slurm forgets an ended job MinJobAge after its end (300 s by default): a "
+        "job that ended longer ago than that is out of reach whatever the window.",
     )
     pinned_jobs: PinnedJobs = Field(
         default=PinnedJobs.RELEASE_NODE,
@@ -222,9 +222,9 @@ class SlurmDrainOptions(Model):
     )
     stuck_job_timeout: Duration = Field(
         default="5s",
-        description="After the requeue Slurm sends SIGTERM, waits KillWait, then SIGKILL; a "
-        "job still holding the node this long after that has processes SIGKILL cannot end "
-        "(hung in the driver) and onStuckJob applies.",
+        description="After the requeue slurmd sends SIGTERM and, max(KillWait, 5s) later, "
+        "SIGKILL; a job still holding the node this long after that has processes SIGKILL "
+        "cannot end (stuck in the driver) and onStuckJob applies.",
     )
     on_stuck_job: StuckJobAction = Field(
         default=StuckJobAction.DOWN_NODE,

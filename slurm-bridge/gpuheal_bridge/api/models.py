@@ -178,9 +178,9 @@ class RequeueOptions(_Model):
         ge=0,
         le=600,
         description="After the requeue, if the job still holds the node this many seconds "
-        "past Slurm's KillWait (its processes outlived SIGKILL: hung in the driver), set the "
-        "node DOWN so that Slurm releases the job (the node's drain reason is kept). None: "
-        "only wait and report.",
+        "past Slurm's SIGKILL (slurmd sends it max(KillWait, 5 s) after SIGTERM) because its "
+        "processes outlived it (hung in the driver), set the node DOWN so that Slurm releases "
+        "the job (the node's drain reason is kept). None: only wait and report.",
     )
 
 
