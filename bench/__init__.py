@@ -6,4 +6,4 @@ Add a benchmark: write a function ``(ctx: Context) -> Result`` decorated with
 """
 
 #: Modules whose import registers benchmarks, in the order they run.
-MODULES = ("bench.recovery", "bench.bridge", "bench.operator")
+MODULES = ("bench.recovery", "bench.bridge", "bench.operator", "bench.faults")
