@@ -64,6 +64,7 @@ class Stack:
     workdir: Path
     access: KubeAccess
     jobs: list[int] = field(default_factory=list)
+    submitted: int = 0
 
     @property
     def slurm(self) -> Any:
@@ -97,7 +98,8 @@ class Stack:
         self, name: str, node: str | None = None, ckpt_every: int = CKPT_EVERY
     ) -> tuple[int, Path]:
         """The demo job, RUNNING on ``node`` (the others held meanwhile), past a checkpoint."""
-        workdir = self.workdir / f"{name}-{len(self.jobs)}"
+        self.submitted += 1
+        workdir = self.workdir / f"{name}-{self.submitted}"
         run = RunConfig(
             workdir=workdir, steps=10_000_000, ckpt_every=ckpt_every, step_seconds=STEP_SECONDS
         )
@@ -214,6 +216,8 @@ def _operator_timeline(st: Stack, node: str) -> dict[str, float]:
 def one_operator_run(st: Stack, variant: str, i: int) -> dict[str, Any]:
     node = st.nodes[0]
     job, workdir = st.job("ftr", node)
+    # the fault comes anywhere in a checkpoint interval (seeded): lost steps as they fall
+    time.sleep(random.Random(i).uniform(0, CKPT_EVERY * STEP_SECONDS))
     died = variant == OPERATOR_VARIANTS[0]
     st.gpus.set(node, GpuState.LOST if died else GpuState.HUNG)
     if died:

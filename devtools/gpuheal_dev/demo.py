@@ -208,7 +208,7 @@ def _job_failed(s: Snapshot, sc: Scene) -> str | None:
     j = s.job
     if j is None or j.restarts > 0 or j.state != "FAILED":
         return None
-    return f"job {j.job_id} FAILED in Slurm, before gpuheal acted (Restarts=0)"
+    return f"job {j.job_id} FAILED in Slurm, which does not requeue it (Restarts=0)"
 
 
 def _job_waits(s: Snapshot, sc: Scene) -> str | None:
@@ -394,12 +394,13 @@ class Demo:
     # -- 1: sandbox ------------------------------------------------------------------------
     def start_sandbox(self) -> None:
         self.phase(1, "sandbox: kube-apiserver v1.36.3 + kwok GPU nodes, Slurm 22.05")
-        for stale in (self.workdir, self.logs, self.root / "bridge", self.png):
+        for stale in (self.workdir, self.logs, self.root / "bridge", self.gpus.root, self.png):
             if stale.is_dir():
                 shutil.rmtree(stale)
             elif stale.exists():
                 stale.unlink()
         self.logs.mkdir(parents=True, exist_ok=True)
+        self.gpus.root.mkdir(parents=True, exist_ok=True)
         self.say("  starting etcd, kube-apiserver, controller-manager, scheduler, kwok, Slurm ...")
         quiet = logging.getLogger("gpuheal_dev.sandbox")
         level = quiet.level
@@ -560,11 +561,15 @@ class Demo:
         self.say(f"  waiting for {s.checkpoints_before_fault} checkpoints ...")
         tail = self.tail = MetricsTail(self.workdir / METRICS_FILE)
         want = s.checkpoints_before_fault * s.ckpt_every
+        # A real fault comes anywhere between two checkpoints: half an interval after the last
+        # one here, so that a job that dies with its GPU visibly loses the steps since.
+        mid = FAULTS[s.fault] is not None
+        wait_for = ("step", want + s.ckpt_every // 2) if mid else ("checkpoint", want)
 
         def checkpointed() -> bool:
             for rec in tail.poll():
                 self._show_job_record(rec, None)
-                if rec["event"] == "checkpoint" and int(rec["step"]) >= want:
+                if rec["event"] == wait_for[0] and int(rec["step"]) >= wait_for[1]:
                     return True
             return False
 
