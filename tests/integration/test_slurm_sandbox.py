@@ -302,7 +302,7 @@ def test_a_stuck_child_whose_batch_shell_died_is_seen_only_with_cgroup_tracking(
             script.chmod(0o755)
             job = cluster.run("sbatch", "--parsable", "-o", "/dev/null", str(script)).stdout
             job = job.strip()
-            wait_for(lambda w=wedge: w.held, "the child stuck in D state")  # type: ignore[misc]
+            wait_for(lambda w=wedge: w.held, "the child stuck in D state")
 
             def settled(c: SlurmCluster = cluster) -> str | None:
                 reason = node_reason(c, "stuck-0")
