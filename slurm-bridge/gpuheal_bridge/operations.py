@@ -340,7 +340,7 @@ class Operations:
         job_id = job.job_id
         notes: list[str] = []
         if job.ended is not None:
-            notes.append(f"it had ended {job.state}{_exit_text(job)}; requeued as a victim")
+            notes.append(f"ended {job.state}{_exit_text(job)} before the requeue")
         bad = [from_node] if from_node else list(job.nodes)
         left = await self._leave_node(job, opts, bad, t0=t0, notes=notes)
         probe = left.probe

@@ -151,8 +151,9 @@ class Runs:
         return [r for r in self.before if r["event"] == name]
 
 
-def resumed(workdir: Path, timeout: float = 60) -> Runs:
-    """Wait until the job trains again after a restart; split its records there."""
+def resumed(workdir: Path, timeout: float = 90, scene: Scene | None = None) -> Runs:
+    """Wait until the job trains again after a restart; split its records there. On a
+    timeout the message carries what Slurm and the incident said (``scene``)."""
 
     def second() -> Runs | None:
         recs = read_records(workdir / "metrics.jsonl")
@@ -162,7 +163,21 @@ def resumed(workdir: Path, timeout: float = 60) -> Runs:
         cut = recs.index(runs[1].start)
         return Runs(recs[:cut], runs[1])
 
-    found: Runs = wait_for(second, f"{workdir.name} training again", timeout=timeout)
+    try:
+        found: Runs = wait_for(second, f"{workdir.name} training again", timeout=timeout)
+    except AssertionError as exc:
+        if scene is None:
+            raise
+        jobs = scene.cluster.run("squeue", "-h", "-t", "all", "-o", "%i %T %r %N", check=False)
+        shown = [
+            scene.cluster.run("scontrol", "show", "job", "-o", str(j), check=False).stdout
+            for j in scene.jobs
+        ]
+        nrem = scene.objects.incident(scene.broken)
+        raise AssertionError(
+            f"{exc}\nsqueue: {jobs.stdout}\n{''.join(shown)}\nincident: "
+            f"{dump((nrem or {}).get('status'))}"
+        ) from exc
     return found
 
 
@@ -231,7 +246,7 @@ def test_job_killed_with_its_gpu_is_requeued_and_resumes_from_its_checkpoint(
     wait_job(sc.cluster, job, lambda j: j.state == "FAILED", what="job FAILED with its GPU")
     t0 = sc.xid()
     nrem = sc.incident_with_jobs()
-    runs = resumed(workdir)
+    runs = resumed(workdir, scene=sc)
     print(f"XID -> training again in {time.monotonic() - t0:.2f}s (includes polling)")
     print(dump(nrem["status"]))
 
@@ -277,7 +292,7 @@ def test_hung_job_is_killed_off_the_node_and_resumes(scene: Scene) -> None:
     )
     t0 = sc.xid()
     nrem = sc.incident_with_jobs()
-    runs = resumed(workdir)
+    runs = resumed(workdir, scene=sc)
     print(f"XID -> training again in {time.monotonic() - t0:.2f}s (includes polling)")
     record = jobs_by_id(nrem)[str(job)]
     print(dump(record))
@@ -311,7 +326,7 @@ def test_job_that_outlives_sigkill_gets_its_node_set_down_and_resumes(
         wait_for(lambda: wedge.held, "the job stuck in D state")
         t0 = sc.xid()
         nrem = sc.incident_with_jobs()
-        runs = resumed(workdir)
+        runs = resumed(workdir, scene=sc)
         print(f"XID -> training again in {time.monotonic() - t0:.2f}s (includes polling)")
         record = jobs_by_id(nrem)[str(job)]
         print(dump(record))
@@ -361,7 +376,7 @@ def test_slurm_drains_a_node_whose_job_cannot_be_killed_and_the_job_still_moves(
         wait_for(lambda: wedge.held, "the job stuck in D state")
         sc.xid()
         nrem = sc.incident_with_jobs(timeout=120)
-        runs = resumed(workdir)
+        runs = resumed(workdir, scene=sc)
         record = jobs_by_id(nrem)[str(job)]
         print(dump(record))
         assert record["outcome"] == "Requeued"
@@ -386,7 +401,7 @@ def test_node_drained_by_an_admin_first_keeps_its_drain_and_the_jobs_still_move(
     wait_job(sc.cluster, job, lambda j: j.state == "FAILED", what="job FAILED with its GPU")
     sc.xid()
     nrem = sc.incident_with_jobs()
-    runs = resumed(workdir)
+    runs = resumed(workdir, scene=sc)
     print(dump(nrem["status"]))
     drained = condition(nrem, "SlurmDrained")
     assert drained is not None
@@ -417,7 +432,7 @@ def test_two_node_job_with_one_faulty_node_is_requeued_whole(scene: Scene) -> No
     )
     sc.xid()
     nrem = sc.incident_with_jobs()
-    runs = resumed(workdir)
+    runs = resumed(workdir, scene=sc)
     record = jobs_by_id(nrem)[str(job)]
     print(dump(record))
     assert (record["outcome"], record["reason"]) == ("Requeued", "RunningAtFault")

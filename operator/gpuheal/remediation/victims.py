@@ -174,7 +174,10 @@ async def _requeue_one(  # noqa: PLR0917
 
 
 def _from_result(record: JobRecord, result: JobResult, now: dt.datetime) -> JobRecord:
-    detail = f": {result.detail}" if result.detail else ""
+    notes = (result.detail or "").split("; ")
+    if record.reason is JobReason.ENDED_BY_FAILURE:  # the plan said so already
+        notes = [n for n in notes if not n.startswith("ended ")]
+    detail = f": {'; '.join(n for n in notes if n)}" if any(notes) else ""
     if result.outcome in _REQUEUED or result.outcome is BridgeOutcome.REQUEUED_HELD:
         reason = record.reason
         if result.outcome is BridgeOutcome.REQUEUED_BY_JOB:
@@ -188,7 +191,7 @@ def _from_result(record: JobRecord, result: JobResult, now: dt.datetime) -> JobR
                 "outcome": JobOutcome.HELD if held else JobOutcome.REQUEUED,
                 "reason": reason,
                 "message": f"{record.message}; requeued"
-                + (" held" if held else f", {_left(result)}, now {result.state_after} ({where})")
+                + (" held" if held else f": {_left(result)}; {result.state_after} ({where})")
                 + detail,
                 "at": now,
                 "nodes_after": list(result.nodes_after or []),
