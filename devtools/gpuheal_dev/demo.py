@@ -43,7 +43,7 @@ from typing import Any
 
 import yaml
 
-from gpuheal.api.names import CLAIMED_BY_LABEL, CORDONED_BY_ANNOTATION
+from gpuheal.api.names import CLAIMED_BY_LABEL, CORDONED_BY_ANNOTATION, EventReason
 from gpuheal.cli.simulate import kernel_line, simulate_xid
 from gpuheal_dev.demo_job import METRICS_FILE, ModelConfig, RunConfig, write_sbatch
 from gpuheal_dev.demo_job.metrics import MetricsTail, Record, describe, read_records
@@ -55,6 +55,14 @@ from gpuheal_dev.sandbox.process import spawn
 from gpuheal_dev.timeline import Timeline, build_timeline, incident_report, job_events, render_png
 
 REPO = Path(__file__).resolve().parents[2]
+# The demo ladder's per-step Events, left out of the closing Event listing (the timeline
+# shows the steps already).
+STEP_EVENT_REASONS = (
+    EventReason.CORDONED,
+    EventReason.SLURM_DRAINED,
+    EventReason.DRAINED,
+    EventReason.REPLACEMENT_CLAIMED,
+)
 EXAMPLES = REPO / "examples"
 GROUP, VERSION = "gpuheal.io", "v1alpha1"
 # The operator's own objects (its Lease); the sandbox has no gpuheal-system namespace.
@@ -775,10 +783,11 @@ class Demo:
             ["kubectl", "get", "pods", "-l", f"app={TRAINER}", "-o",
              "custom-columns=NAME:.metadata.name,STATUS:.status.phase,NODE:.spec.nodeName"],
         )  # fmt: skip
+        steps = ",".join(f"reason!={r}" for r in STEP_EVENT_REASONS)
         self._show(
-            "kubectl get events --field-selector source=gpuheal,reason!=RemediationStep",
+            f"kubectl get events --field-selector source=gpuheal,{steps}",
             ["kubectl", "get", "events", "-n", NAMESPACE,
-             "--field-selector", "source=gpuheal,reason!=RemediationStep",
+             "--field-selector", f"source=gpuheal,{steps}",
              "--sort-by=.lastTimestamp",
              "-o", "custom-columns=REASON:.reason,OBJECT:.involvedObject.name,MESSAGE:.message"],
         )  # fmt: skip

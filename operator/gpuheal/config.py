@@ -7,13 +7,31 @@ The Helm chart sets the variables; keep the names.
 from __future__ import annotations
 
 import argparse
-from typing import Annotated, Any, Literal
+import re
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-from pydantic import Field, NonNegativeFloat, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    NonNegativeFloat,
+    ValidationError,
+    field_validator,
+)
+from pydantic.alias_generators import to_camel
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+if TYPE_CHECKING:
+    from gpuheal.api.remediationpolicy import NotifyEvent, NotifyFormat
 
 SOURCES = ("conditions", "events", "dcgm")
 ENV_PREFIX = "GPUHEAL_"
+# Copies of API names (gpuheal.api.*), kept literal so that `gpuheal run --help` does not load
+# the CRD models; tests/unit/test_slurm_clusters.py checks that they agree.
+DNS_LABEL_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+SLURM_CLUSTER_LABEL = "gpuheal.io/slurm-cluster"
+NOTIFY_EVENTS = "Opened,Blocked,ApprovalPending,Completed,Failed"
 
 
 class OperatorConfig(BaseSettings):
@@ -34,6 +52,38 @@ class OperatorConfig(BaseSettings):
     bridge_ca_file: str | None = Field(
         None, description="CA bundle (PEM) that signed the bridge's TLS certificate"
     )
+    bridge_cluster: str = Field(
+        "default",
+        pattern=DNS_LABEL_PATTERN,
+        description="name of the Slurm cluster --bridge-url serves (a node labelled with "
+        "another name uses that cluster's bridge from --bridges-file)",
+    )
+    bridges_file: str | None = Field(
+        None,
+        description="YAML file naming more Slurm clusters and their bridges: clusters: {NAME: "
+        "{url, tokenFile, caFile}}; a node's cluster is its --slurm-cluster-label label, "
+        "else its policy's spec.slurmCluster, else --bridge-cluster",
+    )
+    slurm_cluster_label: str = Field(
+        SLURM_CLUSTER_LABEL, description="node label that names the node's Slurm cluster"
+    )
+    notify_webhooks: str | None = Field(
+        None,
+        description="webhooks told when an incident opens, is blocked, needs approval, "
+        "completes or fails, comma-separated; 'slack:' before a URL sends Slack-compatible "
+        "messages (a policy's spec.notifications adds its own)",
+    )
+    notify_events: str = Field(
+        NOTIFY_EVENTS,
+        description="which transitions --notify-webhooks receive, comma-separated",
+    )
+    notify_queue_size: int = Field(
+        100, ge=1, le=100_000, description="messages queued per webhook; more are dropped"
+    )
+    notify_retries: int = Field(
+        3, ge=0, le=10, description="retries of a message (connection error, 429, 5xx)"
+    )
+    notify_timeout: float = Field(5.0, gt=0, description="seconds allowed per webhook call")
     sources: Annotated[frozenset[str], NoDecode] = Field(
         frozenset(SOURCES),
         description="detection sources, comma-separated: conditions,events,dcgm",
@@ -71,6 +121,19 @@ class OperatorConfig(BaseSettings):
         "for a one-off local run)",
     )
 
+    @field_validator("notify_webhooks")
+    @classmethod
+    def _webhooks(cls, value: str | None) -> str | None:
+        if value is not None:
+            parse_webhooks(value)
+        return value
+
+    @field_validator("notify_events")
+    @classmethod
+    def _events(cls, value: str) -> str:
+        parse_events(value)
+        return value
+
     @field_validator("sources", mode="before")
     @classmethod
     def _sources(cls, value: Any) -> Any:
@@ -82,6 +145,87 @@ class OperatorConfig(BaseSettings):
                 f"unknown source(s) {sorted(unknown)}; choose from {','.join(SOURCES)}"
             )
         return frozenset(value)
+
+
+def parse_webhooks(text: str) -> list[tuple[NotifyFormat, str]]:
+    """``"slack:https://hooks.slack.com/x,https://ops.example/hook"`` -> formats and URLs."""
+    from gpuheal.api.remediationpolicy import NotifyFormat
+
+    out = []
+    for item in (i.strip() for i in text.split(",")):
+        if not item:
+            continue
+        fmt, url = NotifyFormat.GENERIC, item
+        prefix, _, rest = item.partition(":")
+        if prefix in ("slack", "generic"):
+            fmt, url = NotifyFormat(prefix.capitalize()), rest
+        if not re.match(r"^https?://[^/\s]+", url):
+            raise ValueError(f"{item!r} is not an http(s) URL (optionally after 'slack:')")
+        out.append((fmt, url))
+    return out
+
+
+def parse_events(text: str) -> frozenset[NotifyEvent]:
+    from gpuheal.api.remediationpolicy import NotifyEvent
+
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    unknown = [n for n in names if n not in NotifyEvent._value2member_map_]
+    if unknown:
+        raise ValueError(
+            f"unknown event(s) {unknown}; choose from {','.join(e.value for e in NotifyEvent)}"
+        )
+    return frozenset(NotifyEvent(n) for n in names)
+
+
+class BridgeTarget(BaseModel):
+    """One Slurm cluster's bridge: where it is, the token it accepts, the CA that signed it."""
+
+    model_config = ConfigDict(
+        extra="forbid", frozen=True, alias_generator=to_camel, populate_by_name=True
+    )
+
+    url: str = Field(pattern=r"^https?://", description="the bridge's base URL")
+    token_file: str | None = Field(None, description="file holding the bearer token")
+    ca_file: str | None = Field(None, description="CA bundle (PEM) of its TLS certificate")
+
+
+class BridgesFile(BaseModel):
+    """``--bridges-file``: ``clusters: {NAME: {url, tokenFile, caFile}}``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    clusters: dict[str, BridgeTarget] = Field(default_factory=dict)
+
+    @field_validator("clusters")
+    @classmethod
+    def _names(cls, value: dict[str, BridgeTarget]) -> dict[str, BridgeTarget]:
+        bad = [n for n in value if not re.fullmatch(DNS_LABEL_PATTERN, n)]
+        if bad:
+            raise ValueError(f"cluster names must be DNS labels: {', '.join(map(repr, bad))}")
+        return value
+
+
+def bridge_targets(cfg: OperatorConfig) -> dict[str, BridgeTarget]:
+    """Every Slurm cluster the operator serves, by name: ``--bridge-url`` as
+    ``--bridge-cluster``, then those of ``--bridges-file`` (a name in both is refused)."""
+    targets: dict[str, BridgeTarget] = {}
+    if cfg.bridge_url:
+        targets[cfg.bridge_cluster] = BridgeTarget(
+            url=cfg.bridge_url, token_file=cfg.bridge_token_file, ca_file=cfg.bridge_ca_file
+        )
+    if cfg.bridges_file:
+        import yaml
+
+        try:
+            doc = yaml.safe_load(Path(cfg.bridges_file).read_text()) or {}
+        except yaml.YAMLError as exc:
+            raise ValueError(str(exc)) from None
+        more = BridgesFile.model_validate(doc).clusters
+        twice = sorted(set(more) & set(targets))
+        if twice:
+            raise ValueError(f"cluster {twice[0]!r} is --bridge-cluster and in the file")
+        targets.update(more)
+    return targets
 
 
 def add_run_arguments(parser: argparse.ArgumentParser) -> None:
@@ -107,10 +251,22 @@ def config_from_args(args: argparse.Namespace) -> OperatorConfig:
         if getattr(args, name, None) is not None
     }
     try:
-        return OperatorConfig(**given)
+        cfg = OperatorConfig(**given)
     except ValidationError as exc:
         reasons = "; ".join(
             f"--{str(e['loc'][0]).replace('_', '-')}: {e['msg'].removeprefix('Value error, ')}"
             for e in exc.errors()
         )
-        raise SystemExit(f"gpuheal run: {reasons}") from None
+        raise SystemExit(f"error: {reasons}") from None
+    try:
+        bridge_targets(cfg)
+    except ValidationError as exc:
+        why = "; ".join(
+            f"{'.'.join(str(x) for x in e['loc'])}: {e['msg'].removeprefix('Value error, ')}"
+            for e in exc.errors()
+        )
+        raise SystemExit(f"error: --bridges-file {cfg.bridges_file}: {why}") from None
+    except (OSError, ValueError) as exc:
+        why = " ".join(str(exc).split())
+        raise SystemExit(f"error: --bridges-file {cfg.bridges_file}: {why}") from None
+    return cfg

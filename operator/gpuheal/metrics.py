@@ -109,7 +109,15 @@ class Metrics:
         )
         self.bridge_up = gauge(
             "gpuheal_bridge_up",
-            "1 while the Slurm bridge answers /readyz (slurmctld reachable), 0 otherwise.",
+            "1 while a Slurm cluster's bridge answers /readyz (slurmctld reachable), 0 "
+            "otherwise, by cluster (--bridge-cluster, or a name from --bridges-file).",
+            ["cluster"],
+        )
+        self.notifications = counter(
+            "gpuheal_notifications_total",
+            "Incident notifications by event (Opened, Blocked, ApprovalPending, Completed, "
+            "Failed) and result (sent, rejected, failed after retries, dropped: queue full).",
+            ["event", "result"],
         )
         self.source_up = gauge(
             "gpuheal_source_up",

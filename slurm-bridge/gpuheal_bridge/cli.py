@@ -2,19 +2,22 @@
 
 Flags and ``GPUHEAL_BRIDGE_*`` variables are :class:`~gpuheal_bridge.config.BridgeConfig`;
 this module turns them into a backend, the app's settings, and a running server. The
-bridge refuses to start without a bearer token.
+bridge refuses to start without a bearer token, or on an address off loopback without TLS
+(unless told ``--insecure-http``). SIGHUP reads the tokens again (``--token-file`` and
+``$GPUHEAL_BRIDGE_TOKENS``) without a restart.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from collections.abc import Sequence
 
 from gpuheal_bridge.backends.base import Backend
 from gpuheal_bridge.backends.cli import CliBackend
 from gpuheal_bridge.backends.rest import RestBackend
-from gpuheal_bridge.config import BridgeConfig, parse_config
+from gpuheal_bridge.config import BridgeConfig, listen_host, parse_config
 from gpuheal_bridge.nodemap import NodeMapper
 from gpuheal_bridge.operations import Operations
 from gpuheal_bridge.server.app import BridgeSettings, create_app
@@ -39,7 +42,10 @@ def build_backend(config: BridgeConfig) -> Backend:
 
 
 def build_settings(config: BridgeConfig) -> BridgeSettings:
-    tokens = load_tokens(config.token_file)
+    def read_tokens() -> dict[str, str]:
+        return load_tokens(config.token_file)
+
+    tokens = read_tokens()
     if not tokens:
         raise SystemExit("no bearer tokens: set --token-file or $GPUHEAL_BRIDGE_TOKENS")
     backend = build_backend(config)
@@ -62,6 +68,9 @@ def build_settings(config: BridgeConfig) -> BridgeSettings:
         node_mapper=mapper,
         idempotency_ttl=config.idempotency_ttl,
         operations=ops,
+        remote_plain_http=config.insecure_http,
+        health_interval=config.health_interval,
+        reload_tokens=read_tokens,
     )
 
 
@@ -69,14 +78,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     import uvicorn
 
     config = parse_config(argv)
+    for flag, path in (("--tls-cert", config.tls_cert), ("--tls-key", config.tls_key)):
+        if path is not None and not os.access(path, os.R_OK):
+            raise SystemExit(f"gpuheal-slurm-bridge: {flag} {path}: not a readable file")
     logging.basicConfig(
         level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(message)s"
     )
-    host, _, port = config.listen.rpartition(":")
+    _host, _, port = config.listen.rpartition(":")
     app = create_app(build_settings(config))
     uvicorn.run(
         app,
-        host=host.strip("[]") or "127.0.0.1",
+        host=listen_host(config.listen),
         port=int(port),
         ssl_certfile=config.tls_cert,
         ssl_keyfile=config.tls_key,

@@ -1,6 +1,7 @@
 """Async client of the bridge for the operator (httpx).
 
-- Bearer token on every request.
+- Bearer token on every request (a string, or a function called per request: a rotated
+  token file is read again without a new client).
 - One ``Idempotency-Key`` per logical call (generated unless given), reused by its retries,
   so a retried drain/requeue is answered from the bridge's store instead of acting twice.
 - Retries (tenacity) with full-jitter exponential backoff on connection errors, timeouts,
@@ -24,8 +25,9 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import ssl
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Generator
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, TypeVar
@@ -133,21 +135,34 @@ def retry_wait(base: float, cap: float) -> Callable[[RetryCallState], float]:
     return wait
 
 
+class BearerAuth(httpx.Auth):
+    """``Authorization: Bearer <token>`` with the token of the moment: ``token`` is called for
+    every request, so a rotated token file is picked up without a new client."""
+
+    def __init__(self, token: str | Callable[[], str]) -> None:
+        self._token = token if callable(token) else (lambda: token)
+
+    def auth_flow(self, request: httpx.Request) -> Generator[httpx.Request, httpx.Response, None]:
+        request.headers["Authorization"] = f"Bearer {self._token()}"
+        yield request
+
+
 class BridgeClient:
     def __init__(
         self,
         base_url: str,
-        token: str,
+        token: str | Callable[[], str],
         *,
         timeout: float = 30.0,
         retries: int = 4,
         backoff: float = 0.5,
         max_backoff: float = 30.0,
-        verify: bool | str = True,
+        verify: bool | str | ssl.SSLContext = True,
         transport: httpx.AsyncBaseTransport | None = None,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
         self.timeout = timeout
+        self.base_url = base_url.rstrip("/")
         self._retrying = AsyncRetrying(
             stop=stop_after_attempt(retries + 1),
             wait=retry_wait(backoff, max_backoff),
@@ -155,9 +170,12 @@ class BridgeClient:
             sleep=sleep,
             reraise=True,  # the last BridgeUnavailable, not tenacity's RetryError
         )
+        if isinstance(verify, str):  # a CA bundle (PEM): trust it, and only it
+            verify = ssl.create_default_context(cafile=verify)
         self._http = httpx.AsyncClient(
-            base_url=base_url.rstrip("/"),
-            headers={"Authorization": f"Bearer {token}", "User-Agent": "gpuheal-bridge-client"},
+            base_url=self.base_url,
+            headers={"User-Agent": "gpuheal-bridge-client"},
+            auth=BearerAuth(token),
             timeout=timeout,
             verify=verify,
             transport=transport,

@@ -15,6 +15,8 @@ from typing import Literal, Self
 from pydantic import Field, PositiveFloat, ValidationError, model_validator
 from pydantic_settings import BaseSettings, CliApp, SettingsConfigDict
 
+from gpuheal_bridge.server.auth import is_loopback
+
 ENV_PREFIX = "GPUHEAL_BRIDGE_"
 
 
@@ -30,10 +32,26 @@ class BridgeConfig(BaseSettings):
         cli_hide_none_type=True,
     )
 
-    listen: str = Field("127.0.0.1:8787", description="host:port to listen on")
-    token_file: Path | None = Field(None, description="bearer tokens, one 'name:token' a line")
+    listen: str = Field(
+        "127.0.0.1:8787",
+        description="host:port to listen on (loopback by default; another address needs TLS "
+        "or --insecure-http)",
+    )
+    token_file: Path | None = Field(
+        None, description="bearer tokens, one 'name:token' a line; read again on SIGHUP"
+    )
     tls_cert: Path | None = Field(None, description="TLS certificate (PEM): HTTPS with --tls-key")
     tls_key: Path | None = Field(None, description="TLS private key (PEM)")
+    insecure_http: bool = Field(
+        False,
+        description="serve plain HTTP to clients that are not on loopback (only behind a "
+        "proxy that terminates TLS; 1/true/yes)",
+    )
+    health_interval: PositiveFloat = Field(
+        15.0,
+        description="seconds between the bridge's own slurmctld checks "
+        "(gpuheal_bridge_slurmctld_up)",
+    )
     backend: Literal["cli", "rest"] = Field("cli", description="cli or rest")
     slurm_conf: str | None = Field(
         None, description="slurm.conf for the Slurm commands (else $SLURM_CONF / default)"
@@ -86,7 +104,20 @@ class BridgeConfig(BaseSettings):
             raise ValueError("--tls-cert and --tls-key go together")
         if self.backend == "rest" and not self.rest_url:
             raise ValueError("--backend rest needs --rest-url")
+        host = listen_host(self.listen)
+        if self.tls_cert is None and not self.insecure_http and not is_loopback(host):
+            raise ValueError(
+                f"--listen {self.listen} is not a loopback address: serving it plain HTTP "
+                "would send bearer tokens in clear; give --tls-cert/--tls-key (or "
+                "--insecure-http behind a proxy that terminates TLS)"
+            )
         return self
+
+
+def listen_host(listen: str) -> str:
+    """``"[::1]:8787"`` -> ``"::1"``; ``"0.0.0.0:8787"`` -> ``"0.0.0.0"``; no host: loopback."""
+    host, _, _port = listen.rpartition(":")
+    return host.strip("[]") or "127.0.0.1"
 
 
 def parse_config(argv: Sequence[str] | None = None) -> BridgeConfig:

@@ -189,6 +189,7 @@ def test_bridge_deployment_serves(kind_cluster: KindCluster, images: dict[str, s
         "--set", f"operator.image.tag={kind_cluster.image_tag}",
         "--set", "operator.image.pullPolicy=Never",
         "--set", "slurmBridge.enabled=true",
+        "--set", "slurmBridge.insecureHttp=true",  # plain HTTP in a throwaway kind cluster
         "--set", "slurmBridge.image.repository=gpuheal-slurm-bridge",
         "--set", f"slurmBridge.image.tag={kind_cluster.image_tag}",
         "--set", "slurmBridge.image.pullPolicy=Never",

@@ -227,6 +227,7 @@ def test_in_cluster_bridge_wires_the_operator_to_its_service(helm: Helm) -> None
     bridge_args = _container(bridge)["args"]
     for flag in (
         "--listen=0.0.0.0:8787",
+        "--insecure-http=true",  # said in the values (no tlsSecret): never by default
         "--backend=rest",
         "--token-file=/var/run/secrets/gpuheal/bridge/token",
         "--state-dir=/var/lib/gpuheal-bridge",
@@ -319,6 +320,17 @@ def test_invalid_values_are_rejected_by_the_schema_with_a_clear_message(helm: He
         (("--set", "slurmBridge.enabled=true"), "set bridge.token.existingSecret"),
         (
             ("--set", "slurmBridge.enabled=true", "--set", "bridge.token.value=0123456789abcdef"),
+            "the bridge refuses plain HTTP from clients not on loopback",
+        ),
+        (
+            (
+                "--set",
+                "slurmBridge.enabled=true",
+                "--set",
+                "bridge.token.value=0123456789abcdef",
+                "--set",
+                "slurmBridge.insecureHttp=true",
+            ),
             "slurmBridge.rest.url is required",
         ),
         (("--set", "bridge.token.value=short"), "does not match"),

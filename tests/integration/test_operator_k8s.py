@@ -300,7 +300,15 @@ def test_xid79_cordons_evicts_through_pdb_and_claims_a_spare(
     reasons = {e.reason for e in node_events(core, broken)}
     assert {"GpuXid", "RemediationCreated"} <= reasons
     reasons = {e.reason for e in node_events(core, name, "NodeRemediation")}
-    assert {"RemediationBlocked", "RemediationStep", "Replaced"} <= reasons
+    # one Event reason per step outcome (no catch-all "RemediationStep" any more)
+    assert {
+        "RemediationBlocked",
+        "Cordoned",
+        "Drained",
+        "ReplacementClaimed",
+        "Replaced",
+    } <= reasons
+    assert "RemediationStep" not in reasons
     m = op.metrics()
     assert m['gpuheal_incidents_total{source="events",trigger="xid"}'] == 1
     assert m['gpuheal_incidents_completed_total{outcome="replaced"}'] == 1

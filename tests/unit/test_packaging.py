@@ -27,7 +27,7 @@ DOCKER = ROOT / "deploy" / "docker"
 DOCKERFILES = sorted(DOCKER.glob("*.Dockerfile"))
 CHART = ROOT / "deploy" / "helm" / "gpuheal"
 # What each shipped distribution installs as console scripts (one image per script).
-OPERATOR_SCRIPTS = {"gpuheal": "gpuheal.cli:main"}
+OPERATOR_SCRIPTS = {"gpuheal": "gpuheal.cli:main", "kubectl-gpuheal": "gpuheal.cli:kubectl_main"}
 BRIDGE_SCRIPTS = {"gpuheal-slurm-bridge": "gpuheal_bridge.cli:main"}
 ENTRY_POINTS = {**OPERATOR_SCRIPTS, **BRIDGE_SCRIPTS}
 # Development tooling (devtools/): installed by `make venv`, never shipped.

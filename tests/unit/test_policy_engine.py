@@ -678,3 +678,16 @@ def test_a_signal_in_the_second_an_incident_ended_is_new() -> None:
     older = decide(SPEC, NODE, history, CALM, T0 + MIN, new=xid(79, T0 - MIN))
     assert isinstance(older, Idle)
     assert older.reason == Reason.STALE
+
+
+def test_one_fault_from_two_reporters_counts_once_and_a_real_repeat_twice() -> None:
+    """An Event and dcgm-exporter (or NPD's two Events) reporting one XID 79: rung 0. The
+    same reporter again within the window: a second fault, rung 1 (escalation 2 in 24 h)."""
+    event = xid(79, T0, reporter="event:GpuXid:xid-line", event_uid="e1")
+    dcgm = xid(79, T0 + 15 * dt.timedelta(seconds=1), reporter="dcgm")
+    once = decide(SPEC, NODE, History(observations=[event]), CALM, T0 + MIN, new=dcgm)
+    assert ops(once) == ("cordon", "fell-off-bus", 0)
+    again = xid(79, T0 + 30 * dt.timedelta(seconds=1), reporter="event:GpuXid:xid-line",
+                event_uid="e2")  # fmt: skip
+    twice = decide(SPEC, NODE, History(observations=[event, dcgm]), CALM, T0 + MIN, new=again)
+    assert ops(twice) == ("cordon", "fell-off-bus", 1)

@@ -13,15 +13,18 @@ from gpuheal.api.meta import ConditionStatus, rfc3339_ms, set_condition
 from gpuheal.api.names import CORDONED_BY_ANNOTATION, incident_name
 from gpuheal.cli.simulate import condition_patch, kernel_line, xid_event
 from gpuheal.policy import pods_to_evict
+from gpuheal.policy.engine import faults, same_fault
 from gpuheal.policy.inputs import (
     NodeEvent,
     event_observation,
+    event_observations,
     node_event,
     node_view,
     signal_record,
 )
 from gpuheal.policy.select import pod_is_evicted_by_drain
 from gpuheal.policy.types import Observation
+from gpuheal.xid.identity import parse_gpu_map
 from gpuheal.xid.parse import parse_event
 
 NOW = dt.datetime(2026, 11, 22, 6, 0, tzinfo=dt.UTC)
@@ -164,3 +167,51 @@ def test_signal_record_fits_the_crd_model() -> None:
     dcgm = signal_record(Observation(NOW, xid=48, gpu=uuid, source="dcgm", key="k"))
     assert dcgm.to_k8s()["gpuUuid"] == uuid
     assert dcgm.to_k8s()["source"] == "DcgmExporter"
+
+
+UUID_A = "GPU-12345678-1234-1234-1234-123456789abc"
+
+
+def _event(message: str, uid: str, *, reason: str = "GpuXid") -> NodeEvent:
+    return NodeEvent(uid, "n1", reason, message, 1, NOW)
+
+
+def test_one_gpu_one_key_whatever_the_source_names() -> None:
+    """An Event naming the GPU by PCI address, one naming it by UUID only (mapped through the
+    agent's annotation) and dcgm-exporter's both-labels sample are the same GPU."""
+    by_pci = event_observation(_event(kernel_line(94, pci="0000:3b:00"), "e1"), NOW)
+    by_uuid = event_observation(_event(f"XID 94 on {UUID_A}", "e2"), NOW, parse_gpu_map(
+        f'{{"0000:3b:00": "{UUID_A}"}}'))  # fmt: skip
+    assert by_pci is not None
+    assert by_uuid is not None
+    assert by_pci.gpu == by_uuid.gpu == "0000:3b:00"
+    unmapped = event_observation(_event(f"XID 94 on {UUID_A}", "e3"), NOW)
+    assert unmapped is not None
+    assert unmapped.gpu == UUID_A  # still stable, just not joinable with PCI-only sources
+
+
+def test_a_message_naming_two_gpus_is_two_observations() -> None:
+    lines = kernel_line(48, pci="0000:3b:00") + "\n" + kernel_line(48, pci="0000:5e:00")
+    found = event_observations(_event(lines, "e1"), NOW)
+    assert [(o.xid, o.gpu) for o in found] == [(48, "0000:3b:00"), (48, "0000:5e:00")]
+    assert len({o.key for o in found}) == 2
+
+
+def test_npds_two_events_for_one_fall_off_the_bus_are_one_fault() -> None:
+    """node-problem-detector posts the XID 79 line and the driver's "fallen off the bus"
+    message as two Events: one fault, so the first XID 79 stays on the first rung."""
+    xid_line = event_observation(_event(kernel_line(79, pci="0000:3b:00"), "e1"), NOW)
+    fallen = event_observation(
+        _event("NVRM: GPU 0000:3b:00.0: GPU has fallen off the bus.", "e2"), NOW
+    )
+    assert xid_line is not None
+    assert fallen is not None
+    assert (fallen.xid, fallen.gpu) == (79, "0000:3b:00")
+    assert xid_line.reporter != fallen.reporter
+    assert same_fault(xid_line, fallen)
+    assert faults([xid_line, fallen]) == [[xid_line, fallen]]
+    # the same reporter again is a repeat (a second fault), not a second report
+    again = event_observation(_event(kernel_line(79, pci="0000:3b:00"), "e3"), NOW)
+    assert again is not None
+    assert not same_fault(xid_line, again)
+    assert len(faults([xid_line, fallen, again])) == 2

@@ -70,7 +70,8 @@ async def test_counter_rise_becomes_an_xid_signal_and_the_first_scrape_is_a_base
     ((node, signal),) = await scrape_once(rt, http, [pod("n1")], previous)
     await http.close()
     assert node == "n1"
-    assert (signal.source, signal.xid, signal.gpu) == ("dcgm", 79, UUID)
+    # one key per GPU whatever the source: the PCI address (dcgm names both)
+    assert (signal.source, signal.xid, signal.gpu) == ("dcgm", 79, "0000:3b:00")
     assert rt.metrics.source_up.labels("dcgm")._value.get() == 1
 
 

@@ -177,3 +177,9 @@ def create_pki(directory: Path) -> Pki:
 def issue_client_cert(pki: Pki, name: str, user: str, groups: tuple[str, ...] = ()) -> CertPaths:
     """A client certificate for ``user`` in ``groups`` (Kubernetes reads CN and O)."""
     return _issue(pki.ca, pki.client(name), _name(user, groups), client=True)
+
+
+def issue_server_cert(pki: Pki, name: str, server_names: tuple[str, ...]) -> CertPaths:
+    """A serving certificate for ``server_names`` (IP addresses and DNS names), signed by the
+    sandbox CA (what a test's Slurm bridge serves HTTPS with)."""
+    return _issue(pki.ca, pki.client(name), _name(name), server_names=server_names)

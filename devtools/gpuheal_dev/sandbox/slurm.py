@@ -195,6 +195,8 @@ class SlurmConfig:
     proctrack: str = "linuxproc"
     #: seconds a step's processes may outlive SIGKILL before slurmd drains the node
     unkillable_step_timeout: int = 60
+    #: port of a slurmdbd on 127.0.0.1 (`gpuheal_dev.sandbox.slurmdbd`); None: no accounting
+    dbd_port: int | None = None
 
 
 def validate_node_names(nodes: Sequence[str]) -> list[str]:
@@ -263,7 +265,17 @@ def render_slurm_conf(cfg: SlurmConfig) -> str:
         "SwitchType=switch/none",
         "MpiDefault=none",
         "JobAcctGatherType=jobacct_gather/none",
-        "AccountingStorageType=accounting_storage/none",
+        *(
+            [
+                "AccountingStorageType=accounting_storage/slurmdbd",
+                "AccountingStorageHost=127.0.0.1",
+                f"AccountingStoragePort={cfg.dbd_port}",
+                # the munge socket for the dbd connection (the default is /run/munge's)
+                f"AccountingStoragePass={lay.munge_socket}",
+            ]
+            if cfg.dbd_port
+            else ["AccountingStorageType=accounting_storage/none"]
+        ),
         "JobCompType=jobcomp/none",
         "SelectType=select/cons_tres",
         "SelectTypeParameters=CR_Core",
@@ -427,6 +439,7 @@ class SlurmCluster:
         start_timeout: float = 60.0,
         proctrack: str = "auto",
         unkillable_step_timeout: int = 60,
+        dbd_port: int | None = None,
     ) -> None:
         if proctrack not in ("auto", "cgroup", "linuxproc"):
             raise ValueError(f"proctrack must be auto, cgroup or linuxproc, not {proctrack!r}")
@@ -452,6 +465,7 @@ class SlurmCluster:
         self.proctrack = "linuxproc" if proctrack == "auto" else proctrack
         #: why this process tracking (for ``auto``: why not cgroup, when not)
         self.proctrack_reason = ""
+        self.dbd_port = dbd_port  # accounting (AdminLevel, users) through a slurmdbd there
         self.ctld_port: int | None = None
         self.node_ports: dict[str, int] = {}
         #: seconds the last successful ``start()`` took
@@ -630,6 +644,7 @@ class SlurmCluster:
             cred_expire=self.cred_expire,
             proctrack=self.proctrack,
             unkillable_step_timeout=self.unkillable_step_timeout,
+            dbd_port=self.dbd_port,
         )
 
     def _prepare_files(self) -> None:

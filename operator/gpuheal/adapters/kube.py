@@ -17,17 +17,16 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
-from kubernetes_asyncio import client, config
+from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from gpuheal.api import names
 from gpuheal.api.meta import rfc3339
+from gpuheal.kubeapi import JSON, MERGE_PATCH, json_body, unless
 
 log = logging.getLogger("gpuheal.adapters.kube")
 
-JSON = dict[str, Any]
 R = TypeVar("R")
-MERGE_PATCH = "application/merge-patch+json"
 
 
 Watched = Literal["nodes", "node_events"]
@@ -49,44 +48,8 @@ class Conflict(KubeError):
     """The object changed since it was read (resourceVersion precondition failed)."""
 
 
-async def make_api_client(kubeconfig: str | None = None) -> client.ApiClient:
-    """In-cluster credentials when running in a pod, else the kubeconfig (KUBECONFIG)."""
-    if kubeconfig is None:
-        try:
-            config.load_incluster_config()  # type: ignore[no-untyped-call]
-            return client.ApiClient()
-        except config.ConfigException:
-            pass
-    return await config.new_client_from_config(config_file=kubeconfig)
-
-
 def _now() -> dt.datetime:
     return dt.datetime.now(dt.UTC)
-
-
-async def _body(coro: Any) -> JSON:
-    """Await a call made with ``_preload_content=False`` and return the JSON body as a dict."""
-    resp = await coro
-    try:
-        raw = await resp.read()
-    finally:
-        resp.release()
-    if not 200 <= resp.status <= 299:
-        exc = ApiException(status=resp.status, reason=resp.reason)
-        exc.body = raw.decode(errors="replace")
-        raise exc
-    data: JSON = json.loads(raw)
-    return data
-
-
-async def _unless(status: int, coro: Any) -> JSON | None:
-    """The call's body, or None when the API answers `status` (404: absent, 409: exists)."""
-    try:
-        return await _body(coro)
-    except ApiException as exc:
-        if exc.status == status:
-            return None
-        raise
 
 
 class CordonOutcome(enum.StrEnum):
@@ -130,17 +93,17 @@ class Kube:
 
     # ---- nodes -------------------------------------------------------------------------
     async def get_node(self, name: str) -> JSON | None:
-        return await _unless(404, self.core.read_node(name, _preload_content=False))
+        return await unless(404, self.core.read_node(name, _preload_content=False))
 
     async def list_nodes(self, label_selector: str | None = None) -> list[JSON]:
         kwargs: dict[str, Any] = {"_preload_content": False}
         if label_selector:
             kwargs["label_selector"] = label_selector
-        items: list[JSON] = (await _body(self.core.list_node(**kwargs)))["items"]
+        items: list[JSON] = (await json_body(self.core.list_node(**kwargs)))["items"]
         return items
 
     async def _patch_node(self, name: str, patch: JSON) -> JSON:
-        return await _body(
+        return await json_body(
             self.core.patch_node(name, patch, _content_type=MERGE_PATCH, _preload_content=False)
         )
 
@@ -266,7 +229,7 @@ class Kube:
 
     # ---- pods --------------------------------------------------------------------------
     async def pods_on_node(self, node: str) -> list[JSON]:
-        body = await _body(
+        body = await json_body(
             self.core.list_pod_for_all_namespaces(
                 field_selector=f"spec.nodeName={node}", _preload_content=False
             )
@@ -277,9 +240,9 @@ class Kube:
     async def list_pods(self, label_selector: str, namespace: str | None = None) -> list[JSON]:
         kwargs: dict[str, Any] = {"label_selector": label_selector, "_preload_content": False}
         if namespace:
-            body = await _body(self.core.list_namespaced_pod(namespace, **kwargs))
+            body = await json_body(self.core.list_namespaced_pod(namespace, **kwargs))
         else:
-            body = await _body(self.core.list_pod_for_all_namespaces(**kwargs))
+            body = await json_body(self.core.list_pod_for_all_namespaces(**kwargs))
         items: list[JSON] = body["items"]
         return items
 
@@ -293,7 +256,7 @@ class Kube:
         if grace_seconds is not None:
             body["deleteOptions"] = {"gracePeriodSeconds": grace_seconds}
         try:
-            await _body(
+            await json_body(
                 self.core.create_namespaced_pod_eviction(
                     meta["name"], meta["namespace"], body, _preload_content=False
                 )
@@ -312,7 +275,9 @@ class Kube:
         if grace_seconds is not None:
             kwargs["grace_period_seconds"] = grace_seconds
         try:
-            await _body(self.core.delete_namespaced_pod(meta["name"], meta["namespace"], **kwargs))
+            await json_body(
+                self.core.delete_namespaced_pod(meta["name"], meta["namespace"], **kwargs)
+            )
         except ApiException as exc:
             if exc.status == 404:
                 return EvictOutcome.GONE
@@ -359,7 +324,9 @@ class Kube:
             "count": 1,
         }
         try:
-            await _body(self.core.create_namespaced_event(namespace, event, _preload_content=False))
+            await json_body(
+                self.core.create_namespaced_event(namespace, event, _preload_content=False)
+            )
         except ApiException as exc:
             log.warning("could not post Event %s on %s: %s", reason, meta.get("name"), exc.reason)
 
@@ -425,7 +392,7 @@ class Kube:
             args: dict[str, Any] = {"limit": limit, "_preload_content": False, **kwargs}
             if token:
                 args["_continue"] = token
-            page = await _body(call(**args))
+            page = await json_body(call(**args))
             meta = page.get("metadata") or {}
             yield page["items"], str(meta.get("resourceVersion", ""))
             token = meta.get("continue")
@@ -459,25 +426,25 @@ class Kube:
     # ---- jobs (reset / reboot hooks) -----------------------------------------------------
     async def get_job(self, namespace: str, name: str) -> JSON | None:
         call = self.batch.read_namespaced_job_status(name, namespace, _preload_content=False)
-        return await _unless(404, call)
+        return await unless(404, call)
 
     async def create_job(self, namespace: str, body: JSON) -> bool:
         """Create; False when a Job of that name exists already (409)."""
         call = self.batch.create_namespaced_job(namespace, body, _preload_content=False)
-        return await _unless(409, call) is not None
+        return await unless(409, call) is not None
 
     # ---- gpuheal custom objects --------------------------------------------------------
     async def get_custom(self, plural: str, name: str) -> JSON | None:
         call = self.custom.get_cluster_custom_object(
             names.GROUP, names.VERSION, plural, name, _preload_content=False
         )
-        return await _unless(404, call)
+        return await unless(404, call)
 
     async def list_custom(self, plural: str, label_selector: str | None = None) -> list[JSON]:
         kwargs: dict[str, Any] = {"_preload_content": False}
         if label_selector:
             kwargs["label_selector"] = label_selector
-        body = await _body(
+        body = await json_body(
             self.custom.list_cluster_custom_object(names.GROUP, names.VERSION, plural, **kwargs)
         )
         items: list[JSON] = body["items"]
@@ -488,7 +455,7 @@ class Kube:
         call = self.custom.create_cluster_custom_object(
             names.GROUP, names.VERSION, plural, body, _preload_content=False
         )
-        return await _unless(409, call)
+        return await unless(409, call)
 
     async def patch_custom(self, plural: str, name: str, patch: JSON) -> JSON:
         return await self._patch_custom(plural, name, patch, status=False)
@@ -514,7 +481,7 @@ class Kube:
             if status
             else self.custom.patch_cluster_custom_object
         )
-        return await _body(
+        return await json_body(
             call(
                 names.GROUP,
                 names.VERSION,

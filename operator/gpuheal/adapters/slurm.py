@@ -53,6 +53,37 @@ class SlurmConflict(SlurmError):
     """Someone else's drain (resume refused): gpuheal leaves it alone."""
 
 
+class UnknownCluster(SlurmError):
+    """The node names a Slurm cluster the operator has no bridge for: a person must say
+    which (``--bridges-file``) or fix the label."""
+
+
+class TokenFile:
+    """The bearer token in a file, read again whenever the file changes (a Secret volume
+    swaps its files on rotation): the next call uses the new token, nothing restarts. If the
+    file cannot be read for a moment, the last token stays."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self._stamp: tuple[int, int, int] | None = None
+        self._token = ""
+        self._token = self._read(strict=True)
+
+    def _read(self, *, strict: bool = False) -> str:
+        try:
+            st = self.path.stat()
+            stamp = (st.st_ino, st.st_mtime_ns, st.st_size)
+            if stamp != self._stamp:
+                self._token, self._stamp = self.path.read_text().strip(), stamp
+        except OSError:
+            if strict:
+                raise
+        return self._token
+
+    def __call__(self) -> str:
+        return self._read()
+
+
 class BridgeSlurm:
     """The bridge's async client, its errors mapped to what a step needs to know."""
 
@@ -73,7 +104,7 @@ class BridgeSlurm:
         on_call: Callable[[str, str], None] | None = None,
     ) -> BridgeSlurm:
         """``on_call(operation, result)`` hears of every call: ok, error or unavailable."""
-        token = Path(token_file).read_text().strip() if token_file else ""
+        token: str | TokenFile = TokenFile(token_file) if token_file else ""
         verify: bool | str = ca_file if ca_file else True
         return cls(BridgeClient(url, token, retries=retries, verify=verify), on_call=on_call)
 

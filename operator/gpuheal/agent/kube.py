@@ -5,15 +5,12 @@ get and patch Events in one namespace. Bodies are plain dicts (`_preload_content
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
-from kubernetes_asyncio import client, config
+from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
-JSON = dict[str, Any]
-MERGE_PATCH = "application/merge-patch+json"
-STRATEGIC_PATCH = "application/strategic-merge-patch+json"
+from gpuheal.kubeapi import JSON, MERGE_PATCH, STRATEGIC_PATCH, json_body, make_api_client
 
 
 class AgentKube:
@@ -25,33 +22,14 @@ class AgentKube:
     @classmethod
     async def connect(cls, kubeconfig: str | None = None) -> AgentKube:
         """In-cluster credentials in a pod, else the kubeconfig (KUBECONFIG)."""
-        if kubeconfig is None:
-            try:
-                config.load_incluster_config()  # type: ignore[no-untyped-call]
-                return cls(client.ApiClient())
-            except config.ConfigException:
-                pass
-        return cls(await config.new_client_from_config(config_file=kubeconfig))
+        return cls(await make_api_client(kubeconfig))
 
     async def close(self) -> None:
         await self.api.close()
 
-    async def _json(self, coro: Any) -> JSON:
-        resp = await coro
-        try:
-            raw = await resp.read()
-        finally:
-            resp.release()
-        if not 200 <= resp.status <= 299:
-            exc = ApiException(status=resp.status, reason=resp.reason)
-            exc.body = raw.decode(errors="replace")
-            raise exc
-        data: JSON = json.loads(raw)
-        return data
-
     async def get_node(self, name: str) -> JSON | None:
         try:
-            return await self._json(self.core.read_node(name, _preload_content=False))
+            return await json_body(self.core.read_node(name, _preload_content=False))
         except ApiException as exc:
             if exc.status == 404:
                 return None
@@ -60,7 +38,7 @@ class AgentKube:
     async def patch_node_status(self, name: str, patch: JSON) -> JSON:
         """Strategic merge on the status subresource: `status.conditions` merge by type, and
         `metadata.annotations` (accepted by the Node status subresource) merge by key."""
-        return await self._json(
+        return await json_body(
             self.core.patch_node_status(
                 name, patch, _content_type=STRATEGIC_PATCH, _preload_content=False
             )
@@ -69,7 +47,7 @@ class AgentKube:
     async def create_event(self, namespace: str, body: JSON) -> bool:
         """True if created, False if an Event of that name exists already (409)."""
         try:
-            await self._json(
+            await json_body(
                 self.core.create_namespaced_event(namespace, body, _preload_content=False)
             )
         except ApiException as exc:
@@ -80,7 +58,7 @@ class AgentKube:
 
     async def get_event(self, namespace: str, name: str) -> JSON | None:
         try:
-            return await self._json(
+            return await json_body(
                 self.core.read_namespaced_event(name, namespace, _preload_content=False)
             )
         except ApiException as exc:
@@ -91,7 +69,7 @@ class AgentKube:
     async def patch_event(self, namespace: str, name: str, patch: JSON) -> bool:
         """Merge patch; False if the Event is gone (expired by the API server's event TTL)."""
         try:
-            await self._json(
+            await json_body(
                 self.core.patch_namespaced_event(
                     name, namespace, patch, _content_type=MERGE_PATCH, _preload_content=False
                 )

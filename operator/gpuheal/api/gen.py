@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import pathlib
 import sys
+from collections.abc import Callable
 from typing import Any, cast
 
 import yaml
@@ -40,13 +41,21 @@ _KIND_DOC = (
 )
 
 
-def _structural(node: Any) -> Any:
-    """Rewrite pydantic JSON Schema into a Kubernetes structural schema, recursively."""
+def _bottom_up(node: Any, rewrite: Callable[[dict[str, Any]], dict[str, Any]]) -> Any:
+    """`rewrite` every object of a JSON Schema, children first."""
     if isinstance(node, list):
-        return [_structural(item) for item in node]
+        return [_bottom_up(item, rewrite) for item in node]
     if not isinstance(node, dict):
         return node
-    out = {k: _structural(v) for k, v in node.items()}
+    return rewrite({k: _bottom_up(v, rewrite) for k, v in node.items()})
+
+
+def _structural(node: Any) -> Any:
+    """Rewrite pydantic JSON Schema into a Kubernetes structural schema, recursively."""
+    return _bottom_up(node, _structural_object)
+
+
+def _structural_object(out: dict[str, Any]) -> dict[str, Any]:
     any_of = out.get("anyOf")
     if isinstance(any_of, list) and any(b == {"type": "null"} for b in any_of):
         # `X | None` is "may be absent" for us: the field is simply optional (we never send
@@ -78,25 +87,22 @@ def _mark_field_docs(node: Any) -> Any:
     """A field's own description next to its `$ref` (e.g. `reservePoolRef: ObjectRef` with
     "The ReservePool to take the spare from.") would be overwritten by the referenced model's
     docstring when the ref is resolved; set it aside under a marker key first."""
-    if isinstance(node, list):
-        return [_mark_field_docs(item) for item in node]
-    if not isinstance(node, dict):
-        return node
-    out = {k: _mark_field_docs(v) for k, v in node.items()}
-    if "$ref" in out and "description" in out:
-        out[_FIELD_DOC] = out.pop("description")
-    return out
+
+    def mark(out: dict[str, Any]) -> dict[str, Any]:
+        if "$ref" in out and "description" in out:
+            out[_FIELD_DOC] = out.pop("description")
+        return out
+
+    return _bottom_up(node, mark)
 
 
 def _restore_field_docs(node: Any) -> Any:
-    if isinstance(node, list):
-        return [_restore_field_docs(item) for item in node]
-    if not isinstance(node, dict):
-        return node
-    out = {k: _restore_field_docs(v) for k, v in node.items()}
-    if _FIELD_DOC in out:
-        out["description"] = out.pop(_FIELD_DOC)
-    return out
+    def restore(out: dict[str, Any]) -> dict[str, Any]:
+        if _FIELD_DOC in out:
+            out["description"] = out.pop(_FIELD_DOC)
+        return out
+
+    return _bottom_up(node, restore)
 
 
 def _model_schema(model: type[Any]) -> dict[str, Any]:

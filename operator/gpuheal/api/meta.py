@@ -12,7 +12,7 @@ import datetime as dt
 import enum
 import re
 from collections.abc import Sequence
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from kube_custom_resource.schema import BaseModel
 from pydantic import (
@@ -201,6 +201,29 @@ class Model(BaseModel):
         return PydanticModel.model_dump(self, by_alias=True, exclude_none=True, mode="json")
 
 
+def list_of(max_length: int, description: str, **extra: Any) -> Any:
+    """A list field, empty by default, bounded (CEL cost estimation needs every list bounded)."""
+    return Field(default_factory=list, max_length=max_length, description=description, **extra)
+
+
+def map_of(max_length: int, description: str) -> Any:
+    """A map field, empty by default, bounded."""
+    return Field(default_factory=dict, max_length=max_length, description=description)
+
+
+def column(name: str, type_: str, path: str, *, priority: int = 0) -> dict[str, str | int]:
+    """A `kubectl get` printer column (priority 1: only with -o wide)."""
+    col: dict[str, str | int] = {"name": name, "type": type_, "jsonPath": path}
+    if priority:
+        col["priority"] = priority
+    return col
+
+
+def condition_column(name: str, condition: str, field: str = "status") -> dict[str, str | int]:
+    """A printer column showing one field of one status condition."""
+    return column(name, "string", f'.status.conditions[?(@.type=="{condition}")].{field}')
+
+
 SELECTOR_VALUES_MESSAGE = "In and NotIn need values; Exists and DoesNotExist take none"
 
 
@@ -224,10 +247,8 @@ class LabelSelectorRequirement(Model):
     operator: SelectorOperator = Field(
         description="In, NotIn, Exists or DoesNotExist: how the key relates to the values."
     )
-    values: list[Annotated[str, Field(max_length=MAX_LABEL_VALUE)]] = Field(
-        default_factory=list,
-        max_length=64,
-        description="Label values: required for In and NotIn, empty for Exists and DoesNotExist.",
+    values: list[Annotated[str, Field(max_length=MAX_LABEL_VALUE)]] = list_of(
+        64, "Label values: required for In and NotIn, empty for Exists and DoesNotExist."
     )
 
     @model_validator(mode="after")
@@ -255,15 +276,9 @@ class LabelSelector(Model):
     match_labels: dict[
         Annotated[str, Field(max_length=MAX_LABEL_KEY)],
         Annotated[str, Field(max_length=MAX_LABEL_VALUE)],
-    ] = Field(
-        default_factory=dict,
-        max_length=32,
-        description="Labels a node must carry with exactly these values (all of them).",
-    )
-    match_expressions: list[LabelSelectorRequirement] = Field(
-        default_factory=list,
-        max_length=32,
-        description="Label expressions a node must satisfy (all of them).",
+    ] = map_of(32, "Labels a node must carry with exactly these values (all of them).")
+    match_expressions: list[LabelSelectorRequirement] = list_of(
+        32, "Label expressions a node must satisfy (all of them)."
     )
 
     def is_empty(self) -> bool:
@@ -407,6 +422,15 @@ class ObjectMeta(BaseModel):
     )
 
 
+class Resource(Model):
+    """What every gpuheal custom resource has besides its kind, spec and status."""
+
+    api_version: Literal["gpuheal.io/v1alpha1"] = Field(
+        default="gpuheal.io/v1alpha1", description="gpuheal.io/v1alpha1"
+    )
+    metadata: ObjectMeta = Field(description="Standard object metadata.")
+
+
 @dataclasses.dataclass(frozen=True)
 class CrdInfo:
     """What the CRD document needs besides the schema (names, columns, subresources)."""
@@ -424,3 +448,24 @@ class CrdInfo:
     @property
     def name(self) -> str:
         return f"{self.plural}.{GROUP}"
+
+    @classmethod
+    def of(
+        cls,
+        resource: type[BaseModel],
+        short_names: tuple[str, ...],
+        *columns: dict[str, str | int],
+    ) -> CrdInfo:
+        """The CRD of a resource model: kind, names, spec and status from the model itself."""
+        kind = resource.__name__
+        singular = kind.lower()
+        return cls(
+            kind=kind,
+            singular=singular,
+            plural=singular[:-1] + "ies" if singular.endswith("y") else singular + "s",
+            short_names=short_names,
+            spec_model=resource.model_fields["spec"].annotation,  # type: ignore[arg-type]
+            status_model=resource.model_fields["status"].annotation,  # type: ignore[arg-type]
+            printer_columns=columns,
+            description=resource.__doc__ or "",
+        )

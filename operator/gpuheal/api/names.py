@@ -29,6 +29,9 @@ OPT_OUT_LABEL: Final = "gpuheal.io/opt-out"
 """Default node label that keeps gpuheal's hands off a node (`safety.optOutLabel` overrides)."""
 APPROVE_ANNOTATION: Final = "gpuheal.io/approve"
 """Set on a NodeRemediation by a person; value is a comma-separated list of approved actions."""
+SLURM_CLUSTER_LABEL: Final = "gpuheal.io/slurm-cluster"
+"""Default node label naming the node's Slurm cluster, so the bridge that drains it
+(`gpuheal run --slurm-cluster-label` overrides the key)."""
 
 # ---- ownership marks gpuheal writes (and the only ones it ever removes) --------------------
 CORDONED_BY_ANNOTATION: Final = "gpuheal.io/cordoned-by"  # on a Node: the incident's name
@@ -148,17 +151,29 @@ class JobOutcome(enum.StrEnum):
 
 
 class EventReason(enum.StrEnum):
-    """Reasons of the Kubernetes Events gpuheal posts (constants, one CamelCase word)."""
+    """Reasons of the Kubernetes Events gpuheal posts (constants, one CamelCase word): one
+    per step outcome, so `kubectl get events --field-selector reason=SlurmDrained` finds
+    every Slurm drain."""
 
     DETECTED = "DetectedUnhealthy"
     REMEDIATION_CREATED = "RemediationCreated"
     SIGNAL_ATTACHED = "SignalAttached"
-    STEP_DONE = "RemediationStep"
+    # a step done (named as the step's condition)
+    CORDONED = "Cordoned"
+    SLURM_DRAINED = "SlurmDrained"
+    DRAINED = "Drained"
+    RESET = "Reset"
+    REBOOTED = "Rebooted"
+    REPLACEMENT_CLAIMED = "ReplacementClaimed"
     STEP_BLOCKED = "RemediationBlocked"
     STEP_FAILED = "RemediationStepFailed"
     BREAKER_OPEN = "CircuitBreakerOpen"
+    # how an incident ended
     RETURNED = "ReturnedToService"
     REPLACED = "Replaced"
+    REMEDIATED = "Remediated"
+    DRY_RUN_COMPLETED = "DryRunCompleted"
+    COMPLETED = "RemediationCompleted"
     RETIRED = "Retired"
     SOURCE_BLIND = "SourceUnavailable"
     JOB_LEFT_BEHIND = "JobNotRequeued"  # a job of the faulty node gpuheal did not requeue

@@ -15,12 +15,15 @@ from gpuheal.api.meta import (
     Condition,
     CrdInfo,
     Model,
-    ObjectMeta,
     ObjectRef,
+    Resource,
     cel,
+    column,
+    condition_column,
     conditions_field,
+    list_of,
 )
-from gpuheal.api.names import API_VERSION, JobOutcome, JobReason, NremCondition
+from gpuheal.api.names import JobOutcome, JobReason, NremCondition
 from gpuheal.api.remediationpolicy import Rung
 from gpuheal.xid.types import RecoveryAction
 
@@ -152,11 +155,7 @@ class JobRecord(Model):
     reason: JobReason = Field(description="Why (one CamelCase word).")
     message: str = Field(default="", max_length=MAX_MESSAGE, description="What happened.")
     at: dt.datetime | None = Field(default=None, description="When the outcome was recorded.")
-    nodes_after: list[str] = Field(
-        default_factory=list,
-        max_length=64,
-        description="Where it runs after the requeue, when it already runs.",
-    )
+    nodes_after: list[str] = list_of(64, "Where it runs after the requeue, when it already runs.")
     release_node: bool = Field(
         default=False,
         description="It named the node in its --nodelist: gpuheal drops the node from that "
@@ -198,14 +197,11 @@ class NodeRemediationStatus(Model):
     )
     rung: int = Field(default=0, ge=0, description="Index into spec.ladder being executed.")
     next_step: int = Field(default=0, ge=0, description="Index of the next step in the rung.")
-    requeued_jobs: list[RequeuedJob] = Field(
-        default_factory=list, max_length=1024, description="Slurm jobs requeued by this incident."
-    )
-    jobs: list[JobRecord] = Field(
-        default_factory=list,
-        max_length=256,
-        description="Every Slurm job of the node at the fault (running, or ended there within "
-        "the policy's failedJobsWindow), with what gpuheal did and why.",
+    requeued_jobs: list[RequeuedJob] = list_of(1024, "Slurm jobs requeued by this incident.")
+    jobs: list[JobRecord] = list_of(
+        256,
+        "Every Slurm job of the node at the fault (running, or ended there within the "
+        "policy's failedJobsWindow), with what gpuheal did and why.",
     )
     replacement_node: str | None = Field(
         default=None,
@@ -221,10 +217,8 @@ class NodeRemediationStatus(Model):
         default_factory=Ownership,
         description="What gpuheal itself did, so it only ever undoes its own work.",
     )
-    timeline: list[TimelineEntry] = Field(
-        default_factory=list,
-        max_length=200,
-        description="The incident's story in order (the conditions, as a list of events).",
+    timeline: list[TimelineEntry] = list_of(
+        200, "The incident's story in order (the conditions, as a list of events)."
     )
     conditions: list[Condition] = conditions_field(
         "One per step (Detected, Cordoned, SlurmDrained, JobsRequeued, Drained, Reset, "
@@ -232,46 +226,27 @@ class NodeRemediationStatus(Model):
     )
 
 
-class NodeRemediation(Model):
+class NodeRemediation(Resource):
     """One incident on one node: what triggered it, the plan, and each step taken."""
 
-    api_version: Literal["gpuheal.io/v1alpha1"] = Field(
-        default=API_VERSION, description="gpuheal.io/v1alpha1"
-    )
     kind: Literal["NodeRemediation"] = Field(
         default="NodeRemediation", description="NodeRemediation"
     )
-    metadata: ObjectMeta = Field(description="Standard object metadata.")
     spec: NodeRemediationSpec = Field(description="The incident and its plan.")
     status: NodeRemediationStatus = Field(
         default_factory=NodeRemediationStatus, description="Progress (gpuheal writes it)."
     )
 
 
-CRD = CrdInfo(
-    kind="NodeRemediation",
-    singular="noderemediation",
-    plural="noderemediations",
-    short_names=("nrem",),
-    spec_model=NodeRemediationSpec,
-    status_model=NodeRemediationStatus,
-    description=NodeRemediation.__doc__ or "",
-    printer_columns=(
-        {"name": "Node", "type": "string", "jsonPath": ".spec.nodeName"},
-        {"name": "Rule", "type": "string", "jsonPath": ".spec.rule"},
-        {"name": "XID", "type": "integer", "jsonPath": ".spec.signals[0].xid"},
-        {"name": "Rung", "type": "integer", "jsonPath": ".status.rung"},
-        {
-            "name": "Completed",
-            "type": "string",
-            "jsonPath": '.status.conditions[?(@.type=="Completed")].reason',
-        },
-        {
-            "name": "Blocked",
-            "type": "string",
-            "jsonPath": '.status.conditions[?(@.type=="Blocked")].reason',
-        },
-        {"name": "Replacement", "type": "string", "jsonPath": ".status.replacementNode"},
-        {"name": "DryRun", "type": "boolean", "jsonPath": ".spec.dryRun", "priority": 1},
-    ),
+CRD = CrdInfo.of(
+    NodeRemediation,
+    ("nrem",),
+    column("Node", "string", ".spec.nodeName"),
+    column("Rule", "string", ".spec.rule"),
+    column("XID", "integer", ".spec.signals[0].xid"),
+    column("Rung", "integer", ".status.rung"),
+    condition_column("Completed", "Completed", "reason"),
+    condition_column("Blocked", "Blocked", "reason"),
+    column("Replacement", "string", ".status.replacementNode"),
+    column("DryRun", "boolean", ".spec.dryRun", priority=1),
 )

@@ -19,13 +19,16 @@ from gpuheal.api.meta import (
     IntOrPercent,
     LabelSelector,
     Model,
-    ObjectMeta,
     ObjectRef,
     PositiveDuration,
+    Resource,
     cel,
+    column,
+    condition_column,
     conditions_field,
+    list_of,
 )
-from gpuheal.api.names import API_VERSION, OPT_OUT_LABEL
+from gpuheal.api.names import OPT_OUT_LABEL
 from gpuheal.xid.types import RecoveryAction, XidClass
 
 
@@ -69,6 +72,21 @@ class HookType(enum.StrEnum):
     NOOP = "Noop"
     JOB = "Job"
     WEBHOOK = "Webhook"
+
+
+class NotifyFormat(enum.StrEnum):
+    GENERIC = "Generic"  # one JSON object per message (gpuheal's fields)
+    SLACK = "Slack"  # {"text": ...}: Slack incoming webhooks and compatible (Mattermost, ...)
+
+
+class NotifyEvent(enum.StrEnum):
+    """An incident's transitions people are told about."""
+
+    OPENED = "Opened"
+    BLOCKED = "Blocked"  # held back, with why (breaker, PDB, bridge unavailable, ...)
+    APPROVAL_PENDING = "ApprovalPending"  # a person must approve the next step
+    COMPLETED = "Completed"  # replaced, returned, remediated, dry run done
+    FAILED = "Failed"  # a step failed for good; the node stays as it is
 
 
 class EscalationScope(enum.StrEnum):
@@ -134,33 +152,26 @@ class SignalSelector(Model):
 
     model_config = ConfigDict(json_schema_extra=cel(*_SIGNAL_RULES))
 
-    xids: list[Annotated[int, Field(ge=1, le=65535)]] = Field(
-        default_factory=list,
-        max_length=64,
-        description="NVIDIA XID codes that trigger the rule (e.g. [79] for a GPU that fell off "
+    xids: list[Annotated[int, Field(ge=1, le=65535)]] = list_of(
+        64,
+        "NVIDIA XID codes that trigger the rule (e.g. [79] for a GPU that fell off "
         "the bus); `gpuheal xid explain <code>` prints the catalogue entry of each.",
     )
-    xid_classes: list[XidClass] = Field(
-        default_factory=list,
-        max_length=16,
-        description="XID classes of gpuheal's catalogue: every XID whose class is listed "
+    xid_classes: list[XidClass] = list_of(
+        16,
+        "XID classes of gpuheal's catalogue: every XID whose class is listed "
         "triggers the rule (the catalogue default; explicit xids are tried the same way).",
     )
-    recovery_actions: list[RecoveryAction] = Field(
-        default_factory=list,
-        max_length=8,
-        description="For XID 154 only: the rule matches only when the driver states one of "
+    recovery_actions: list[RecoveryAction] = list_of(
+        8,
+        "For XID 154 only: the rule matches only when the driver states one of "
         "these recovery actions (needs 154 in xids or RecoveryAction in xidClasses).",
     )
-    conditions: list[ConditionSignal] = Field(
-        default_factory=list,
-        max_length=16,
-        description="Node conditions that trigger the rule when they hold a status long enough.",
+    conditions: list[ConditionSignal] = list_of(
+        16, "Node conditions that trigger the rule when they hold a status long enough."
     )
-    events: list[EventSignal] = Field(
-        default_factory=list,
-        max_length=16,
-        description="Kubernetes Events on the Node that trigger the rule (matched by reason).",
+    events: list[EventSignal] = list_of(
+        16, "Kubernetes Events on the Node that trigger the rule (matched by reason)."
     )
 
     @model_validator(mode="after")
@@ -281,6 +292,38 @@ class WebhookHook(Model):
     )
     timeout: PositiveDuration = Field(
         default="30s", description="How long one call may take before it counts as failed."
+    )
+
+
+class NotifyWebhook(Model):
+    """A receiver of incident notifications."""
+
+    url: str = Field(
+        max_length=2048,
+        pattern=r"^https?://",
+        description="URL gpuheal POSTs each message to (JSON). Readable by whoever can read "
+        "this policy: prefer the operator's --notify-webhooks (from a Secret) for URLs that "
+        "carry a secret, such as Slack's.",
+    )
+    format: NotifyFormat = Field(
+        default=NotifyFormat.GENERIC,
+        description="Generic: a JSON object with the event, incident, node, reason, message; "
+        "Slack: {text} as Slack incoming webhooks (and compatible ones) expect.",
+    )
+    events: list[NotifyEvent] = list_of(
+        5,
+        "Which transitions to send (Opened, Blocked, ApprovalPending, Completed, Failed); "
+        "empty: all of them.",
+        json_schema_extra={"x-kubernetes-list-type": "set"},
+    )
+
+
+class Notifications(Model):
+    """Who is told when this policy's incidents open, block, wait for approval, end or fail.
+    Sent in the background: a slow or dead receiver never holds a remediation up."""
+
+    webhooks: list[NotifyWebhook] = Field(
+        min_length=1, max_length=8, description="Receivers, each with its format and events."
     )
 
 
@@ -555,10 +598,9 @@ class Safety(Model):
         pattern=LABEL_KEY_PATTERN,
         description="Nodes carrying this label (any value) are left alone by this policy.",
     )
-    require_approval: list[Action] = Field(
-        default_factory=list,
-        max_length=8,
-        description="Actions that wait for the gpuheal.io/approve annotation on the "
+    require_approval: list[Action] = list_of(
+        8,
+        "Actions that wait for the gpuheal.io/approve annotation on the "
         "NodeRemediation (typically [replace]).",
         json_schema_extra={"x-kubernetes-list-type": "set"},
     )
@@ -617,6 +659,19 @@ class RemediationPolicySpec(Model):
         default_factory=ReturnToService,
         description="When and how nodes gpuheal took out come back.",
     )
+    notifications: Notifications | None = Field(
+        default=None,
+        description="Webhooks told about this policy's incidents (on top of the operator's "
+        "--notify-webhooks).",
+    )
+    slurm_cluster: str | None = Field(
+        default=None,
+        max_length=63,
+        pattern=DNS_LABEL_PATTERN,
+        description="The Slurm cluster of these nodes, so the bridge that drains them: a "
+        "cluster named in the operator's --bridges-file (or its --bridge-cluster). A node's "
+        "gpuheal.io/slurm-cluster label wins; with neither, the operator's --bridge-url.",
+    )
 
     @model_validator(mode="after")
     def _unique_rule_names(self) -> RemediationPolicySpec:
@@ -644,10 +699,8 @@ class RemediationPolicyStatus(Model):
         default=0,
         description="maxUnhealthy (or minHealthy) resolved to a count of nodes.",
     )
-    unhealthy_node_names: list[str] = Field(
-        default_factory=list,
-        max_length=256,
-        description="Unhealthy nodes, shown also (especially) while the breaker is open.",
+    unhealthy_node_names: list[str] = list_of(
+        256, "Unhealthy nodes, shown also (especially) while the breaker is open."
     )
     message: str = Field(
         default="", max_length=MAX_MESSAGE, description="A one-line summary for people."
@@ -657,40 +710,25 @@ class RemediationPolicyStatus(Model):
     )
 
 
-class RemediationPolicy(Model):
+class RemediationPolicy(Resource):
     """How gpuheal remediates GPU faults on a set of nodes."""
 
-    api_version: Literal["gpuheal.io/v1alpha1"] = Field(
-        default=API_VERSION, description="gpuheal.io/v1alpha1"
-    )
     kind: Literal["RemediationPolicy"] = Field(
         default="RemediationPolicy", description="RemediationPolicy"
     )
-    metadata: ObjectMeta = Field(description="Standard object metadata.")
     spec: RemediationPolicySpec = Field(description="The desired behaviour.")
     status: RemediationPolicyStatus = Field(
         default_factory=RemediationPolicyStatus, description="Observed state (gpuheal writes it)."
     )
 
 
-CRD = CrdInfo(
-    kind="RemediationPolicy",
-    singular="remediationpolicy",
-    plural="remediationpolicies",
-    short_names=("rp",),
-    spec_model=RemediationPolicySpec,
-    status_model=RemediationPolicyStatus,
-    description=RemediationPolicy.__doc__ or "",
-    printer_columns=(
-        {"name": "Selected", "type": "integer", "jsonPath": ".status.selectedNodes"},
-        {"name": "Unhealthy", "type": "integer", "jsonPath": ".status.unhealthyNodes"},
-        {"name": "Remediating", "type": "integer", "jsonPath": ".status.remediatingNodes"},
-        {
-            "name": "Breaker",
-            "type": "string",
-            "jsonPath": '.status.conditions[?(@.type=="CircuitBreakerOpen")].status',
-        },
-        {"name": "Paused", "type": "boolean", "jsonPath": ".spec.safety.paused"},
-        {"name": "DryRun", "type": "boolean", "jsonPath": ".spec.safety.dryRun"},
-    ),
+CRD = CrdInfo.of(
+    RemediationPolicy,
+    ("rp",),
+    column("Selected", "integer", ".status.selectedNodes"),
+    column("Unhealthy", "integer", ".status.unhealthyNodes"),
+    column("Remediating", "integer", ".status.remediatingNodes"),
+    condition_column("Breaker", "CircuitBreakerOpen"),
+    column("Paused", "boolean", ".spec.safety.paused"),
+    column("DryRun", "boolean", ".spec.safety.dryRun"),
 )

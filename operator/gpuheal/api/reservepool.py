@@ -17,11 +17,14 @@ from gpuheal.api.meta import (
     CrdInfo,
     LabelSelector,
     Model,
-    ObjectMeta,
+    Resource,
     cel,
+    column,
+    condition_column,
     conditions_field,
+    list_of,
+    map_of,
 )
-from gpuheal.api.names import API_VERSION
 
 _LabelKey = Annotated[str, Field(max_length=MAX_LABEL_KEY, pattern=LABEL_KEY_PATTERN)]
 
@@ -70,20 +73,14 @@ class Promotion(Model):
 
     model_config = ConfigDict(json_schema_extra=cel(*_PROMOTION_RULES))
 
-    set_labels: dict[_LabelKey, Annotated[str, Field(max_length=MAX_LABEL_VALUE)]] = Field(
-        default_factory=dict,
-        max_length=32,
-        description="Labels set on the spare (e.g. the pool label of the workers it joins).",
+    set_labels: dict[_LabelKey, Annotated[str, Field(max_length=MAX_LABEL_VALUE)]] = map_of(
+        32, "Labels set on the spare (e.g. the pool label of the workers it joins)."
     )
-    remove_labels: list[_LabelKey] = Field(
-        default_factory=list,
-        max_length=32,
-        description="Label keys removed from the spare (e.g. the label that made it a spare).",
+    remove_labels: list[_LabelKey] = list_of(
+        32, "Label keys removed from the spare (e.g. the label that made it a spare)."
     )
-    remove_taints: list[TaintRef] = Field(
-        default_factory=list,
-        max_length=16,
-        description="Taints removed from the spare (e.g. the one that kept workloads off it).",
+    remove_taints: list[TaintRef] = list_of(
+        16, "Taints removed from the spare (e.g. the one that kept workloads off it)."
     )
     slurm: SlurmPromotion | None = Field(
         default=None, description="Slurm side of the promotion (nothing in Slurm when omitted)."
@@ -162,43 +159,26 @@ class ReservePoolStatus(Model):
     available: int = Field(default=0, description="Spares ready to be claimed.")
     claimed: int = Field(default=0, description="Spares claimed by incidents.")
     total: int = Field(default=0, description="Nodes the nodeSelector selects.")
-    claims: list[Claim] = Field(
-        default_factory=list, max_length=256, description="Which incident claimed which spare."
-    )
+    claims: list[Claim] = list_of(256, "Which incident claimed which spare.")
     conditions: list[Condition] = conditions_field("Ready, Low.")
 
 
-class ReservePool(Model):
+class ReservePool(Resource):
     """Spare nodes and how to promote one."""
 
-    api_version: Literal["gpuheal.io/v1alpha1"] = Field(
-        default=API_VERSION, description="gpuheal.io/v1alpha1"
-    )
     kind: Literal["ReservePool"] = Field(default="ReservePool", description="ReservePool")
-    metadata: ObjectMeta = Field(description="Standard object metadata.")
     spec: ReservePoolSpec = Field(description="The spares and how to promote one.")
     status: ReservePoolStatus = Field(
         default_factory=ReservePoolStatus, description="Observed state (gpuheal writes it)."
     )
 
 
-CRD = CrdInfo(
-    kind="ReservePool",
-    singular="reservepool",
-    plural="reservepools",
-    short_names=("rsvp",),
-    spec_model=ReservePoolSpec,
-    status_model=ReservePoolStatus,
-    description=ReservePool.__doc__ or "",
-    printer_columns=(
-        {"name": "Available", "type": "integer", "jsonPath": ".status.available"},
-        {"name": "Claimed", "type": "integer", "jsonPath": ".status.claimed"},
-        {"name": "Total", "type": "integer", "jsonPath": ".status.total"},
-        {"name": "Min", "type": "integer", "jsonPath": ".spec.minAvailable"},
-        {
-            "name": "Low",
-            "type": "string",
-            "jsonPath": '.status.conditions[?(@.type=="Low")].status',
-        },
-    ),
+CRD = CrdInfo.of(
+    ReservePool,
+    ("rsvp",),
+    column("Available", "integer", ".status.available"),
+    column("Claimed", "integer", ".status.claimed"),
+    column("Total", "integer", ".status.total"),
+    column("Min", "integer", ".spec.minAvailable"),
+    condition_column("Low", "Low"),
 )

@@ -1,23 +1,123 @@
-"""The CLI's reads from the cluster (the sync client: a one-shot command needs no loop)."""
+"""The CLI's reads from the cluster (the sync client: a one-shot command needs no loop), and
+what the client's failures mean to the person who typed the command (`CliError`)."""
 
 from __future__ import annotations
 
+import contextlib
+import json
+import os
+import re
+from collections.abc import Iterator
 from typing import Any
 
+import urllib3
 from kubernetes import client
 from kubernetes import config as k8s_config
+from kubernetes.client.exceptions import ApiException
+from kubernetes.config.config_exception import ConfigException
 
 from gpuheal.api.names import GROUP, VERSION
+from gpuheal.cli._common import CliError
 
 
-def api(kubeconfig: str | None) -> client.ApiClient:
-    k8s_config.load_kube_config(config_file=kubeconfig)  # type: ignore[no-untyped-call]
-    return client.ApiClient()
+def api(kubeconfig: str | None, context: str | None = None) -> client.ApiClient:
+    """A client for the kubeconfig's (or the given) context; in a pod without a kubeconfig,
+    the pod's ServiceAccount."""
+    if kubeconfig and not os.path.exists(kubeconfig):
+        raise CliError(f"kubeconfig {kubeconfig}: no such file")
+    default = os.path.expanduser("~/.kube/config")
+    try:
+        if kubeconfig or os.path.exists(default) or not os.environ.get("KUBERNETES_SERVICE_HOST"):
+            configuration = client.Configuration()
+            k8s_config.load_kube_config(  # type: ignore[no-untyped-call]
+                config_file=kubeconfig, context=context, client_configuration=configuration
+            )
+        else:
+            configuration = client.Configuration()
+            k8s_config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+    except ConfigException as exc:
+        where = kubeconfig or default
+        if "No configuration found" in str(exc):
+            raise CliError(
+                f"no cluster to talk to: {where} holds no kubeconfig "
+                "(give --kubeconfig, or set $KUBECONFIG)"
+            ) from None
+        raise CliError(f"kubeconfig {where}: {exc}") from None
+    configuration.retries = 0  # an unreachable cluster is said at once, not after backoff
+    global _server  # noqa: PLW0603 - one cluster per command: named in its errors
+    _server = configuration.host
+    return client.ApiClient(configuration)
 
 
-def list_custom(api_client: client.ApiClient, plural: str, **kw: Any) -> list[dict[str, Any]]:
+_server: str | None = None
+#: (connect, read) seconds per call: a cluster that does not answer is said within seconds.
+TIMEOUT = (10, 60)
+
+
+@contextlib.contextmanager
+def said_plainly(what: str) -> Iterator[None]:
+    """Turn the client's failures into one line for a person: cannot reach the API server,
+    forbidden (and by whom), not found."""
+    try:
+        yield
+    except ApiException as exc:
+        raise CliError(_api_message(exc, what)) from None
+    except urllib3.exceptions.HTTPError as exc:
+        reason = getattr(exc, "reason", None) or exc
+        where = f" at {_server}" if _server else ""
+        raise CliError(f"cannot reach the Kubernetes API server{where}: {_short(reason)}") from None
+
+
+def _api_message(exc: ApiException, what: str) -> str:
+    message = ""
+    with contextlib.suppress(ValueError, TypeError):
+        message = str(json.loads(exc.body or "{}").get("message") or "")
+    if exc.status == 404:
+        return message or f"{what} not found"
+    if exc.status in (401, 403):
+        return message or f"{exc.reason}: {what}"
+    return f"{what}: {exc.status} {exc.reason}" + (f": {message}" if message else "")
+
+
+def _short(reason: object) -> str:
+    """urllib3's "HTTPSConnection(host=..., port=...): Failed to establish a new connection:
+    [Errno 111] Connection refused" -> "Connection refused" (the server is named already)."""
+    text = str(reason)
+    for cut in ("Failed to establish a new connection: ", "): ", ">: "):
+        if cut in text:
+            text = text.split(cut, 1)[1]
+            break
+    return re.sub(r"^\[Errno -?\d+\] ", "", text)
+
+
+def list_custom(api_client: client.ApiClient, plural: str, **kw: Any) -> dict[str, Any]:
+    """The LIST answer (``items`` and ``metadata.resourceVersion``)."""
     custom: Any = client.CustomObjectsApi(api_client)
-    items: list[dict[str, Any]] = custom.list_cluster_custom_object(GROUP, VERSION, plural, **kw)[
-        "items"
-    ]
-    return items
+    with said_plainly(f"{plural}.{GROUP}"):
+        answer: dict[str, Any] = custom.list_cluster_custom_object(
+            GROUP, VERSION, plural, _request_timeout=TIMEOUT, **kw
+        )
+    return answer
+
+
+def watch_custom(
+    api_client: client.ApiClient, plural: str, resource_version: str, **kw: Any
+) -> Iterator[tuple[str, dict[str, Any]]]:
+    """(type, object) for each change after ``resource_version``, until the server ends the
+    watch (the caller watches again from the last version) or says the version is too old
+    (``("ERROR", {})``: the caller lists again)."""
+    from kubernetes import watch
+
+    custom: Any = client.CustomObjectsApi(api_client)
+    stream = watch.Watch().stream(  # type: ignore[no-untyped-call]
+        custom.list_cluster_custom_object, GROUP, VERSION, plural,
+        resource_version=resource_version, allow_watch_bookmarks=False, **kw,
+    )  # fmt: skip
+    with said_plainly(f"{plural}.{GROUP}"):
+        try:
+            for event in stream:
+                yield str(event["type"]), dict(event["object"])
+        except ApiException as exc:
+            if exc.status != 410:  # 410 Gone: the version is too old; the caller lists again
+                raise
+            yield "ERROR", {}

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import os
+import sys
 from typing import Any, TypeVar
 
 from pydantic import ValidationError
@@ -14,9 +14,10 @@ from pydantic import ValidationError
 from gpuheal.api.names import APPROVE_ANNOTATION, NREM_PLURAL, POLICY_PLURAL
 from gpuheal.api.noderemediation import NodeRemediation
 from gpuheal.api.remediationpolicy import RemediationPolicy
-from gpuheal.policy.explain import Verdict, explain
+from gpuheal.cli._common import add_cluster_flags, add_output_flag, dump
+from gpuheal.policy.explain import Verdict, describe, explain
 from gpuheal.policy.inputs import (
-    event_observation,
+    event_observations,
     incident_summary,
     incident_view,
     merge_observations,
@@ -42,9 +43,8 @@ def explain_node(
     observations = []
     for body in events:
         ev = node_event(body)
-        obs = event_observation(ev, now) if ev is not None else None
-        if obs is not None:
-            observations.append(obs)
+        if ev is not None:
+            observations.extend(event_observations(ev, now, view.gpus))
     open_ = next((n for n in incidents if n.spec.node_name == view.name and not _done(n)), None)
     summaries = [incident_summary(n) for n in incidents]
     recorded = [
@@ -82,7 +82,8 @@ def _parsed(items: list[dict[str, Any]], model: type[M]) -> list[M]:
             out.append(model.model_validate(item))
         except ValidationError as exc:
             print(
-                f"({item.get('kind', 'object')} {item['metadata']['name']} does not parse: {exc})"
+                f"({item.get('kind', 'object')} {item['metadata']['name']} does not parse: {exc})",
+                file=sys.stderr,
             )
     return out
 
@@ -90,22 +91,48 @@ def _parsed(items: list[dict[str, Any]], model: type[M]) -> list[M]:
 def _run(args: argparse.Namespace) -> int:
     from kubernetes import client
 
-    from gpuheal.cli._cluster import api, list_custom
+    from gpuheal.cli._cluster import TIMEOUT, api, list_custom, said_plainly
 
-    api_client = api(args.kubeconfig)
+    api_client = api(args.kubeconfig, args.context)
     core = client.CoreV1Api(api_client)
-    node = api_client.sanitize_for_serialization(core.read_node(args.node))  # type: ignore[no-untyped-call]
-    policies = _parsed(list_custom(api_client, POLICY_PLURAL), RemediationPolicy)
+    with said_plainly(f"node {args.node}"):
+        node = api_client.sanitize_for_serialization(
+            core.read_node(args.node, _request_timeout=TIMEOUT)
+        )  # type: ignore[no-untyped-call]
+    policies = _parsed(list_custom(api_client, POLICY_PLURAL)["items"], RemediationPolicy)
     selector = f"involvedObject.kind=Node,involvedObject.name={args.node}"
-    listed = core.list_event_for_all_namespaces(field_selector=selector).items
+    with said_plainly("events"):
+        listed = core.list_event_for_all_namespaces(
+            field_selector=selector, _request_timeout=TIMEOUT
+        ).items
     events = api_client.sanitize_for_serialization(listed)  # type: ignore[no-untyped-call]
-    incidents = _parsed(list_custom(api_client, NREM_PLURAL), NodeRemediation)
+    incidents = _parsed(list_custom(api_client, NREM_PLURAL)["items"], NodeRemediation)
     max_age = dt.timedelta(seconds=args.event_max_age)
-    lines, _ = explain_node(
-        node, policies, events, incidents, now=dt.datetime.now(dt.UTC), max_signal_age=max_age
+    now = dt.datetime.now(dt.UTC)
+    lines, verdicts = explain_node(
+        node, policies, events, incidents, now=now, max_signal_age=max_age
     )
-    print("\n".join(lines))
+    if args.output == "text":
+        print("\n".join(lines))
+    else:
+        print(dump(explanation(args.node, lines, verdicts, now=now), args.output))
     return 0
+
+
+def explanation(
+    node: str, lines: list[str], verdicts: list[Verdict], *, now: dt.datetime
+) -> dict[str, Any]:
+    """`-o json|yaml`: the same answers as data: each question asked of the engine, its
+    decision (kind Act, Wait, Blocked or Idle, with every field) and the phrase for it."""
+    return {
+        "node": node,
+        "time": now,
+        "verdicts": [
+            {"about": v.about, "says": describe(v.decision, now), "decision": v.decision}
+            for v in verdicts
+        ],
+        "lines": lines,
+    }
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -113,14 +140,14 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "explain", help="why gpuheal does what it does about a node", description=__doc__
     )
     p.add_argument("node", help="the node's name")
-    p.add_argument(
-        "--kubeconfig", default=os.environ.get("KUBECONFIG"), help="kubeconfig file to use"
-    )
+    add_output_flag(p, ("text", "json", "yaml"), "output format")
     p.add_argument(
         "--event-max-age",
         type=float,
         default=3600.0,
+        metavar="SECONDS",
         help="seconds after which an Event starts nothing (the operator's --event-max-age)",
     )
+    add_cluster_flags(p)
     p.set_defaults(func=_run)
     return p

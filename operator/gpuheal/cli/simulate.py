@@ -11,12 +11,11 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import os
 from typing import Any, cast
 
 from kubernetes import client
-from kubernetes import config as k8s_config
 
+from gpuheal.cli._common import add_cluster_flags
 from gpuheal.xid.parse import XID_CONDITION_TYPE, XID_EVENT_REASON, format_kernel_line
 
 EVENT_REASON = XID_EVENT_REASON
@@ -136,40 +135,47 @@ def simulate_condition(
     return {"node": node, "condition": type_, "status": status, "reason": reason}
 
 
-def _core(kubeconfig: str | None) -> client.CoreV1Api:
-    k8s_config.load_kube_config(config_file=kubeconfig)  # type: ignore[no-untyped-call]
-    return client.CoreV1Api()
+def _core(args: argparse.Namespace) -> client.CoreV1Api:
+    from gpuheal.cli._cluster import api
+
+    return client.CoreV1Api(api(args.kubeconfig, args.context))
 
 
 def _run_xid(args: argparse.Namespace) -> int:
-    core = _core(args.kubeconfig)
+    from gpuheal.cli._cluster import said_plainly
+
+    core = _core(args)
     for node in args.node:
-        out = simulate_xid(
-            core,
-            node,
-            args.xid,
-            pci=args.gpu,
-            condition=args.condition,
-            event=not args.no_event,
-            namespace=args.event_namespace,
-            message=args.message,
-        )
+        with said_plainly(f"node {node}"):
+            out = simulate_xid(
+                core,
+                node,
+                args.xid,
+                pci=args.gpu,
+                condition=args.condition,
+                event=not args.no_event,
+                namespace=args.event_namespace,
+                message=args.message,
+            )
         what = " and ".join(k for k in ("event", "condition") if k in out)
         print(f"{node}: XID {args.xid} injected ({what}): {out['line']}")
     return 0
 
 
 def _run_condition(args: argparse.Namespace) -> int:
-    core = _core(args.kubeconfig)
+    from gpuheal.cli._cluster import said_plainly
+
+    core = _core(args)
     for node in args.node:
-        simulate_condition(
-            core,
-            node,
-            type_=args.type,
-            status=args.status,
-            reason=args.reason,
-            message=args.message,
-        )
+        with said_plainly(f"node {node}"):
+            simulate_condition(
+                core,
+                node,
+                type_=args.type,
+                status=args.status,
+                reason=args.reason,
+                message=args.message,
+            )
         print(f"{node}: condition {args.type}={args.status} ({args.reason})")
     return 0
 
@@ -177,9 +183,9 @@ def _run_condition(args: argparse.Namespace) -> int:
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """`gpuheal simulate xid ...` and `gpuheal simulate condition ...`."""
     sim: argparse.ArgumentParser = subparsers.add_parser(
-        "simulate", help="inject GPU faults the way real producers do"
+        "simulate", help="inject GPU faults the way real producers do", description=__doc__
     )
-    sub = sim.add_subparsers(dest="simulate", required=True)
+    sub = sim.add_subparsers(dest="simulate", required=True, metavar="WHAT")
 
     xid = sub.add_parser("xid", help="an XID on a node: Event (and optionally the condition)")
     xid.add_argument("--node", action="append", required=True, help="node name (repeatable)")
@@ -188,17 +194,24 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     xid.add_argument("--condition", action="store_true", help=f"also set {CONDITION_TYPE}=True")
     xid.add_argument("--no-event", action="store_true", help="only the condition")
     xid.add_argument("--message", help="the kernel line to report (default: a driver line)")
-    xid.add_argument("--event-namespace", default="default")
+    xid.add_argument(
+        "--event-namespace",
+        default="default",
+        metavar="NS",
+        help="namespace of the Event (default: default, where Node Events belong)",
+    )
     xid.set_defaults(func=_run_xid)
 
     cond = sub.add_parser("condition", help="set a node condition (NPD / GPU operator style)")
-    cond.add_argument("--node", action="append", required=True)
+    cond.add_argument("--node", action="append", required=True, help="node name (repeatable)")
     cond.add_argument("--type", required=True, help="condition type, e.g. GpuXid")
-    cond.add_argument("--status", default="True", choices=["True", "False", "Unknown"])
-    cond.add_argument("--reason", default="Simulated")
-    cond.add_argument("--message", default="set by gpuheal simulate")
+    cond.add_argument(
+        "--status", default="True", choices=["True", "False", "Unknown"], help="its status"
+    )
+    cond.add_argument("--reason", default="Simulated", help="its reason (one CamelCase word)")
+    cond.add_argument("--message", default="set by gpuheal simulate", help="its message")
     cond.set_defaults(func=_run_condition)
 
     for p in (xid, cond):
-        p.add_argument("--kubeconfig", default=os.environ.get("KUBECONFIG"))
+        add_cluster_flags(p)
     return sim

@@ -15,11 +15,13 @@ from gpuheal.xid.types import XidEvent
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Register `xid parse` / `xid explain` on the main CLI's subparsers object."""
-    xid = subparsers.add_parser("xid", help="parse kernel logs for XIDs, explain an XID")
-    sub = xid.add_subparsers(dest="xid_command", required=True)
+    xid = subparsers.add_parser(
+        "xid", help="parse kernel logs for XIDs, explain an XID", description=__doc__
+    )
+    sub = xid.add_subparsers(dest="xid_command", required=True, metavar="WHAT")
     sub.add_parser("parse", help="read kernel log lines on stdin, print one JSON per XID")
     explain_p = sub.add_parser("explain", help="print the catalogue entry of an XID")
-    explain_p.add_argument("code", type=int)
+    explain_p.add_argument("code", type=int, help="the XID number, e.g. 79")
     xid.set_defaults(func=run)
     return xid  # type: ignore[no-any-return]
 

@@ -259,9 +259,9 @@ def _count(
     *,
     per_gpu: bool,
 ) -> int:
-    """Matching signals within the rule's window (on the same GPU when `per_gpu`),
-    `signal` included."""
-    return len(_repeats(rule, observations, signal.gpu, now, per_gpu=per_gpu) | {signal.identity})
+    """Faults matching the rule within its window (on the same GPU when `per_gpu`),
+    `signal` included; one fault reported by two reporters counts once."""
+    return len(_repeats(rule, [*observations, signal], signal.gpu, now, per_gpu=per_gpu))
 
 
 def _repeats(
@@ -271,13 +271,50 @@ def _repeats(
     now: dt.datetime,
     *,
     per_gpu: bool,
-) -> set[tuple[object, ...]]:
+) -> list[list[Observation]]:
+    """The matching observations in the rule's window, grouped into faults."""
     since = now - parse_duration(rule.escalation_or_default().window)
-    return {
-        o.identity
+    matching = {
+        o.identity: o
         for o in observations
         if since <= o.time <= now and (not per_gpu or o.gpu == gpu) and rule_matches(rule, o)
     }
+    return faults(matching.values())
+
+
+SAME_FAULT_WITHIN = dt.timedelta(minutes=2)
+"""Two reporters of one XID on one GPU this close in time report one fault: node-problem-
+detector posts the XID 79 line and the "fallen off the bus" message as two Events, and
+dcgm-exporter's scrape (every 15 s by default) sees a kernel XID a little later."""
+
+
+def same_fault(a: Observation, b: Observation) -> bool:
+    """Is `b` another report of `a`'s fault (same XID, same GPU, another reporter, close in
+    time)? A repeat from the same reporter is a new fault."""
+    return (
+        a.xid is not None
+        and (a.xid, a.gpu) == (b.xid, b.gpu)
+        and bool(a.reporter)
+        and bool(b.reporter)
+        and a.reporter != b.reporter
+        and abs(a.time - b.time) <= SAME_FAULT_WITHIN
+    )
+
+
+def faults(observations: Iterable[Observation]) -> list[list[Observation]]:
+    """Observations grouped into faults (oldest first): an observation joins the first
+    fault it is another report of, where that reporter has not reported yet."""
+    groups: list[list[Observation]] = []
+    for o in sorted(observations, key=lambda o: o.time):
+        home = next(
+            (g for g in groups if same_fault(g[0], o) and all(x.reporter != o.reporter for x in g)),
+            None,
+        )
+        if home is None:
+            groups.append([o])
+        else:
+            home.append(o)
+    return groups
 
 
 def rung_for(rule: Rule, count: int) -> int:

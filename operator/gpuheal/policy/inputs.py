@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import re
 import sys
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -32,7 +33,8 @@ from gpuheal.policy.types import (
     NodeView,
     Observation,
 )
-from gpuheal.xid.parse import parse_event
+from gpuheal.xid.identity import GPU_MAP_ANNOTATION, GpuMap, parse_gpu_map
+from gpuheal.xid.parse import parse_event_all
 
 # Conditions every kubelet reports and that say nothing about GPUs; dropped from the view
 # unless a policy names them (then `keep` carries them).
@@ -75,6 +77,9 @@ def node_view(body: Mapping[str, Any], keep: frozenset[str] = frozenset()) -> No
             for t in spec.get("taints") or []
             if isinstance(t, Mapping) and t.get("key")
         ),
+        gpus=parse_gpu_map(annotations.get(GPU_MAP_ANNOTATION))
+        if GPU_MAP_ANNOTATION in annotations
+        else GpuMap(),
     )
 
 
@@ -125,23 +130,61 @@ def node_event(body: Mapping[str, Any]) -> NodeEvent | None:
     )
 
 
-def event_observation(ev: NodeEvent, seen_at: dt.datetime) -> Observation | None:
-    """An Event about a Node as an observation: an XID when the parser reads one, else a
-    plain Warning Event (policies may match it by reason). Normal Events say nothing."""
-    xid = parse_event(ev.reason, ev.message)
-    if xid is None and ev.type != "Warning":
-        return None
-    return Observation(
+_XID_TOKEN = re.compile(r"\bXid\b")
+
+
+def reporter_of(source: str, event_reason: str | None, message: str) -> str:
+    """Who reported a signal, for telling one fault reported twice (node-problem-detector's
+    XID 79 line and its "fallen off the bus" message; an Event and dcgm-exporter) from the
+    same fault reported again by the same reporter (a real repeat)."""
+    if source in ("dcgm", SignalSource.DCGM_EXPORTER):
+        return "dcgm"
+    if source in ("conditions", SignalSource.CONDITION):
+        return "condition"
+    form = "xid-line" if _XID_TOKEN.search(message) else "text"
+    return f"event:{event_reason or '-'}:{form}"
+
+
+def event_observations(
+    ev: NodeEvent, seen_at: dt.datetime, gpus: GpuMap | None = None
+) -> list[Observation]:
+    """An Event about a Node as observations: one per XID the parser reads (a message may
+    name several GPUs), each GPU under its canonical key (`GpuMap.key`: the PCI address,
+    whichever way the source named it); else one plain Warning Event (policies may match it
+    by reason). Normal Events say nothing."""
+    found = parse_event_all(ev.reason, ev.message)
+    if not found and ev.type != "Warning":
+        return []
+    known = (gpus or GpuMap()).learn((x.pci_bus_id, x.gpu_uuid) for x in found)
+    base = Observation(
         time=ev.last_seen or seen_at,
-        xid=xid.xid if xid else None,
-        gpu=xid.gpu_key if xid else None,
-        recovery_action=xid.recovery_action if xid else None,
         event_reason=ev.reason,
         message=ev.message[:1024],
         source="events",
         key=ev.dedupe_key,
         event_uid=ev.uid,
+        reporter=reporter_of("events", ev.reason, ev.message),
     )
+    if not found:
+        return [base]
+    return [
+        dataclasses.replace(
+            base,
+            xid=x.xid,
+            gpu=known.key(x.pci_bus_id, x.gpu_uuid),
+            recovery_action=x.recovery_action,
+            key=ev.dedupe_key if i == 0 else f"{ev.dedupe_key}/{i}",
+        )
+        for i, x in enumerate(found)
+    ]
+
+
+def event_observation(
+    ev: NodeEvent, seen_at: dt.datetime, gpus: GpuMap | None = None
+) -> Observation | None:
+    """The first of `event_observations` (one GPU), or None."""
+    found = event_observations(ev, seen_at, gpus)
+    return found[0] if found else None
 
 
 _SOURCE = {
@@ -185,6 +228,7 @@ def recorded_observations(nrem: NodeRemediation) -> list[Observation]:
             message=s.message,
             source="record",
             event_uid=s.event_uid,
+            reporter=reporter_of(s.source, s.event_reason, s.message),
         )
         for s in nrem.spec.signals
     ]

@@ -44,6 +44,12 @@ def choose_policy(
     return (by_name[winner] if winner else None), tied
 
 
+def slurm_cluster(labels: Mapping[str, str], label: str, policy_choice: str | None) -> str | None:
+    """Which Slurm cluster (so which bridge) a node belongs to: its ``label``, else its
+    policy's ``slurmCluster``, else None (the operator's default bridge)."""
+    return labels.get(label) or policy_choice or None
+
+
 def rule_matches(rule: Rule, obs: Observation) -> bool:
     """Does the rule's signal selector take this observation?
 

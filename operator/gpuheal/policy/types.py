@@ -9,6 +9,7 @@ from collections.abc import Mapping, Sequence
 
 from gpuheal.api.names import Reason
 from gpuheal.api.remediationpolicy import Action, Rule, Rung, Step
+from gpuheal.xid.identity import NO_GPUS, GpuMap
 from gpuheal.xid.types import RecoveryAction, XidEvent
 
 
@@ -41,6 +42,7 @@ class Observation:
     source: str = ""  # events | conditions | dcgm | record (read back from an incident)
     key: str = ""  # dedupe key: the same signal seen again has the same key
     event_uid: str | None = None
+    reporter: str = ""  # who told us (see inputs.reporter_of): two reporters, one fault
 
     @classmethod
     def from_xid(cls, event: XidEvent, seen_at: dt.datetime) -> Observation:
@@ -93,6 +95,7 @@ class NodeView:
     cordoned_by: str | None = None  # the incident whose cordon this is (our annotation)
     claimed_by: str | None = None  # the incident that claimed this node as a spare
     taints: tuple[str, ...] = ()
+    gpus: GpuMap = NO_GPUS  # PCI <-> UUID (the agent's annotation)
     sources_readable_since: dt.datetime | None = ALWAYS
     """Since when every signal source for this node has been readable; None = blind now.
     A blind source never starts nor ends an incident, and blind time is not healthy time."""

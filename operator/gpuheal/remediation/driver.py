@@ -34,7 +34,7 @@ from gpuheal.api.names import (
     Reason,
 )
 from gpuheal.api.noderemediation import NodeRemediation
-from gpuheal.api.remediationpolicy import Action, RemediationPolicy
+from gpuheal.api.remediationpolicy import Action, NotifyEvent, RemediationPolicy
 from gpuheal.policy import decide
 from gpuheal.policy.inputs import (
     incident_view,
@@ -44,6 +44,7 @@ from gpuheal.policy.inputs import (
 )
 from gpuheal.policy.types import Act, Blocked, Decision, History, Idle, Move, NodeView, Wait
 from gpuheal.remediation import steps
+from gpuheal.remediation.notify import announce
 from gpuheal.remediation.record import Recorder
 from gpuheal.remediation.state import Breaker, Runtime
 
@@ -58,12 +59,29 @@ CONDITION_OF = {
     Action.REBOOT: NremCondition.REBOOTED,
     Action.REPLACE: NremCondition.REPLACEMENT_CLAIMED,
 }
+# The Event a done step posts: one reason per step.
+EVENT_OF = {
+    Action.CORDON: EventReason.CORDONED,
+    Action.SLURM_DRAIN: EventReason.SLURM_DRAINED,
+    Action.DRAIN: EventReason.DRAINED,
+    Action.RESET: EventReason.RESET,
+    Action.REBOOT: EventReason.REBOOTED,
+    Action.REPLACE: EventReason.REPLACEMENT_CLAIMED,
+}
+# ...and how an incident ended (Completed's reason -> the Event's).
+ENDED_EVENT = {
+    "Replaced": EventReason.REPLACED,
+    "Returned": EventReason.RETURNED,
+    "Remediated": EventReason.REMEDIATED,
+    "DryRun": EventReason.DRY_RUN_COMPLETED,
+}
 _PROGRESS = frozenset(CONDITION_OF.values()) | {NremCondition.JOBS_REQUEUED}
 # Waits that hold the incident up for a reason a person may want to know (Blocked=True).
 _BLOCKING_WAITS = frozenset(
     {
         "PodDisruptionBudget",
         "BridgeUnavailable",
+        "SlurmClusterUnknown",
         "NoSpareAvailable",
         "PoolNotFound",
         "HookUnavailable",
@@ -251,12 +269,12 @@ async def _record_detected(rt: Runtime, nrem: NodeRemediation, rec: Recorder) ->
         f"{what} on {spec.node_name} matched rule {spec.rule}",
     )
     rec.set(rung=rung, next_step=0)
-    rec.event(
-        NremCondition.DETECTED,
-        f"{what}: rule {spec.rule}, rung {spec.ladder[rung].name}"
-        + (" (dry run)" if spec.dry_run else ""),
+    opened = f"{what}: rule {spec.rule}, rung {spec.ladder[rung].name}" + (
+        " (dry run)" if spec.dry_run else ""
     )
+    rec.event(NremCondition.DETECTED, opened)
     await rec.write(rt.require_kube())
+    announce(rt, nrem, NotifyEvent.OPENED, "SignalMatched", opened, rec.now)
     _publish(rt, nrem, rec)
     return 0.0
 
@@ -357,7 +375,7 @@ async def _run_step(
         await rec.write(kube)
         _observe_latency(rt, nrem, rec, action)
         await kube.post_event(
-            nrem.to_k8s(), reason=EventReason.STEP_DONE, message=f"{label}: {result.message}"
+            nrem.to_k8s(), reason=EVENT_OF[action], message=f"{label}: {result.message}"
         )
         return 0.0
     if result.kind == "wait":
@@ -373,6 +391,7 @@ async def _run_step(
     rec.condition(NremCondition.COMPLETED, "True", "Failed", f"{label} failed: {result.message}")
     rec.event(label, f"failed: {result.message}")
     await rec.write(kube)
+    announce(rt, nrem, NotifyEvent.FAILED, result.reason, f"{label}: {result.message}", rec.now)
     rt.metrics.incidents_completed.labels("failed").inc()
     await kube.post_event(
         nrem.to_k8s(),
@@ -438,18 +457,17 @@ async def _complete(
     rec.condition(NremCondition.COMPLETED, "True", reason, message)
     rec.event(NremCondition.COMPLETED, f"{reason}: {message}")
     await rec.write(rt.require_kube())
+    announce(rt, nrem, NotifyEvent.COMPLETED, reason, message, rec.now)
     rt.metrics.incidents_completed.labels(reason.lower()).inc()
-    event_reason = {
-        "Replaced": EventReason.REPLACED,
-        "Returned": EventReason.RETURNED,
-    }.get(reason, EventReason.STEP_DONE)
+    event_reason = ENDED_EVENT.get(reason, EventReason.COMPLETED)
     await rt.require_kube().post_event(nrem.to_k8s(), reason=event_reason, message=message)
 
 
 async def _block(
     rt: Runtime, nrem: NodeRemediation, rec: Recorder, reason: str, message: str
 ) -> None:
-    """Say why in status (Blocked=True) and, when the reason changes, as an Event."""
+    """Say why in status (Blocked=True) and, when the reason changes, as an Event and a
+    notification (sent once the status says it)."""
     changed = not rec.holds(NremCondition.BLOCKED) or rec.reason(NremCondition.BLOCKED) != reason
     rec.condition(NremCondition.BLOCKED, "True", reason, message)
     if changed:
@@ -462,6 +480,13 @@ async def _block(
             type_="Warning",
         )
     await rec.write(rt.require_kube())
+    if changed:
+        event = (
+            NotifyEvent.APPROVAL_PENDING
+            if reason == Reason.APPROVAL_PENDING
+            else NotifyEvent.BLOCKED
+        )
+        announce(rt, nrem, event, reason, message, rec.now)
 
 
 def _node_ref(rt: Runtime, node: str) -> dict[str, Any]:

@@ -27,6 +27,7 @@ from gpuheal.api.names import (
 from gpuheal.api.noderemediation import NodeRemediation, NodeRemediationSpec
 from gpuheal.api.remediationpolicy import Action, RemediationPolicy, Rung
 from gpuheal.policy import condition_observations, decide
+from gpuheal.policy.engine import same_fault
 from gpuheal.policy.inputs import node_view, signal_record
 from gpuheal.policy.types import (
     Act,
@@ -64,8 +65,11 @@ async def observe(rt: Runtime, node: str, obs: Observation) -> str:
 
 
 async def _observe(rt: Runtime, node: str, obs: Observation) -> str:  # noqa: PLR0911
+    earlier = tuple(rt.history.get(node, ()))
     if not rt.remember(node, obs):
         return "duplicate"
+    if any(same_fault(o, obs) for o in earlier):
+        return "duplicate"  # another reporter of a fault seen already (NPD's two Events, dcgm)
     if any(obs.key in i.trigger_keys or obs.identity in i.recorded for i in rt.incidents.values()):
         return "duplicate"  # a signal an incident recorded, seen again (relist, restart)
     view = await _node_view(rt, node)

@@ -19,11 +19,15 @@ from tenacity import (
     wait_exponential_jitter,
 )
 
-from gpuheal.adapters.kube import Kube, make_api_client
+from gpuheal.adapters.kube import Kube
 from gpuheal.adapters.lease import Lease
+from gpuheal.adapters.notify import WebhookSender
 from gpuheal.adapters.slurm import BridgeSlurm
 from gpuheal.api.names import NREM_PLURAL, POLICY_PLURAL, POOL_PLURAL
+from gpuheal.config import bridge_targets, parse_events, parse_webhooks
+from gpuheal.kubeapi import make_api_client
 from gpuheal.remediation import objects, report, sources
+from gpuheal.remediation.notify import Notifier, Target
 from gpuheal.remediation.state import Runtime
 
 log = logging.getLogger("gpuheal.service")
@@ -39,13 +43,28 @@ async def start(rt: Runtime, *, serve_metrics: bool) -> None:
         rt.lease = Lease(rt.kube.api, cfg.namespace, duration=cfg.lease_duration)
         await rt.lease.acquire()  # a second copy waits here: nothing below runs in it
         _spawn(rt, "lease", rt.lease.keep(_lost_lease))
-    if cfg.bridge_url and rt.slurm is None:
+    if not rt.bridges:
         calls = rt.metrics.bridge_calls
-        rt.slurm = BridgeSlurm.from_settings(
-            cfg.bridge_url,
-            cfg.bridge_token_file,
-            cfg.bridge_ca_file,
-            on_call=lambda operation, result: calls.labels(operation, result).inc(),
+        for cluster, target in bridge_targets(cfg).items():
+            rt.bridges[cluster] = BridgeSlurm.from_settings(
+                target.url,
+                target.token_file,
+                target.ca_file,
+                on_call=lambda operation, result: calls.labels(operation, result).inc(),
+            )
+        rt.slurm = rt.bridges.get(cfg.bridge_cluster)
+    if rt.notifier is None:
+        events = parse_events(cfg.notify_events)
+        rt.notify_targets = [
+            Target(url, fmt, events) for fmt, url in parse_webhooks(cfg.notify_webhooks or "")
+        ]
+        sender = rt.notify_sender = WebhookSender(cfg.notify_timeout)
+        sent = rt.metrics.notifications
+        rt.notifier = Notifier(
+            lambda url, body, key: sender.post(url, body, key=key),
+            queue_size=cfg.notify_queue_size,
+            retries=cfg.notify_retries,
+            on_result=lambda event, result: sent.labels(event.value, result).inc(),
         )
     if cfg.metrics_port and serve_metrics and not rt.metrics_served:
         start_http_server(cfg.metrics_port, registry=rt.metrics.registry)
@@ -60,16 +79,22 @@ async def start(rt: Runtime, *, serve_metrics: bool) -> None:
     if "dcgm" in cfg.sources:
         _spawn(rt, "dcgm", sources.scrape_dcgm(rt))
     _spawn(rt, "status", report.report_forever(rt))
-    if rt.slurm is not None:
-        _spawn(rt, "bridge", _watch_bridge(rt))
-    log.info("gpuheal started: sources=%s bridge=%s", ",".join(sorted(cfg.sources)), cfg.bridge_url)
+    for cluster, bridge in rt.bridges.items():
+        _spawn(rt, f"bridge:{cluster}", _watch_bridge(rt, cluster, bridge))
+    log.info(
+        "gpuheal started: sources=%s bridges=%s",
+        ",".join(sorted(cfg.sources)),
+        ",".join(f"{c}={b.client.base_url}" for c, b in rt.bridges.items()) or "none",
+    )
 
 
-async def _watch_bridge(rt: Runtime, every: float = 15.0) -> None:
-    """`gpuheal_bridge_up`: does the bridge answer /readyz (slurmctld reachable)?"""
-    assert rt.slurm is not None
+async def _watch_bridge(
+    rt: Runtime, cluster: str, bridge: BridgeSlurm, every: float = 15.0
+) -> None:
+    """`gpuheal_bridge_up{cluster}`: does the bridge answer /readyz (slurmctld reachable)?"""
+    gauge = rt.metrics.bridge_up.labels(cluster)
     while True:
-        rt.metrics.bridge_up.set(1 if await rt.slurm.ready() else 0)
+        gauge.set(1 if await bridge.ready() else 0)
         await asyncio.sleep(every)
 
 
@@ -135,7 +160,11 @@ async def stop(rt: Runtime) -> None:
         timer.cancel()
     if rt.lease is not None:
         await rt.lease.release()
-    if rt.slurm is not None:
-        await rt.slurm.close()
+    for bridge in rt.bridges.values():
+        await bridge.close()
+    if rt.notifier is not None:
+        await rt.notifier.close()
+    if rt.notify_sender is not None:
+        await rt.notify_sender.aclose()
     if rt.kube is not None:
         await rt.kube.close()

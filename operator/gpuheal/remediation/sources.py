@@ -15,11 +15,12 @@ from typing import Any
 from gpuheal.adapters.dcgm import DcgmScraper, ScrapeFailed
 from gpuheal.adapters.kube import Watched
 from gpuheal.api.meta import rfc3339_ms
-from gpuheal.policy.inputs import event_observation, node_event
+from gpuheal.policy.inputs import event_observations, node_event, reporter_of
 from gpuheal.policy.types import Observation
 from gpuheal.remediation import intake
 from gpuheal.remediation.objects import node_changed
 from gpuheal.remediation.state import Runtime
+from gpuheal.xid.identity import NO_GPUS
 from gpuheal.xid.parse import dcgm_xid_events, parse_dcgm_metrics
 
 log = logging.getLogger("gpuheal.sources")
@@ -77,14 +78,14 @@ async def watch_events(rt: Runtime) -> None:
     await _follow(rt, "node_events", "events", None, handle)
 
 
-async def handle_event(rt: Runtime, body: dict[str, Any]) -> str | None:
+async def handle_event(rt: Runtime, body: dict[str, Any]) -> list[str]:
+    """One Event about a Node: each XID it reports (or the Warning itself) to the intake."""
     ev = node_event(body)
     if ev is None or ev.component == rt.require_kube().component:
-        return None  # not about a Node, or one of our own Events
-    obs = event_observation(ev, _now())
-    if obs is None:
-        return None
-    return await intake.observe(rt, ev.node, obs)
+        return []  # not about a Node, or one of our own Events
+    view = rt.nodes.get(ev.node)
+    found = event_observations(ev, _now(), view.gpus if view is not None else None)
+    return [await intake.observe(rt, ev.node, obs) for obs in found]
 
 
 async def scrape_dcgm(rt: Runtime) -> None:
@@ -134,18 +135,24 @@ async def scrape_once(
         now = _now()
         events, state = dcgm_xid_events(previous.get(node), parse_dcgm_metrics(text), now)
         previous[node] = state
+        view = rt.nodes.get(node)
+        gpus = (view.gpus if view is not None else NO_GPUS).learn(
+            (xe.pci_bus_id, xe.gpu_uuid) for xe in events
+        )
         for xe in events:
-            key = f"dcgm/{node}/{xe.gpu_key}/{xe.xid}/{rfc3339_ms(now)}"
+            gpu = gpus.key(xe.pci_bus_id, xe.gpu_uuid)
+            key = f"dcgm/{node}/{gpu}/{xe.xid}/{rfc3339_ms(now)}"
             out.append(
                 (
                     node,
                     Observation(
                         time=now,
                         xid=xe.xid,
-                        gpu=xe.gpu_key,
+                        gpu=gpu,
                         message=xe.message,
                         source="dcgm",
                         key=key,
+                        reporter=reporter_of("dcgm", None, xe.message),
                     ),
                 )
             )

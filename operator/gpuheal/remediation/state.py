@@ -16,14 +16,17 @@ from typing import Any
 
 from gpuheal.adapters.kube import Kube
 from gpuheal.adapters.lease import Lease
-from gpuheal.adapters.slurm import BridgeSlurm
+from gpuheal.adapters.notify import WebhookSender
+from gpuheal.adapters.slurm import BridgeSlurm, UnknownCluster
 from gpuheal.api.remediationpolicy import RemediationPolicy
 from gpuheal.api.reservepool import ReservePool
 from gpuheal.config import OperatorConfig
 from gpuheal.metrics import Metrics
 from gpuheal.policy import cluster_counts, select_policy
 from gpuheal.policy.inputs import breaker_state, last_resolved, readable_view
+from gpuheal.policy.select import slurm_cluster
 from gpuheal.policy.types import ClusterCounts, History, IncidentSummary, NodeView, Observation
+from gpuheal.remediation.notify import Notifier, Target
 
 HISTORY_PER_NODE = 256
 
@@ -43,7 +46,11 @@ class Runtime:
     metrics: Metrics
     kube: Kube | None = None
     lease: Lease | None = None
-    slurm: BridgeSlurm | None = None
+    slurm: BridgeSlurm | None = None  # the default cluster's bridge (--bridge-url)
+    bridges: dict[str, BridgeSlurm] = field(default_factory=dict)  # every cluster's, by name
+    notifier: Notifier | None = None
+    notify_sender: WebhookSender | None = None
+    notify_targets: list[Target] = field(default_factory=list)  # --notify-webhooks
     nodes: dict[str, NodeView] = field(default_factory=dict)
     policies: dict[str, RemediationPolicy] = field(default_factory=dict)
     pools: dict[str, ReservePool] = field(default_factory=dict)
@@ -72,6 +79,27 @@ class Runtime:
         if self.kube is None:
             raise RuntimeError("the Kubernetes client is not set up (startup did not run)")
         return self.kube
+
+    def slurm_for(self, node: str) -> BridgeSlurm | None:
+        """The bridge of the node's Slurm cluster (its label, else its policy's
+        ``slurmCluster``, else the default bridge); None: no Slurm here. Raises
+        `UnknownCluster` when the node names a cluster without a bridge."""
+        view = self.nodes.get(node)
+        policy = self.policy_of(node)
+        name = slurm_cluster(
+            view.labels if view is not None else {},
+            self.config.slurm_cluster_label,
+            policy.spec.slurm_cluster if policy is not None else None,
+        )
+        if name is None:
+            return self.slurm
+        bridge = self.bridges.get(name)
+        if bridge is None:
+            known = ", ".join(sorted(self.bridges)) or "none"
+            raise UnknownCluster(
+                f"{node} is in Slurm cluster {name!r}, which has no bridge (known: {known})"
+            )
+        return bridge
 
     # ---- views --------------------------------------------------------------------------
     def set_node(self, view: NodeView) -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import copy
 import datetime as dt
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,6 +23,7 @@ from gpuheal.adapters.slurm import (
     SlurmError,
     SlurmNotFound,
     SlurmUnavailable,
+    UnknownCluster,
 )
 from gpuheal.api.meta import parse_duration, rfc3339
 from gpuheal.api.names import NODE_LABEL, REPLACES_ANNOTATION, JobOutcome
@@ -397,7 +398,7 @@ def _job_spec(
 # ---- replace -------------------------------------------------------------------------------
 async def replace(
     kube: Kube,
-    slurm: BridgeSlurm | None,
+    slurm_of: Callable[[str], BridgeSlurm | None],
     pool: ReservePool | None,
     pool_name: str,
     nodes: Sequence[NodeView],
@@ -406,7 +407,8 @@ async def replace(
     incident: str,
     retry_after: float,
 ) -> StepResult:
-    """Claim a spare (resourceVersion precondition), promote it, resume it in Slurm."""
+    """Claim a spare (resourceVersion precondition), promote it, resume it in Slurm (through
+    the bridge of the spare's own Slurm cluster, ``slurm_of(spare)``)."""
     if pool is None:
         return StepResult.wait(
             C.REPLACEMENT_CLAIMED, "PoolNotFound", f"ReservePool {pool_name} not found", retry_after
@@ -439,7 +441,15 @@ async def replace(
     slurm_msg = ""
     if promo.slurm is not None and promo.slurm.resume:
         try:
+            slurm = slurm_of(claim.node)
             slurm_msg = "; " + await slurm_resume(slurm, claim.node, incident, force=True)
+        except UnknownCluster as exc:
+            return StepResult.wait(
+                C.REPLACEMENT_CLAIMED,
+                "SlurmClusterUnknown",
+                f"claimed {claim.node}; Slurm resume pending: {exc}",
+                retry_after,
+            )
         except SlurmUnavailable as exc:
             return StepResult.wait(
                 C.REPLACEMENT_CLAIMED,
@@ -477,7 +487,11 @@ async def execute(  # noqa: PLR0911
     if action is Action.CORDON:
         return await cordon(kube, node, name)
     if action is Action.SLURM_DRAIN:
-        return await _slurm_drain_step(rt, nrem, rec, step, xid=xid, attempt=attempt)
+        try:
+            slurm = rt.slurm_for(node)
+        except UnknownCluster as exc:
+            return StepResult.wait(C.SLURM_DRAINED, "SlurmClusterUnknown", str(exc), retry)
+        return await _slurm_drain_step(rt, slurm, nrem, rec, step, xid=xid, attempt=attempt)
     if action is Action.DRAIN:
         result, counts = await drain_pods(
             kube,
@@ -522,7 +536,7 @@ async def execute(  # noqa: PLR0911
         pool_name = step.replace.reserve_pool_ref.name
         return await replace(
             kube,
-            rt.slurm,
+            rt.slurm_for,
             rt.pools.get(pool_name),
             pool_name,
             list(rt.nodes.values()),
@@ -534,7 +548,14 @@ async def execute(  # noqa: PLR0911
 
 
 async def _slurm_drain_step(
-    rt: Runtime, nrem: NodeRemediation, rec: Recorder, step: Step, *, xid: int | None, attempt: int
+    rt: Runtime,
+    slurm: BridgeSlurm | None,
+    nrem: NodeRemediation,
+    rec: Recorder,
+    step: Step,
+    *,
+    xid: int | None,
+    attempt: int,
 ) -> StepResult:
     """`slurm_drain` with this incident's signal time, its recorded job plan, a way to record
     the plan before acting, and Events about its jobs posted on the incident."""
@@ -555,7 +576,7 @@ async def _slurm_drain_step(
         await kube.post_event(nrem.to_k8s(), reason=reason, message=message, type_=type_)
 
     return await slurm_drain(
-        rt.slurm,
+        slurm,
         nrem.spec.node_name,
         nrem.metadata.name,
         xid,
@@ -579,5 +600,8 @@ async def return_to_service(rt: Runtime, nrem: NodeRemediation, decision: Act) -
     else:
         messages.append(f"{node}: cordon was not gpuheal's, left as it is")
     if decision.resume_slurm:
-        messages.append(await slurm_resume(rt.slurm, node, name))
+        try:
+            messages.append(await slurm_resume(rt.slurm_for(node), node, name))
+        except UnknownCluster as exc:
+            messages.append(f"not resumed in Slurm: {exc}")
     return "; ".join(messages)

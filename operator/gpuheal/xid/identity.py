@@ -96,6 +96,10 @@ class GpuMap:
         return GpuMap(merged)
 
 
+NO_GPUS = GpuMap()
+"""The map of a node that has none (shared: thousands of nodes, one empty map)."""
+
+
 def canonical_gpu_key(
     pci: str | None, uuid: str | None, gpu_map: GpuMap | None = None
 ) -> str | None:

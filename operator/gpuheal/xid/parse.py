@@ -189,18 +189,22 @@ def _recovery_action(rest: str) -> RecoveryAction | None:
     return action
 
 
+def _search(line: str, token: str, pattern: re.Pattern[str]) -> re.Match[str] | None:
+    """`pattern` in the (bounded) line, tried only when the cheap `token` is there."""
+    text = _cut(line)
+    return pattern.search(text) if token in text else None
+
+
 def parse_kernel_line(line: str) -> XidEvent | None:
     """One kernel log line -> XidEvent, or None if the line is not an NVRM Xid line.
 
     Stable entry point (other tools rely on it). Multi-line messages need
     `KernelLogScanner`; SXid lines return None here (see `parse_sxid_line`).
     """
-    text = _cut(line)
-    if "Xid" not in text:
-        return None
-    m = _XID_RE.search(text)
+    m = _search(line, "Xid", _XID_RE)
     if m is None:
         return None
+    text = m.string
     code = int(m.group("code"))
     if code > MAX_XID:
         return None
@@ -235,10 +239,7 @@ def parse_kernel_line(line: str) -> XidEvent | None:
 
 def parse_sxid_line(line: str) -> SxidEvent | None:
     """NVSwitch `SXid` line -> SxidEvent (an NVSwitch fault, not a GPU XID)."""
-    text = _cut(line)
-    if "SXid" not in text:
-        return None
-    m = _SXID_RE.search(text)
+    m = _search(line, "SXid", _SXID_RE)
     if m is None:
         return None
     return SxidEvent(
@@ -246,7 +247,7 @@ def parse_sxid_line(line: str) -> SxidEvent | None:
         pci_bus_id=normalize_pci(m.group("pci")),
         severity=m.group("sev"),
         message=m.group("rest").strip(),
-        timestamp=parse_timestamp(text),
+        timestamp=parse_timestamp(m.string),
     )
 
 

@@ -311,6 +311,7 @@ class JobRequeueRequest(RequeueOptions):
 
 class ErrorCode(StrEnum):
     UNAUTHORIZED = "unauthorized"
+    INSECURE_TRANSPORT = "insecure_transport"  # plain HTTP from a peer not on loopback
     INVALID = "invalid"
     NOT_FOUND = "not_found"
     CONFLICT = "conflict"  # e.g. resume of someone else's drain

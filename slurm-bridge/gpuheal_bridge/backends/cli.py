@@ -1,10 +1,12 @@
 """The primary backend: Slurm's own commands (scontrol, squeue, scancel, sinfo).
 
 Every call is an argument list run without a shell, bounded by a timeout (the process is
-killed when it expires), with ``SLURM_CONF`` and PATH from the configuration. Structured
-output where 22.05 has it (``squeue --json``, filtered here because 22.05's ``--json``
-ignores ``-w/-j/-t``), ``scontrol show node -o`` parsed as text (no ``--json`` in 22.05),
-and ``squeue -j ID -t all -o '%i|%T|%r|%N'`` for cheap state polling (no free-text columns).
+killed when it expires), with ``SLURM_CONF`` and PATH from the configuration. Every read
+names its node or job, so slurmctld answers for that one only (never a dump of the whole
+queue): ``scontrol show node -o NODE`` parsed as text (no ``--json`` in 22.05); jobs with
+``squeue -w NODE`` or ``squeue -j ID`` and fixed ``-O`` fields (22.05's ``--json`` ignores
+``-w/-j/-t``, so it is not used), their excluded nodes with ``-o '%A|%x'``; and
+``squeue -j ID -t all -o '%i|%T|%r|%N'`` for cheap state polling (no free-text columns).
 """
 
 from __future__ import annotations
@@ -12,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime as dt
-import json
 import os
 import re
 from collections.abc import Mapping, Sequence
@@ -31,10 +32,14 @@ from gpuheal_bridge.backends.base import (
     error_for,
 )
 from gpuheal_bridge.backends.parse import (
+    EXCLUDED_FORMAT,
+    JOB_FORMAT,
     PROBE_FORMAT,
     ended_on,
     jobs_on,
-    parse_jobs_json,
+    parse_excluded_lines,
+    parse_exit_code,
+    parse_job_lines,
     parse_node_lines,
     parse_probe_line,
 )
@@ -172,26 +177,40 @@ class CliBackend:
             raise NotFound(f"Node {node} not found")
         return nodes[0]
 
-    async def _all_jobs(self) -> list[JobState]:
-        result = await self._ok("squeue", "--json")
+    async def _jobs(self, *selector: str) -> list[JobState]:
+        """The jobs ``squeue -h -t all SELECTOR`` lists (``-w NODE`` or ``-j ID``): two
+        filtered calls at once, the fields and the excluded nodes."""
+        fields, excluded = await asyncio.gather(
+            self._ok("squeue", "-h", "-t", "all", *selector, "-O", JOB_FORMAT),
+            self._ok("squeue", "-h", "-t", "all", *selector, "-o", EXCLUDED_FORMAT),
+        )
         try:
-            doc = json.loads(result.stdout)
-        except json.JSONDecodeError as exc:
-            raise Unavailable(f"squeue --json gave no JSON: {exc}") from exc
-        return parse_jobs_json(doc)
+            return parse_job_lines(fields.stdout, parse_excluded_lines(excluded.stdout))
+        except ValueError as exc:
+            raise Unavailable(f"squeue gave unexpected output: {exc}") from exc
 
     async def jobs_on_node(self, node: str) -> list[JobState]:
-        return jobs_on(await self._all_jobs(), node)
+        return jobs_on(await self._jobs("-w", node), node)
 
     async def ended_jobs_on_node(self, node: str, since: dt.datetime) -> list[JobState]:
-        return ended_on(await self._all_jobs(), node, since)
+        """``squeue -t all -w NODE`` lists the jobs that ended there too (while slurmctld
+        holds them); their exit (not an ``-O`` field in 22.05) from ``scontrol show job``."""
+        ended = ended_on(await self._jobs("-w", node), node, since)
+        shown = await asyncio.gather(
+            *(self._ok("scontrol", "show", "job", "-o", str(j.job_id)) for j in ended)
+        )
+        out = []
+        for job, result in zip(ended, shown, strict=True):
+            status, signal = parse_exit_code(result.stdout)
+            out.append(job.model_copy(update={"exit_status": status, "exit_signal": signal}))
+        return out
 
     async def kill_wait(self) -> float | None:
         result = await self._ok("scontrol", "show", "config")
         return parse_kill_wait(result.stdout)
 
     async def get_job(self, job_id: int) -> JobState:
-        for job in await self._all_jobs():
+        for job in await self._jobs("-j", str(job_id)):
             if job.job_id == job_id:
                 return job
         raise NotFound(f"Invalid job id specified: {job_id}")

@@ -1,5 +1,5 @@
 """Parsers of Slurm 22.05 output (``scontrol show node -o``, ``sinfo/squeue --json``,
-``squeue -o``). Pure functions, tested against output captured from the real Slurm."""
+``squeue -o/-O``). Pure functions, tested against output captured from the real Slurm."""
 
 from __future__ import annotations
 
@@ -17,6 +17,17 @@ _NODE_NAME = re.compile(r"^NodeName=(\S+)")
 _STATE = re.compile(r"(?:^| )State=(\S+)")
 #: Columns of the probe format; none of them holds user-controlled free text.
 PROBE_FORMAT = "%i|%T|%r|%N"
+#: ``squeue -O`` fields of a job (22.05's ``--json`` ignores ``-w``/``-j``, this does not).
+#: ``field:|`` prints the value unpadded followed by ``|``; the job name, the only free text,
+#: comes last and is split off with everything after the ninth ``|``. ``JobID`` is the raw id
+#: (one per array element), as ``job_id`` in ``--json``.
+JOB_FIELDS = (
+    "JobID", "State", "Reason", "BatchFlag", "Requeue", "RestartCnt", "BatchHost",
+    "NodeList", "ReqNodes", "NumNodes", "EndTime", "UserName", "Name",
+)  # fmt: skip
+JOB_FORMAT = ",".join(f"{f}:|" for f in JOB_FIELDS[:-1]) + f",{JOB_FIELDS[-1]}:"
+#: The excluded nodes are not an ``-O`` field in 22.05: ``%x`` of ``squeue -o`` (a hostlist).
+EXCLUDED_FORMAT = "%A|%x"
 
 
 def split_state(text: str) -> tuple[str, tuple[str, ...]]:
@@ -187,6 +198,83 @@ def parse_jobs_json(doc: Mapping[str, Any]) -> list[JobState]:
     return [job_from_json(j) for j in doc.get("jobs") or []]
 
 
+def _none(text: str) -> str | None:
+    return None if text in ("", "None", "(null)", "n/a") else text
+
+
+def parse_excluded_lines(text: str) -> dict[int, list[str]]:
+    """``squeue -h -o EXCLUDED_FORMAT`` -> job id -> excluded nodes (expanded)."""
+    out: dict[int, list[str]] = {}
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        job_id, sep, hosts = line.strip().partition("|")
+        if not sep:
+            raise ValueError(f"unexpected squeue line {line!r}")
+        out[int(job_id)] = expand(_none(hosts) or "")
+    return out
+
+
+def parse_job_lines(text: str, excluded: Mapping[int, list[str]] | None = None) -> list[JobState]:
+    """``squeue -h -O JOB_FORMAT`` (plus the excluded nodes by job id) -> jobs, the same
+    ``JobState`` that ``job_from_json`` makes of ``squeue --json``."""
+    jobs = []
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        parts = line.rstrip("\n").split("|", len(JOB_FIELDS) - 1)
+        if len(parts) != len(JOB_FIELDS):
+            raise ValueError(f"unexpected squeue line {line!r}")
+        job_id, state, reason, batch, requeue, restarts, host, nodes, req, count, end = parts[:11]
+        user, name = parts[11:]
+        jid = int(job_id)
+        state = state.strip().upper() or "UNKNOWN"
+        ended = ENDED_STATES.get(state)
+        jobs.append(
+            JobState(
+                job_id=jid,
+                name=name or None,
+                user=_none(user),
+                state=state,
+                reason=_none(reason),
+                nodes=expand(_none(nodes) or ""),
+                batch_host=_none(host),
+                batch=batch.strip() == "1",
+                requeue=requeue.strip() == "1",
+                restart_count=int(restarts or 0),
+                excluded_nodes=list((excluded or {}).get(jid, [])),
+                required_nodes=expand(_none(req) or ""),
+                node_count=int(count) if count.strip().isdigit() and int(count) else None,
+                ended=ended,
+                end_time=_local_time(end) if ended is not None else None,
+            )
+        )
+    return jobs
+
+
+def _local_time(text: str) -> datetime | None:
+    """``2026-11-23T14:48:24`` as squeue prints it (the host's local time) -> aware UTC."""
+    value = _none(text.strip())
+    if value is None or value in ("Unknown", "N/A"):
+        return None
+    try:
+        return datetime.fromisoformat(value).astimezone(UTC)
+    except ValueError:
+        return None
+
+
+_EXIT_CODE = re.compile(r"(?:^|\s)ExitCode=(\d+):(\d+)")
+
+
+def parse_exit_code(show_job: str) -> tuple[int | None, int | None]:
+    """``ExitCode=0:9`` of ``scontrol show job -o`` -> (exit status, signal)."""
+    m = _EXIT_CODE.search(show_job)
+    if m is None:
+        return None, None
+    status, signal = int(m.group(1)), int(m.group(2))
+    return (None, signal) if signal else (status, None)
+
+
 #: States in which a job still holds (or is releasing) its nodes.
 ACTIVE_STATES = frozenset(
     {"RUNNING", "SUSPENDED", "COMPLETING", "CONFIGURING", "STOPPED", "SIGNALING", "STAGE_OUT"}
@@ -194,7 +282,7 @@ ACTIVE_STATES = frozenset(
 
 
 def jobs_on(jobs: list[JobState], node: str) -> list[JobState]:
-    """Filter ``squeue --json`` ourselves: 22.05 ignores ``-w``/``-t`` with ``--json``."""
+    """The jobs that hold ``node`` now (what ``squeue -w`` listed, or a full JSON listing)."""
     return [j for j in jobs if node in j.nodes and j.state in ACTIVE_STATES]
 
 

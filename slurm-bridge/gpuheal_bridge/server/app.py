@@ -7,13 +7,22 @@ exactly those models, serialises responses through them and publishes the OpenAP
 schema to keep in sync. It runs on uvicorn, supports TLS there, and its TestClient makes
 the HTTP layer unit-testable with a fake backend.
 
-Order of checks for every ``/v1`` request: bearer token (401, nothing else runs), name
+Order of checks for every request: plain HTTP from a peer that is not on loopback (403,
+unless ``remote_plain_http``); then for ``/v1``: bearer token (401, nothing else runs), name
 validation and mapping (422/404), idempotency replay, per-node/per-job lock, Slurm.
+
+Left running beside the requests: a slurmctld check every ``health_interval`` seconds (the
+``gpuheal_bridge_slurmctld_up`` gauge does not wait for someone to call ``/readyz``), and,
+with ``reload_tokens``, a SIGHUP handler that reads the tokens again and swaps them at once.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import datetime as dt
+import logging
+import signal
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -21,9 +30,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
-from fastapi import FastAPI, Header, Request
+from fastapi import FastAPI, Header, Request, Security
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from fastapi.security import HTTPBearer
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match, Route
@@ -50,7 +60,7 @@ from gpuheal_bridge.backends.base import Unsupported as BackendUnsupported
 from gpuheal_bridge.nodemap import NodeMapper, NotMapped
 from gpuheal_bridge.operations import Operations, OwnershipConflict
 from gpuheal_bridge.server.audit import AuditLog
-from gpuheal_bridge.server.auth import TokenAuth
+from gpuheal_bridge.server.auth import TokenAuth, is_loopback
 from gpuheal_bridge.server.idempotency import (
     IdempotencyStore,
     KeyMismatch,
@@ -60,7 +70,19 @@ from gpuheal_bridge.server.idempotency import (
 from gpuheal_bridge.server.metrics import Metrics, MetricsEndpoint, result_label
 
 B = TypeVar("B", bound=BaseModel)
+log = logging.getLogger("gpuheal_bridge")
 REPLAYED_HEADER = "Idempotency-Replayed"
+# The bearer scheme in the OpenAPI document (components.securitySchemes + security on every
+# /v1 operation). The check itself is the middleware's, before anything else runs.
+_BEARER = [
+    Security(
+        HTTPBearer(
+            scheme_name="bearer",
+            description="`Authorization: Bearer <token>`: one of the bridge's named tokens.",
+            auto_error=False,
+        )
+    )
+]
 IdemKey = Annotated[
     str | None,
     Header(
@@ -73,6 +95,7 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
     for code, text in {
         400: "The body is not valid JSON.",
         401: "Missing or invalid bearer token; nothing was done.",
+        403: "Plain HTTP from a client not on loopback; nothing was done (use https).",
         404: "Unknown node or job (or no mapping for the node name).",
         409: "Refused: someone else's drain, or Slurm refused the operation.",
         422: "Invalid node name, job id, body, or idempotency key reuse.",
@@ -91,6 +114,14 @@ class BridgeSettings:
     idempotency_ttl: float = 86400.0
     retry_after: float = 5.0
     operations: Operations | None = None
+    # Plain HTTP from a peer not on loopback: refused (403) unless True (a proxy in front
+    # terminates TLS). Requests that came over TLS are always served.
+    remote_plain_http: bool = False
+    # Seconds between slurmctld checks that refresh gpuheal_bridge_slurmctld_up (0: only
+    # when /readyz is called).
+    health_interval: float = 15.0
+    # Reads the tokens again (SIGHUP); None: no reload.
+    reload_tokens: Callable[[], dict[str, str]] | None = None
 
 
 def _error(
@@ -149,20 +180,72 @@ def create_app(settings: BridgeSettings) -> FastAPI:  # noqa: PLR0915 - routes a
     store = IdempotencyStore(db, ttl=settings.idempotency_ttl)
     store.purge()
 
+    async def check_slurmctld() -> tuple[bool, str, str | None]:
+        try:
+            ping = await backend.ping()
+            up, detail, version = ping.up, ping.detail, ping.version
+        except BackendError as exc:
+            up, detail, version = False, str(exc), None
+        metrics.slurmctld_up.set(1 if up else 0)
+        metrics.slurmctld_checked.set_to_current_time()
+        return up, detail, version
+
+    async def watch_slurmctld(every: float) -> None:
+        while True:
+            try:
+                await check_slurmctld()
+            except Exception:  # a bug here must not end the checks
+                log.exception("slurmctld check failed")
+            await asyncio.sleep(every)
+
+    def reload_tokens() -> None:
+        assert settings.reload_tokens is not None
+        try:
+            auth.replace(settings.reload_tokens())
+        except (OSError, ValueError) as exc:
+            metrics.token_reloads.labels("error").inc()
+            log.error("SIGHUP: tokens not reloaded, the previous ones stay: %s", exc)
+            return
+        metrics.token_reloads.labels("ok").inc()
+        metrics.tokens.set(len(auth.names))
+        log.warning("SIGHUP: tokens reloaded: %s", ", ".join(auth.names))
+
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        yield
-        await backend.aclose()
-        store.close()
+        loop = asyncio.get_running_loop()
+        watcher = None
+        if settings.health_interval > 0:
+            watcher = asyncio.create_task(watch_slurmctld(settings.health_interval))
+        sighup = False
+        if settings.reload_tokens is not None:
+            try:
+                loop.add_signal_handler(signal.SIGHUP, reload_tokens)
+                sighup = True
+            except (RuntimeError, ValueError) as exc:  # not the main thread (a test client)
+                log.warning("no token reload on SIGHUP here: %s", exc)
+        try:
+            yield
+        finally:
+            if sighup:
+                loop.remove_signal_handler(signal.SIGHUP)
+            if watcher is not None:
+                watcher.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await watcher
+            await backend.aclose()
+            store.close()
 
     app = FastAPI(
         title="gpuheal Slurm bridge",
         version="1",
         description="Drain/resume Slurm nodes and requeue their jobs for gpuheal. "
-        "All /v1 endpoints need `Authorization: Bearer <token>`.",
+        "All /v1 endpoints need `Authorization: Bearer <token>`. Plain HTTP is served to "
+        "loopback clients only (403 otherwise) unless the bridge runs with --insecure-http.",
         lifespan=lifespan,
     )
+    metrics.tokens.set(len(auth.names))
     app.state.metrics = metrics
+    app.state.auth = auth
     app.state.store = store
     app.state.operations = ops
 
@@ -179,6 +262,20 @@ def create_app(settings: BridgeSettings) -> FastAPI:  # noqa: PLR0915 - routes a
     ) -> Response:
         t0 = time.perf_counter()
         op = request.state.op = operation_of(request)
+        peer = request.client.host if request.client else None
+        if (
+            request.url.scheme == "http"
+            and not settings.remote_plain_http
+            and not is_loopback(peer)
+        ):
+            status, body, _ = _error(
+                403,
+                ErrorCode.INSECURE_TRANSPORT,
+                "plain HTTP is served to loopback clients only: use https (the bridge's "
+                "--tls-cert/--tls-key)",
+            )
+            metrics.requests.labels(op, "insecure").inc()
+            return JSONResponse(body, status)
         if request.url.path.startswith("/v1"):
             who = auth.who(request.headers.get("authorization"))
             if who is None:
@@ -312,12 +409,7 @@ def create_app(settings: BridgeSettings) -> FastAPI:  # noqa: PLR0915 - routes a
     )
     async def readyz() -> JSONResponse:
         """slurmctld reachable (``scontrol ping`` or the REST ping)."""
-        try:
-            ping = await backend.ping()
-            up, detail, version = ping.up, ping.detail, ping.version
-        except BackendError as exc:
-            up, detail, version = False, str(exc), None
-        metrics.slurmctld_up.set(1 if up else 0)
+        up, detail, version = await check_slurmctld()
         body = Readiness(
             ready=up,
             backend=backend.name,
@@ -333,13 +425,23 @@ def create_app(settings: BridgeSettings) -> FastAPI:  # noqa: PLR0915 - routes a
     )
 
     # ---- /v1 -------------------------------------------------------------------------------
-    @app.get("/v1/nodes/{node}", response_model=NodeState, responses=_ERRORS, tags=["nodes"])
+    @app.get(
+        "/v1/nodes/{node}",
+        response_model=NodeState,
+        responses=_ERRORS,
+        tags=["nodes"],
+        dependencies=_BEARER,
+    )
     async def get_node(node: str) -> NodeState:
         """State, drain reason and its owner (gpuheal or other)."""
         return await ops.get_node(node, mapper.to_slurm(node))
 
     @app.get(
-        "/v1/nodes/{node}/jobs", response_model=JobsResponse, responses=_ERRORS, tags=["nodes"]
+        "/v1/nodes/{node}/jobs",
+        response_model=JobsResponse,
+        responses=_ERRORS,
+        tags=["nodes"],
+        dependencies=_BEARER,
     )
     async def node_jobs(node: str, ended_since: dt.datetime | None = None) -> JobsResponse:
         """Jobs allocated on the node that have not finished; with ``ended_since`` (ISO time
@@ -348,7 +450,11 @@ def create_app(settings: BridgeSettings) -> FastAPI:  # noqa: PLR0915 - routes a
         return await ops.jobs(node, mapper.to_slurm(node), ended_since)
 
     @app.post(
-        "/v1/nodes/{node}/drain", response_model=DrainResponse, responses=_ERRORS, tags=["nodes"]
+        "/v1/nodes/{node}/drain",
+        response_model=DrainResponse,
+        responses=_ERRORS,
+        tags=["nodes"],
+        dependencies=_BEARER,
     )
     async def drain_node(
         node: str, body: DrainRequest, request: Request, idempotency_key: IdemKey = None
@@ -363,7 +469,11 @@ def create_app(settings: BridgeSettings) -> FastAPI:  # noqa: PLR0915 - routes a
         return await mutate_node(request, node, body, idempotency_key, ops.drain)
 
     @app.post(
-        "/v1/nodes/{node}/resume", response_model=ResumeResponse, responses=_ERRORS, tags=["nodes"]
+        "/v1/nodes/{node}/resume",
+        response_model=ResumeResponse,
+        responses=_ERRORS,
+        tags=["nodes"],
+        dependencies=_BEARER,
     )
     async def resume_node(
         node: str,
@@ -375,13 +485,23 @@ def create_app(settings: BridgeSettings) -> FastAPI:  # noqa: PLR0915 - routes a
         req = body or ResumeRequest()
         return await mutate_node(request, node, req, idempotency_key, ops.resume)
 
-    @app.get("/v1/jobs/{job_id}", response_model=JobState, responses=_ERRORS, tags=["jobs"])
+    @app.get(
+        "/v1/jobs/{job_id}",
+        response_model=JobState,
+        responses=_ERRORS,
+        tags=["jobs"],
+        dependencies=_BEARER,
+    )
     async def get_job(job_id: str) -> JobState:
         """One job (finished ones too, while Slurm remembers them)."""
         return await backend.get_job(validate_job_id(job_id))
 
     @app.post(
-        "/v1/jobs/{job_id}/requeue", response_model=JobResult, responses=_ERRORS, tags=["jobs"]
+        "/v1/jobs/{job_id}/requeue",
+        response_model=JobResult,
+        responses=_ERRORS,
+        tags=["jobs"],
+        dependencies=_BEARER,
     )
     async def requeue_job(
         job_id: str, body: JobRequeueRequest, request: Request, idempotency_key: IdemKey = None

@@ -53,7 +53,23 @@ class Metrics:
         )
         self.slurmctld_up = Gauge(
             "gpuheal_bridge_slurmctld_up",
-            "1 when the last readiness check reached slurmctld.",
+            "1 when the last slurmctld check (every --health-interval, and /readyz) reached it.",
+            registry=self.registry,
+        )
+        self.slurmctld_checked = Gauge(
+            "gpuheal_bridge_slurmctld_check_timestamp_seconds",
+            "When slurmctld was last checked (Unix time).",
+            registry=self.registry,
+        )
+        self.token_reloads = Counter(
+            "gpuheal_bridge_token_reloads_total",
+            "Token reloads on SIGHUP, by result (error: the previous tokens stay).",
+            ["result"],
+            registry=self.registry,
+        )
+        self.tokens = Gauge(
+            "gpuheal_bridge_tokens",
+            "Bearer tokens accepted now.",
             registry=self.registry,
         )
 
@@ -78,6 +94,7 @@ def result_label(status: int, replayed: bool) -> str:
         return "replayed"
     return {
         401: "unauthorized",
+        403: "insecure",
         404: "not_found",
         409: "conflict",
         422: "invalid",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -26,9 +27,10 @@ def make_client(slurm: FakeSlurm, tmp_path: Path, **kw: object) -> TestClient:
         state_dir=tmp_path / "state",
         audit_log=tmp_path / "audit.jsonl",
         operations=Operations(slurm, clock=clock, sleep=clock.sleep),
-        **kw,  # type: ignore[arg-type]
+        **{"health_interval": 0, **kw},  # type: ignore[arg-type]  # no background ping
     )
-    return TestClient(create_app(settings))
+    # The peer is loopback: plain HTTP from anywhere else is refused (see the transport tests).
+    return TestClient(create_app(settings), client=("127.0.0.1", 50000))
 
 
 @pytest.fixture
@@ -241,3 +243,81 @@ def test_openapi_document(client: TestClient) -> None:
     assert {"/v1/nodes/{node}/drain", "/v1/jobs/{job_id}/requeue", "/readyz"} <= set(doc["paths"])
     params = doc["paths"]["/v1/nodes/{node}/drain"]["post"]["parameters"]
     assert any(p["name"] == "Idempotency-Key" for p in params)
+    # the bearer scheme is declared, and every /v1 operation (only those) requires it
+    assert doc["components"]["securitySchemes"]["bearer"] == {
+        "type": "http",
+        "scheme": "bearer",
+        "description": "`Authorization: Bearer <token>`: one of the bridge's named tokens.",
+    }
+    for path, ops in doc["paths"].items():
+        for op in ops.values():
+            assert (op.get("security") == [{"bearer": []}]) is path.startswith("/v1"), path
+
+
+@pytest.mark.parametrize(
+    ("peer", "base", "served"),
+    [
+        ("127.0.0.1", "http://bridge", True),
+        ("127.8.9.1", "http://bridge", True),
+        ("::1", "http://bridge", True),
+        ("::ffff:127.0.0.1", "http://bridge", True),
+        ("10.0.0.7", "http://bridge", False),
+        ("fd00::7", "http://bridge", False),
+        ("testclient", "http://bridge", False),  # not an address: not loopback
+        ("10.0.0.7", "https://bridge", True),  # came over TLS
+    ],
+)
+def test_plain_http_is_served_to_loopback_only(
+    slurm: FakeSlurm, tmp_path: Path, peer: str, base: str, served: bool
+) -> None:
+    app = create_app(BridgeSettings(backend=slurm, tokens={"op": TOKEN}, health_interval=0))
+    with TestClient(app, base_url=base, client=(peer, 40000)) as c:
+        for path in ("/healthz", "/v1/nodes/node1", "/metrics"):
+            resp = c.get(path, headers=AUTH)
+            assert (resp.status_code != 403) is served, (path, resp.text)
+        if not served:
+            assert resp.json()["error"] == "insecure_transport"
+            drain = c.post("/v1/nodes/node1/drain", headers=AUTH, json={"incident": "nrem-a"})
+            assert drain.status_code == 403
+            assert slurm.mutating_calls() == []
+    insecure = create_app(
+        BridgeSettings(
+            backend=slurm, tokens={"op": TOKEN}, health_interval=0, remote_plain_http=True
+        )
+    )
+    with TestClient(insecure, base_url=base, client=(peer, 40000)) as c:
+        assert c.get("/v1/nodes/node1", headers=AUTH).status_code == 200
+
+
+def test_tokens_replaced_at_once(client: TestClient) -> None:
+    auth = client.app.state.auth  # type: ignore[attr-defined]
+    new = "n3w-t0ken-for-the-operator-987654"
+    auth.replace({"operator": TOKEN, "rotated": new})
+    assert client.get("/v1/nodes/node1", headers={"Authorization": f"Bearer {new}"}).is_success
+    auth.replace({"rotated": new})
+    assert client.get("/v1/nodes/node1", headers=AUTH).status_code == 401
+    with pytest.raises(ValueError, match="no bearer tokens"):
+        auth.replace({})
+    assert client.get("/v1/nodes/node1", headers={"Authorization": f"Bearer {new}"}).is_success
+
+
+def test_slurmctld_gauge_is_refreshed_without_readyz(slurm: FakeSlurm, tmp_path: Path) -> None:
+    """Nobody calls /readyz (the chart probes /healthz): the gauge still follows slurmctld."""
+    with make_client(slurm, tmp_path, health_interval=0.05) as c:
+
+        def gauge() -> str:
+            text = c.get("/metrics").text
+            return next(
+                ln for ln in text.splitlines() if ln.startswith("gpuheal_bridge_slurmctld_up")
+            )
+
+        deadline = time.monotonic() + 5
+        while gauge() != "gpuheal_bridge_slurmctld_up 1.0" and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert gauge() == "gpuheal_bridge_slurmctld_up 1.0"
+        slurm.down = True
+        deadline = time.monotonic() + 5
+        while gauge() != "gpuheal_bridge_slurmctld_up 0.0" and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert gauge() == "gpuheal_bridge_slurmctld_up 0.0"
+        assert all(op == "ping" for op, _ in slurm.calls)

@@ -67,6 +67,29 @@ def test_bad_settings_exit_with_the_reason(argv: list[str], why: str) -> None:
     assert why in str(info.value)
 
 
+@pytest.mark.parametrize(
+    ("argv", "refused"),
+    [
+        (["--listen", "0.0.0.0:8787"], True),
+        (["--listen", "[::]:8787"], True),
+        (["--listen", "10.1.2.3:8787"], True),
+        (["--listen", "slurm-ctl.example:8787"], True),  # a name: resolved later, not trusted
+        (["--listen", "127.0.0.1:8787"], False),
+        (["--listen", "[::1]:8787"], False),
+        (["--listen", "localhost:8787"], False),
+        (["--listen", "0.0.0.0:8787", "--tls-cert", "/c", "--tls-key", "/k"], False),
+        (["--listen", "0.0.0.0:8787", "--insecure-http", "true"], False),
+    ],
+)
+def test_plain_http_off_loopback_is_refused(argv: list[str], refused: bool) -> None:
+    """Bearer tokens never cross a network in clear unless someone says so."""
+    if refused:
+        with pytest.raises(SystemExit, match="not a loopback address"):
+            parse_config(argv)
+    else:
+        assert parse_config(argv).listen == argv[1]
+
+
 def test_unknown_flag_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
         parse_config(["--listen-on", "x"])
@@ -117,3 +140,22 @@ def test_rest_backend_with_fallback() -> None:
     assert isinstance(backend, RestBackend)
     assert isinstance(backend.fallback, CliBackend)
     assert backend.fallback.timeout == 4
+
+
+def test_the_systemd_unit_runs_as_its_own_user_over_https(monkeypatch: pytest.MonkeyPatch) -> None:
+    unit = (REPO / "slurm-bridge/systemd/gpuheal-slurm-bridge.service").read_text()
+    service = dict(
+        line.split("=", 1) for line in unit.splitlines() if "=" in line and line[0] != "#"
+    )
+    assert (service["User"], service["Group"]) == ("gpuheal-bridge", "gpuheal-bridge")
+    assert service["ExecReload"] == "/bin/kill -HUP $MAINPID"  # reload = token rotation
+    sysusers = (REPO / "slurm-bridge/systemd/gpuheal-slurm-bridge.sysusers").read_text()
+    assert "u gpuheal-bridge " in sysusers
+    for line in unit.splitlines():
+        if line.startswith("Environment=GPUHEAL_BRIDGE_"):
+            name, _, value = line.removeprefix("Environment=").partition("=")
+            monkeypatch.setenv(name, value)
+    config = parse_config([])  # what the unit starts with: accepted, HTTPS off loopback
+    assert config.listen == "0.0.0.0:8787"
+    assert config.tls_cert is not None
+    assert config.insecure_http is False

@@ -35,6 +35,9 @@ def _app() -> object:
             backend=slurm,
             tokens={"fuzz": TOKEN},
             operations=Operations(slurm, clock=clock, sleep=clock.sleep),
+            # schemathesis calls as "testclient" over http: the transport rule (plain HTTP
+            # from loopback only) is tested in test_app; here the API behind it is fuzzed.
+            remote_plain_http=True,
         )
     )
 

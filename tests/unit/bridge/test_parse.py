@@ -15,6 +15,9 @@ from gpuheal_bridge.backends.parse import (
     ended_on,
     exit_parts,
     jobs_on,
+    parse_excluded_lines,
+    parse_exit_code,
+    parse_job_lines,
     parse_jobs_json,
     parse_node_line,
     parse_node_lines,
@@ -132,6 +135,31 @@ def test_squeue_json_jobs_and_flags() -> None:
     assert jobs[3].state == "CANCELLED"  # --json includes finished jobs
 
 
+def test_squeue_fields_read_as_the_json_says() -> None:
+    """The filtered ``squeue -O`` listing (what the CLI backend runs) gives the same jobs as
+    22.05's full ``--json`` dump, captured at the same moment: a finished job, a requeued one
+    (BeginTime, restart 1, no host), held ones, a name with ``|`` and spaces, an exclusion."""
+    excluded = parse_excluded_lines(read("squeue_excluded_all.txt"))
+    assert excluded[3] == ["n-a1"]
+    assert excluded[5] == []
+    got = {j.job_id: j for j in parse_job_lines(read("squeue_fields_all.txt"), excluded)}
+    want = {j.job_id: j for j in parse_jobs_json(json.loads(read("squeue_same_jobs.json")))}
+    # 22.05 has no exit code among squeue's -O fields: the CLI backend reads it from
+    # `scontrol show job` for the ended jobs it lists (ended_jobs_on_node)
+    assert want[5].exit_status == 0
+    no_exit = {"exit_status": None, "exit_signal": None}
+    assert got == {k: v.model_copy(update=no_exit) for k, v in want.items()}
+    assert (got[5].ended, got[5].end_time) == (JobEnd.COMPLETED, want[5].end_time)
+    assert got[5].end_time is not None
+    assert (got[3].required_nodes, got[3].node_count) == (["n-a0"], 1)
+    assert got[2].name == "we|ird name"
+    assert (got[1].state, got[1].reason, got[1].restart_count, got[1].batch_host) == (
+        "PENDING", "BeginTime", 1, None)  # fmt: skip
+    assert got[5].requeue is False
+    with pytest.raises(ValueError, match="unexpected squeue line"):
+        parse_job_lines("12|RUNNING|None")
+
+
 def test_jobs_on_filters_node_and_finished_jobs() -> None:
     jobs = parse_jobs_json(json.loads(read("squeue_with_srun.json")))
     assert sorted(j.job_id for j in jobs_on(jobs, "node3")) == [1, 4]
@@ -241,3 +269,12 @@ def test_exit_parts(raw: object, parts: tuple[int | None, int | None]) -> None:
 def test_kill_wait_from_show_config() -> None:
     assert parse_kill_wait("JobRequeue              = 1\nKillWait                = 30 sec\n") == 30
     assert parse_kill_wait("nothing here") is None
+
+
+def test_exit_code_of_scontrol_show_job() -> None:
+    assert parse_exit_code("JobId=7 ... Restarts=0 BatchFlag=1 Reboot=0 ExitCode=0:9 x") == (
+        None,
+        9,
+    )
+    assert parse_exit_code("JobId=8 ExitCode=3:0 DerivedExitCode=0:0") == (3, None)
+    assert parse_exit_code("JobId=9 JobState=PENDING") == (None, None)

@@ -1,0 +1,270 @@
+"""Telling people: an incident opened, is blocked (and why), waits for an approval, ended,
+or failed, posted to webhooks (generic JSON or Slack-compatible).
+
+Configured globally (``gpuheal run --notify-webhooks``) and per policy
+(``spec.notifications``). The driver calls `announce` after the transition is recorded in
+status, and it returns at once: each receiver has its own bounded queue and one sender task
+(messages to a receiver keep their order; a slow or dead receiver holds up only its own
+queue, never a remediation). A full queue drops the new message and counts it. A send is
+retried with jittered backoff on connection errors, 429 and 5xx; any other answer is final.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import datetime as dt
+import logging
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from tenacity import (
+    AsyncRetrying,
+    retry_if_exception_type,
+    stop_after_attempt,
+    wait_random_exponential,
+)
+
+from gpuheal.adapters.notify import Unreachable
+from gpuheal.api.meta import rfc3339
+from gpuheal.api.noderemediation import NodeRemediation
+from gpuheal.api.remediationpolicy import Notifications, NotifyEvent, NotifyFormat
+
+if TYPE_CHECKING:
+    from gpuheal.remediation.state import Runtime
+
+log = logging.getLogger("gpuheal.notify")
+
+Send = Callable[[str, Mapping[str, Any], str], Awaitable[int]]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Notice:
+    """One incident transition, as people are told about it."""
+
+    event: NotifyEvent
+    incident: str
+    node: str
+    policy: str
+    rule: str
+    reason: str
+    message: str
+    time: dt.datetime
+    xid: int | None = None
+    dry_run: bool = False
+
+    @property
+    def key(self) -> str:
+        """Names the message: the same transition sent again has the same key."""
+        return f"{self.incident}-{self.event.value}-{self.reason}"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Target:
+    url: str
+    format: NotifyFormat = NotifyFormat.GENERIC
+    events: frozenset[NotifyEvent] = frozenset()  # empty: every event
+
+    def wants(self, event: NotifyEvent) -> bool:
+        return not self.events or event in self.events
+
+
+_HEADLINE = {
+    NotifyEvent.OPENED: "opened",
+    NotifyEvent.BLOCKED: "blocked",
+    NotifyEvent.APPROVAL_PENDING: "needs approval",
+    NotifyEvent.COMPLETED: "completed",
+    NotifyEvent.FAILED: "FAILED",
+}
+_EMOJI = {
+    NotifyEvent.OPENED: ":rotating_light:",
+    NotifyEvent.BLOCKED: ":no_entry:",
+    NotifyEvent.APPROVAL_PENDING: ":raised_hand:",
+    NotifyEvent.COMPLETED: ":white_check_mark:",
+    NotifyEvent.FAILED: ":x:",
+}
+
+
+def generic_payload(n: Notice) -> dict[str, Any]:
+    return {
+        "source": "gpuheal",
+        "event": n.event.value,
+        "incident": n.incident,
+        "node": n.node,
+        "policy": n.policy,
+        "rule": n.rule,
+        "reason": n.reason,
+        "message": n.message,
+        "xid": n.xid,
+        "dryRun": n.dry_run,
+        "time": rfc3339(n.time),
+    }
+
+
+def slack_payload(n: Notice) -> dict[str, Any]:
+    """Slack's incoming-webhook body (``text``, mrkdwn), which Mattermost, Rocket.Chat and
+    Teams' Slack-compatible connectors also read."""
+    xid = f" XID {n.xid}" if n.xid is not None else ""
+    dry = " (dry run)" if n.dry_run else ""
+    text = (
+        f"{_EMOJI[n.event]} gpuheal incident `{n.incident}` on `{n.node}`{xid}: "
+        f"*{_HEADLINE[n.event]}*{dry} ({n.reason})\n{n.message}\n"
+        f"policy `{n.policy}`, rule `{n.rule}`; `kubectl describe nrem {n.incident}`"
+    )
+    return {"text": text}
+
+
+def payload(n: Notice, fmt: NotifyFormat) -> dict[str, Any]:
+    return slack_payload(n) if fmt is NotifyFormat.SLACK else generic_payload(n)
+
+
+def policy_targets(notifications: Notifications | None) -> list[Target]:
+    if notifications is None:
+        return []
+    return [Target(w.url, w.format, frozenset(w.events)) for w in notifications.webhooks]
+
+
+def merge_targets(*groups: Iterable[Target]) -> list[Target]:
+    """One send per (url, format): a receiver named globally and in the policy gets the
+    message once if either wants it."""
+    merged: dict[tuple[str, NotifyFormat], Target] = {}
+    for target in (t for g in groups for t in g):
+        key = (target.url, target.format)
+        seen = merged.get(key)
+        if seen is None:
+            merged[key] = target
+        elif seen.events and target.events:
+            merged[key] = dataclasses.replace(seen, events=seen.events | target.events)
+        else:
+            merged[key] = dataclasses.replace(seen, events=frozenset())
+    return list(merged.values())
+
+
+class Notifier:
+    def __init__(
+        self,
+        send: Send,
+        *,
+        queue_size: int = 100,
+        retries: int = 3,
+        backoff: float = 1.0,
+        max_backoff: float = 30.0,
+        on_result: Callable[[NotifyEvent, str], None] | None = None,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    ) -> None:
+        self._send = send
+        self._queue_size = queue_size
+        self._retrying = AsyncRetrying(
+            stop=stop_after_attempt(retries + 1),
+            wait=wait_random_exponential(multiplier=backoff, max=max_backoff),
+            retry=retry_if_exception_type(_Again),
+            sleep=sleep,
+            reraise=True,
+        )
+        self._on_result = on_result or (lambda event, result: None)
+        self._queues: dict[str, asyncio.Queue[tuple[Target, Notice]]] = {}
+        self._workers: dict[str, asyncio.Task[None]] = {}
+
+    def notify(self, notice: Notice, targets: Sequence[Target]) -> None:
+        """Queue ``notice`` for every target that wants it; never waits."""
+        for target in targets:
+            if not target.wants(notice.event):
+                continue
+            queue = self._queues.get(target.url)
+            if queue is None:
+                queue = self._queues[target.url] = asyncio.Queue(self._queue_size)
+                self._workers[target.url] = asyncio.create_task(
+                    self._work(queue), name=f"notify:{target.url[:40]}"
+                )
+            try:
+                queue.put_nowait((target, notice))
+            except asyncio.QueueFull:
+                self._on_result(notice.event, "dropped")
+                log.warning("notification queue of %s full: dropped %s", target.url, notice.key)
+
+    async def _work(self, queue: asyncio.Queue[tuple[Target, Notice]]) -> None:
+        while True:
+            target, notice = await queue.get()
+            try:
+                result = await self._deliver(target, notice)
+            except Exception:  # a bug must not end the receiver's queue
+                log.exception("notification %s to %s", notice.key, target.url)
+                result = "failed"
+            self._on_result(notice.event, result)
+            queue.task_done()
+
+    async def _deliver(self, target: Target, notice: Notice) -> str:
+        body = payload(notice, target.format)
+
+        async def attempt() -> int:
+            try:
+                code = await self._send(target.url, body, notice.key)
+            except Unreachable as exc:
+                raise _Again(str(exc)) from exc
+            if code == 429 or code >= 500:
+                raise _Again(f"HTTP {code}")
+            return code
+
+        try:
+            code: int = await self._retrying.copy()(attempt)
+        except _Again as exc:
+            log.warning("notification %s to %s not delivered: %s", notice.key, target.url, exc)
+            return "failed"
+        if 200 <= code < 300:
+            return "sent"
+        log.warning("notification %s to %s refused: HTTP %s", notice.key, target.url, code)
+        return "rejected"
+
+    async def flush(self, seconds: float) -> None:
+        """Wait up to ``seconds`` for every queue to empty."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(
+                asyncio.gather(*(q.join() for q in self._queues.values())), seconds
+            )
+
+    async def close(self, grace: float = 2.0) -> None:
+        """Give queued messages ``grace`` seconds, then stop the senders."""
+        await self.flush(grace)
+        for task in self._workers.values():
+            task.cancel()
+        await asyncio.gather(*self._workers.values(), return_exceptions=True)
+
+
+class _Again(Exception):
+    """Worth another try (unreachable, 429, 5xx)."""
+
+
+def announce(  # noqa: PLR0917 - one call per transition in the driver, read as a sentence
+    rt: Runtime,
+    nrem: NodeRemediation,
+    event: NotifyEvent,
+    reason: str,
+    message: str,
+    now: dt.datetime,
+) -> None:
+    """Tell the incident's receivers (the operator's and its policy's) about a transition
+    that status now records. Returns at once."""
+    if rt.notifier is None:
+        return
+    spec = nrem.spec
+    policy = rt.policies.get(spec.policy_ref.name)
+    targets = merge_targets(
+        rt.notify_targets, policy_targets(policy.spec.notifications if policy else None)
+    )
+    if not targets:
+        return
+    xid = next((s.xid for s in reversed(spec.signals) if s.xid is not None), None)
+    notice = Notice(
+        event=event,
+        incident=nrem.metadata.name,
+        node=spec.node_name,
+        policy=spec.policy_ref.name,
+        rule=spec.rule,
+        reason=reason,
+        message=message,
+        time=now,
+        xid=xid,
+        dry_run=spec.dry_run,
+    )
+    rt.notifier.notify(notice, targets)

@@ -1,0 +1,151 @@
+"""Run the real bridge (`gpuheal-slurm-bridge`, as a process) in front of a sandbox Slurm
+cluster: on any address, with TLS or not, with its own token file (rotate it, SIGHUP it)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import ssl
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from gpuheal_dev.sandbox.pki import CertPaths, create_pki, issue_server_cert
+from gpuheal_dev.sandbox.slurm import SlurmCluster
+from tests.integration.operator_harness import REPO, free_port, wait_for
+
+
+def host_address() -> str | None:
+    """An address of this machine that is not loopback (None: there is none)."""
+    out = subprocess.run(["hostname", "-I"], capture_output=True, text=True, check=False).stdout
+    return next((a for a in out.split() if ":" not in a and not a.startswith("127.")), None)
+
+
+@dataclass
+class BridgeProcess:
+    proc: subprocess.Popen[bytes]
+    url: str  # as the operator calls it
+    port: int
+    token_file: Path  # the bridge's tokens ("name:token" lines)
+    log: Path
+    ca: Path | None = None
+    argv: list[str] = field(default_factory=list)
+
+    def read_log(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def sighup(self) -> None:
+        self.proc.send_signal(signal.SIGHUP)
+
+    def metrics(self) -> str:
+        return self.get("/metrics")
+
+    def get(self, path: str) -> str:
+        ctx = ssl.create_default_context(cafile=str(self.ca)) if self.ca else None
+        with urllib.request.urlopen(f"{self.url}{path}", timeout=10, context=ctx) as resp:
+            return str(resp.read().decode())
+
+    def gauge(self, name: str) -> float | None:
+        for line in self.metrics().splitlines():
+            if line.startswith(f"{name} ") or line.startswith(f"{name}{{"):
+                return float(line.rpartition(" ")[2])
+        return None
+
+
+@dataclass
+class Tls:
+    ca: Path
+    server: CertPaths
+
+
+def make_tls(directory: Path, *names: str) -> Tls:
+    """A CA and a bridge serving certificate for ``names`` (addresses or DNS names)."""
+    pki = create_pki(directory)
+    return Tls(pki.ca.cert, issue_server_cert(pki, "bridge", names))
+
+
+@pytest.fixture
+def run_bridge(tmp_path: Path) -> Iterator[Callable[..., BridgeProcess]]:
+    """``run_bridge(cluster, token=..., listen=None, tls=None, *extra)``: the bridge process,
+    ready (``/readyz`` 200), stopped after the test."""
+    started: list[BridgeProcess] = []
+
+    def start(
+        cluster: SlurmCluster,
+        *extra: str,
+        token: str,
+        name: str = "bridge",
+        host: str = "127.0.0.1",
+        tls: Tls | None = None,
+        wait_ready: bool = True,
+    ) -> BridgeProcess:
+        port = free_port()
+        tokens = tmp_path / f"{name}-tokens"
+        tokens.write_text(f"operator:{token}\n")
+        state = tmp_path / f"{name}-state"
+        state.mkdir(exist_ok=True)
+        log = tmp_path / f"{name}.log"
+        argv = [
+            "--listen", f"{host}:{port}", "--token-file", str(tokens),
+            "--slurm-conf", str(cluster.conf_path), "--state-dir", str(state),
+            "--expedite-timeout", "15", "--log-level", "warning",
+        ]  # fmt: skip
+        if tls is not None:
+            argv += ["--tls-cert", str(tls.server.cert), "--tls-key", str(tls.server.key)]
+        argv += list(extra)
+        env = {
+            **cluster.subprocess_env(dict(os.environ)),
+            "PYTHONPATH": f"{REPO / 'operator'}:{REPO / 'slurm-bridge'}",
+        }
+        proc = subprocess.Popen(
+            [sys.executable, "-c",
+             "import sys; from gpuheal_bridge.cli import main; sys.exit(main())", *argv],
+            stdout=log.open("ab"), stderr=subprocess.STDOUT, env=env,
+        )  # fmt: skip
+        scheme = "https" if tls else "http"
+        shown = "127.0.0.1" if host in ("0.0.0.0", "127.0.0.1") else host
+        bridge = BridgeProcess(
+            proc, f"{scheme}://{shown}:{port}", port, tokens, log, tls.ca if tls else None, argv
+        )
+        started.append(bridge)
+        if wait_ready:
+
+            def ready() -> bool:
+                if proc.poll() is not None:
+                    raise AssertionError(f"bridge exited {proc.returncode}: {bridge.read_log()}")
+                try:
+                    return '"ready":true' in bridge.get("/readyz")
+                except (OSError, urllib.error.URLError):
+                    return False
+
+            wait_for(ready, f"bridge {name} ready", timeout=30)
+        return bridge
+
+    yield start
+    for bridge in started:
+        if bridge.proc.poll() is None:
+            bridge.proc.terminate()
+            try:
+                bridge.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                bridge.proc.kill()
+
+
+def exited(bridge: BridgeProcess, timeout: float = 20) -> int:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        code = bridge.proc.poll()
+        if code is not None:
+            return code
+        time.sleep(0.1)
+    with contextlib.suppress(ProcessLookupError):
+        bridge.proc.kill()
+    raise AssertionError(f"bridge still running after {timeout}s: {bridge.read_log()[-2000:]}")

@@ -1,0 +1,176 @@
+"""The CLI against the sandbox's API server, as a kubectl plugin (`kubectl gpuheal`, found
+on PATH by the sandbox's own kubectl): JSON that parses, a watch that prints changes and
+stops on Ctrl-C, --context, and one `error:` line for forbidden, not found, unreachable."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from gpuheal_dev.sandbox import Sandbox
+from tests.integration.operator_harness import REPO, Objects, free_port, wait_for
+from tests.integration.test_operator_k8s import gpuheal_crds, objects
+
+pytestmark = pytest.mark.integration
+__all__ = ["gpuheal_crds", "objects"]
+VENV_BIN = Path(sys.executable).parent
+
+
+def _env(sandbox: Sandbox, kubeconfig: Path | None = None) -> dict[str, str]:
+    return {
+        **os.environ,
+        **sandbox.env(),
+        "PATH": f"{VENV_BIN}:{sandbox.env()['PATH']}",
+        "KUBECONFIG": str(kubeconfig or sandbox.kubeconfig),
+    }
+
+
+def kubectl_gpuheal(
+    sandbox: Sandbox, *argv: str, kubeconfig: Path | None = None
+) -> subprocess.CompletedProcess[str]:
+    """`kubectl gpuheal ...`: kubectl finds `kubectl-gpuheal` on PATH and runs it."""
+    return subprocess.run(
+        ["kubectl", "gpuheal", *argv], capture_output=True, text=True, timeout=120,
+        env=_env(sandbox, kubeconfig), check=False,
+    )  # fmt: skip
+
+
+def incident(name: str, node: str) -> dict[str, Any]:
+    body = yaml.safe_load((REPO / "examples/noderemediation.yaml").read_text())
+    body["metadata"] = {"name": name, "labels": {"gpuheal.io/node": node}}
+    body["spec"]["nodeName"] = node
+    return dict(body)
+
+
+@pytest.fixture
+def made(objects: Objects) -> Iterator[list[str]]:
+    names: list[str] = []
+    yield names
+    for name in names:
+        objects.delete("noderemediations", name)
+
+
+def test_kubectl_gpuheal_status_json_parses(
+    sandbox: Sandbox, objects: Objects, made: list[str]
+) -> None:
+    node = f"cli-{uuid.uuid4().hex[:6]}"
+    made.append(f"nrem-{node}")
+    objects.apply("noderemediations", incident(f"nrem-{node}", node))
+    out = kubectl_gpuheal(sandbox, "status", "--node", node, "-o", "json")
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    assert doc["kind"] == "IncidentList"
+    (item,) = doc["items"]
+    assert (item["name"], item["node"], item["rule"], item["xid"]) == (
+        f"nrem-{node}", node, "fell-off-bus", 79)  # fmt: skip
+    as_yaml = yaml.safe_load(
+        kubectl_gpuheal(sandbox, "status", "--node", node, "-o", "yaml").stdout
+    )
+    assert [i["name"] for i in as_yaml["items"]] == [f"nrem-{node}"]
+    table = kubectl_gpuheal(sandbox, "status", "--node", node).stdout.splitlines()
+    assert table[0].split()[:2] == ["NAME", "NODE"]
+    assert table[1].split()[:2] == [f"nrem-{node}", node]
+    none = kubectl_gpuheal(sandbox, "status", "--node", "no-such-node")
+    assert (none.returncode, none.stdout, none.stderr) == (0, "", "No incidents found.\n")
+    version = kubectl_gpuheal(sandbox, "--version")
+    assert version.stdout.strip() == "kubectl gpuheal 0.1.0"
+
+
+def _one_error_line(out: subprocess.CompletedProcess[str]) -> str:
+    assert out.returncode == 1, out
+    assert out.stdout == ""
+    assert "Traceback" not in out.stderr
+    (line,) = out.stderr.splitlines()
+    assert line.startswith("error: "), line
+    return line
+
+
+def test_forbidden_not_found_and_unreachable_are_one_error_line(
+    sandbox: Sandbox, gpuheal_crds: None, tmp_path: Path
+) -> None:
+    nobody = sandbox.control_plane.kubeconfig_for_user("cli-nobody")
+    line = _one_error_line(kubectl_gpuheal(sandbox, "status", "-o", "json", kubeconfig=nobody))
+    assert 'User "cli-nobody" cannot list resource "noderemediations"' in line
+    line = _one_error_line(kubectl_gpuheal(sandbox, "explain", "no-such-node-x"))
+    assert line == 'error: nodes "no-such-node-x" not found'
+    line = _one_error_line(
+        kubectl_gpuheal(sandbox, "simulate", "xid", "--node", "no-such-node-x", "--xid", "79")
+    )
+    assert line == 'error: nodes "no-such-node-x" not found'
+    # a kubeconfig whose current context points nowhere; --context picks the sandbox
+    config = yaml.safe_load(Path(sandbox.kubeconfig).read_text())
+    good = config["contexts"][0]["name"]
+    dead_port = free_port()
+    config["clusters"].append(
+        {
+            "name": "dead",
+            "cluster": {
+                "server": f"https://127.0.0.1:{dead_port}",
+                "insecure-skip-tls-verify": True,
+            },
+        }
+    )
+    config["contexts"].append(
+        {"name": "dead", "context": {"cluster": "dead", "user": config["users"][0]["name"]}}
+    )
+    config["current-context"] = "dead"
+    two = tmp_path / "two-contexts.kubeconfig"
+    two.write_text(yaml.safe_dump(config))
+    line = _one_error_line(kubectl_gpuheal(sandbox, "status", "-o", "json", kubeconfig=two))
+    assert line == (
+        f"error: cannot reach the Kubernetes API server at https://127.0.0.1:{dead_port}: "
+        "Connection refused"
+    )
+    ok = kubectl_gpuheal(sandbox, "status", "-o", "json", "--context", good, kubeconfig=two)
+    assert ok.returncode == 0, ok.stderr
+    assert json.loads(ok.stdout)["kind"] == "IncidentList"
+
+
+def test_watch_prints_each_change_and_stops_quietly_on_ctrl_c(
+    sandbox: Sandbox, objects: Objects, made: list[str]
+) -> None:
+    node = f"cli-w-{uuid.uuid4().hex[:6]}"
+    proc = subprocess.Popen(
+        ["kubectl", "gpuheal", "status", "-w", "-o", "json", "--node", node],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(sandbox),
+    )  # fmt: skip
+    try:
+        time.sleep(3)  # the listing is printed and the watch is open
+        made.append(f"nrem-{node}")
+        objects.apply("noderemediations", incident(f"nrem-{node}", node))
+        objects.patch("noderemediations", f"nrem-{node}", {"metadata": {"labels": {"x": "y"}}})
+        time.sleep(3)
+    finally:
+        # kubectl runs the plugin in the same process group: Ctrl-C reaches both
+        proc.send_signal(signal.SIGINT)
+        for child in _children(proc.pid):
+            os.kill(child, signal.SIGINT)
+        out, err = proc.communicate(timeout=30)
+    assert "Traceback" not in err, err
+    decoder, docs, rest = json.JSONDecoder(), [], out.strip()
+    while rest:
+        doc, end = decoder.raw_decode(rest)
+        docs.append(doc)
+        rest = rest[end:].strip()
+    assert docs[0] == {"kind": "IncidentList", "items": []}
+    changes = [(d["change"], d["name"]) for d in docs[1:]]
+    assert changes == [("ADDED", f"nrem-{node}"), ("MODIFIED", f"nrem-{node}")]
+    wait_for(lambda: proc.poll() is not None, "the watch ended")
+
+
+def _children(pid: int) -> list[int]:
+    out = subprocess.run(
+        ["ps", "-o", "pid=", "--ppid", str(pid)], capture_output=True, text=True, check=False
+    ).stdout
+    return [int(p) for p in out.split()]

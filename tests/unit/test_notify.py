@@ -1,0 +1,217 @@
+"""The notifier against a real HTTP server on loopback (the operator's own sender, httpx):
+what receivers get, retries, a dead receiver that holds up nothing, the bounded queue."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import json
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import pytest
+
+from gpuheal.adapters.notify import WebhookSender
+from gpuheal.api.remediationpolicy import Notifications, NotifyEvent, NotifyFormat
+from gpuheal.config import parse_events, parse_webhooks
+from gpuheal.remediation.notify import (
+    Notice,
+    Notifier,
+    Target,
+    merge_targets,
+    policy_targets,
+)
+from tests.integration.operator_harness import free_port
+
+NOW = dt.datetime(2026, 11, 22, 6, 0, 0, tzinfo=dt.UTC)
+
+
+class Receiver:
+    """A webhook receiver on loopback: records every POST, answers from a script."""
+
+    def __init__(self) -> None:
+        self.got: list[tuple[str, dict[str, str], dict[str, Any]]] = []
+        self.answers: list[int] = []  # status codes to answer, in order; then 200
+        self.delay = 0.0
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                time.sleep(receiver.delay)
+                receiver.got.append((self.path, dict(self.headers), body))
+                code = receiver.answers.pop(0) if receiver.answers else 200
+                self.send_response(code)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def bodies(self, path: str | None = None) -> list[dict[str, Any]]:
+        return [b for p, _, b in self.got if path is None or p == path]
+
+
+@pytest.fixture
+def receiver() -> Iterator[Receiver]:
+    r = Receiver()
+    yield r
+    r.server.shutdown()
+
+
+def notice(event: NotifyEvent = NotifyEvent.BLOCKED, reason: str = "CircuitBreakerOpen") -> Notice:
+    return Notice(
+        event=event, incident="nrem-gpu-1-abc", node="gpu-1", policy="p", rule="fell-off-bus",
+        reason=reason, message="3 of 3 allowed unhealthy", time=NOW, xid=79,
+    )  # fmt: skip
+
+
+async def _no_sleep(_: float) -> None:
+    return None
+
+
+def run(coro: Any) -> Any:
+    return asyncio.run(coro)
+
+
+def test_receivers_get_generic_json_and_slack_text(receiver: Receiver) -> None:
+    async def go() -> None:
+        sender = WebhookSender(timeout=5)
+        results: list[tuple[NotifyEvent, str]] = []
+        n = Notifier(
+            lambda u, b, k: sender.post(u, b, key=k), on_result=lambda e, r: results.append((e, r))
+        )
+        n.notify(
+            notice(),
+            [
+                Target(f"{receiver.url}/generic"),
+                Target(f"{receiver.url}/slack", NotifyFormat.SLACK),
+            ],
+        )
+        await n.close(grace=10)
+        await sender.aclose()
+        assert sorted(results) == [(NotifyEvent.BLOCKED, "sent")] * 2
+
+    run(go())
+    (generic,) = receiver.bodies("/generic")
+    assert generic == {
+        "source": "gpuheal", "event": "Blocked", "incident": "nrem-gpu-1-abc", "node": "gpu-1",
+        "policy": "p", "rule": "fell-off-bus", "reason": "CircuitBreakerOpen",
+        "message": "3 of 3 allowed unhealthy", "xid": 79, "dryRun": False,
+        "time": "2026-11-22T06:00:00Z",
+    }  # fmt: skip
+    (slack,) = receiver.bodies("/slack")
+    assert set(slack) == {"text"}
+    assert slack["text"].startswith(
+        ":no_entry: gpuheal incident `nrem-gpu-1-abc` on `gpu-1` XID 79: *blocked* "
+        "(CircuitBreakerOpen)\n3 of 3 allowed unhealthy"
+    )
+    keys = {h["Idempotency-Key"] for _, h, _ in receiver.got}
+    assert keys == {"nrem-gpu-1-abc-Blocked-CircuitBreakerOpen"}
+
+
+def test_retries_on_5xx_and_429_then_gives_up_and_never_retries_a_4xx(receiver: Receiver) -> None:
+    async def go() -> list[str]:
+        sender = WebhookSender(timeout=5)
+        results: list[str] = []
+        n = Notifier(
+            lambda u, b, k: sender.post(u, b, key=k), retries=3, sleep=_no_sleep,
+            on_result=lambda e, r: results.append(r),
+        )  # fmt: skip
+        target = [Target(f"{receiver.url}/x")]
+        receiver.answers = [503, 429, 200]  # third time lucky
+        n.notify(notice(NotifyEvent.OPENED, "SignalMatched"), target)
+        await n.flush(10)
+        receiver.answers = [500, 502, 503, 504]  # 1 + 3 retries, all failed
+        n.notify(notice(NotifyEvent.COMPLETED, "Replaced"), target)
+        await n.flush(10)
+        receiver.answers = [404]
+        n.notify(notice(NotifyEvent.FAILED, "DrainTimedOut"), target)
+        await n.close(grace=10)
+        await sender.aclose()
+        return results
+
+    assert run(go()) == ["sent", "failed", "rejected"]
+    events = [b["event"] for b in receiver.bodies()]
+    assert events == ["Opened"] * 3 + ["Completed"] * 4 + ["Failed"]
+
+
+def test_a_dead_receiver_holds_up_nobody_and_its_queue_is_bounded(receiver: Receiver) -> None:
+    dead = f"http://127.0.0.1:{free_port()}/nobody-listens"
+
+    async def go() -> list[tuple[str, str]]:
+        sender = WebhookSender(timeout=2)
+        results: list[tuple[str, str]] = []
+        slow_retry = asyncio.Event()
+
+        async def wait_forever(_: float) -> None:
+            await slow_retry.wait()  # the dead receiver's retry never comes back in this test
+
+        n = Notifier(
+            lambda u, b, k: sender.post(u, b, key=k), queue_size=2, retries=5,
+            sleep=wait_forever, on_result=lambda e, r: results.append((e.value, r)),
+        )  # fmt: skip
+        targets = [Target(dead), Target(f"{receiver.url}/alive")]
+        t0 = time.monotonic()
+        for event in (NotifyEvent.OPENED, NotifyEvent.BLOCKED, NotifyEvent.APPROVAL_PENDING,
+                      NotifyEvent.COMPLETED):  # fmt: skip
+            n.notify(notice(event, event.value), targets)
+            await asyncio.sleep(0.05)  # the dead queue's worker takes its first message
+        assert time.monotonic() - t0 < 1.0  # notify() never waited on a receiver
+        for _ in range(500):  # the live receiver gets all four meanwhile
+            if len(receiver.bodies("/alive")) == 4:
+                break
+            await asyncio.sleep(0.02)
+        await n.close(grace=0.1)
+        await sender.aclose()
+        return results
+
+    results = run(go())
+    assert [b["event"] for b in receiver.bodies("/alive")] == [
+        "Opened", "Blocked", "ApprovalPending", "Completed"]  # fmt: skip
+    # the dead receiver: one message in its (stuck) worker, two queued, the fourth dropped
+    assert ("Completed", "dropped") in results
+    assert results.count(("Completed", "sent")) == 1
+
+
+def test_targets_from_flags_and_policies() -> None:
+    assert parse_webhooks("slack:https://hooks.slack.com/services/T/B/x, https://ops/hook") == [
+        (NotifyFormat.SLACK, "https://hooks.slack.com/services/T/B/x"),
+        (NotifyFormat.GENERIC, "https://ops/hook"),
+    ]
+    assert parse_webhooks("generic:http://127.0.0.1:9/x") == [
+        (NotifyFormat.GENERIC, "http://127.0.0.1:9/x")
+    ]
+    for bad in ("ftp://x", "slack:", "hooks.slack.com/x", "teams:https://x"):
+        with pytest.raises(ValueError, match="is not an http"):
+            parse_webhooks(bad)
+    assert parse_events("Opened, Failed") == {NotifyEvent.OPENED, NotifyEvent.FAILED}
+    with pytest.raises(ValueError, match="unknown event"):
+        parse_events("Opened,Exploded")
+    from_policy = policy_targets(
+        Notifications.model_validate(
+            {
+                "webhooks": [
+                    {"url": "https://a/x", "events": ["Failed"]},
+                    {"url": "https://a/x", "format": "Slack"},
+                ]
+            }
+        )
+    )
+    assert from_policy == [
+        Target("https://a/x", NotifyFormat.GENERIC, frozenset({NotifyEvent.FAILED})),
+        Target("https://a/x", NotifyFormat.SLACK),
+    ]
+    glob = [Target("https://a/x", events=frozenset({NotifyEvent.OPENED}))]
+    merged = merge_targets(glob, from_policy)
+    assert merged[0].events == {NotifyEvent.OPENED, NotifyEvent.FAILED}  # sent once, either wants
+    assert merged[1].wants(NotifyEvent.BLOCKED)
+    assert not merged[0].wants(NotifyEvent.BLOCKED)
+    assert merge_targets(glob, [Target("https://a/x")])[0].events == frozenset()  # all
