@@ -9,12 +9,15 @@ UV := $(CACHE)/uv-$(UV_VERSION)/bin/uv
 VENV := .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
+# what the demo's fault does to the job: dies (a real lost GPU), hangs, or gentle
+DEMO_FAULT ?= dies
 export UV  # the packaging test builds the wheel with this exact uv
 
 .PHONY: help venv lint types unit bins system-deps integration kind test demo bench clean
 help:
 	@echo "make test   - lint + types + unit + integration (builds/caches the sandbox binaries)"
 	@echo "make demo   - sandbox up (GPU nodes + Slurm), show an XID remediation, tear down"
+	@echo "              (DEMO_FAULT=dies|hangs|gentle: what the fault does to the job)"
 	@echo "make bench  - benchmarks into bench/out/ (JSON + PNG)"
 
 $(UV):
@@ -59,7 +62,7 @@ kind: venv
 test: lint types unit kind integration
 
 demo: venv bins system-deps
-	$(VENV)/bin/gpuheal-dev demo
+	$(VENV)/bin/gpuheal-dev demo --fault $(DEMO_FAULT)
 
 bench: venv bins system-deps
 	$(PY) -m bench

@@ -6,4 +6,11 @@ Add a benchmark: write a function ``(ctx: Context) -> Result`` decorated with
 """
 
 #: Modules whose import registers benchmarks, in the order they run.
-MODULES = ("bench.cli", "bench.recovery", "bench.bridge", "bench.operator", "bench.demo")
+MODULES = (
+    "bench.cli",
+    "bench.recovery",
+    "bench.bridge",
+    "bench.operator",
+    "bench.demo",
+    "bench.faults",
+)

@@ -312,7 +312,15 @@ def run_benchmarks(
             continue
         duration = time.monotonic() - t0
         doc = result_document(
-            bench, result, started, duration, {**machine, "load_avg_at_start": load}
+            bench,
+            result,
+            started,
+            duration,
+            {
+                **machine,
+                "load_avg_at_start": load,
+                "load_avg_at_end": [round(x, 2) for x in os.getloadavg()],
+            },
         )
         json_path = out_dir / f"{name}.json"
         json_path.write_text(json.dumps(doc, indent=2) + "\n")

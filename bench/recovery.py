@@ -13,8 +13,13 @@ machine, from the moment the drain is issued:
 
 Variants: by hand with ``scontrol`` (the baseline) and through the Slurm bridge's HTTP API (the
 bridge app served by uvicorn in this process, CLI backend, as the operator will call it), each
-with and without expedite. The detection side (XID -> operator) is not in these numbers: it
-needs the operator (issue 5) and joins as its own benchmark.
+with and without expedite.
+
+Two more variants have the operator in the loop and a job that did not leave gently
+(``bench.faults.operator_runs``): its process died with its GPU (the job is FAILED before the
+XID Event is posted) or hangs in the driver (deaf to the checkpoint signal and SIGTERM); timed
+from the XID Event's POST, with the sandbox's Slurm settings (KillWait=2: slurmd's SIGKILL
+comes max(KillWait, 5 s) after the requeue) and the policy's 2 s checkpoint grace.
 """
 
 from __future__ import annotations
@@ -168,7 +173,7 @@ def one_run(
 @benchmark(
     "fault_to_running",
     title="Fault -> job training again from its checkpoint (Slurm sandbox, no provisioning)",
-    budget_s=240,
+    budget_s=600,
     plot=recovery_plot,
     needs=("slurm",),
 )
@@ -200,12 +205,21 @@ def fault_to_running(ctx: Context) -> Result:
                         f"{row['node_before']} -> {row['node_after']}, "
                         f"{row['steps_lost']} steps lost)",
                     )
+    from bench.faults import CKPT_EVERY as OP_CKPT_EVERY
+    from bench.faults import OPERATOR_VARIANTS, operator_runs
+    from bench.faults import STEP_SECONDS as OP_STEP_S
+
+    ctx.progress("with the operator: the job died with its GPU / hung, from the XID Event")
+    op_rows = operator_runs(ctx, n)
     names = [variant_name(v, e) for v, e in VARIANTS]
+    lost = [r["steps_lost"] for r in rows]
+    rows += op_rows
+    names += list(OPERATOR_VARIANTS)
 
     def series(key: str) -> dict[str, list[float]]:
         return {nm: [float(r[key]) for r in rows if r["variant"] == nm] for nm in names}
 
-    lost = [r["steps_lost"] for r in rows]
+    op_lost = [r["steps_lost"] for r in op_rows if r["steps_lost"] is not None]
     return Result(
         series=series("to_training"),
         unit="s",
@@ -216,15 +230,25 @@ def fault_to_running(ctx: Context) -> Result:
             "ckpt_every_steps": CKPT_EVERY,
             "step_seconds": STEP_SECONDS,
             "poll_seconds": 0.05,
-            "metric": "drain issued -> first training step after the resume",
+            "metric": "drain issued -> first training step after the resume (operator "
+            "variants: XID Event POST -> first training step after the resume)",
+            "operator_policy": "cordon, slurmDrain (requeue, USR1, gracePeriod 2s)",
         },
         extra_series={
             "to_running": series("to_running"),
             "to_resumed": series("to_resumed"),
+            "to_slurm_step_done": {
+                nm: [float(r["to_slurm_step_done"]) for r in op_rows if r["variant"] == nm]
+                for nm in OPERATOR_VARIANTS
+            },
         },
         runs=rows,
         notes=[
             f"steps lost per run: max {max(lost)} (the job checkpoints on Slurm's SIGTERM)",
+            f"operator variants: steps lost max {max(op_lost, default=0)} (no checkpoint on the "
+            f"way out: at most one interval, {OP_CKPT_EVERY} steps of {OP_STEP_S} s there)",
+            "hung job: the time includes the 2 s checkpoint grace (the signal is ignored) and "
+            "slurmd's SIGKILL delay, max(KillWait, 5 s) = 5 s in the sandbox.",
             "RUNNING is polled every 50 ms (scontrol show job), so it carries up to 50 ms of "
             "polling delay; resumed/training come from the job's own timestamps.",
             "resumed - RUNNING is process start: Python + NumPy import + checkpoint load.",

@@ -73,7 +73,7 @@ def _sandbox_status(args: argparse.Namespace) -> int:
 def _demo(args: argparse.Namespace) -> int:
     from gpuheal_dev.demo import run_demo
 
-    return run_demo(args.dir)
+    return run_demo(args.dir, args.fault)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -101,6 +101,13 @@ def build_parser() -> argparse.ArgumentParser:
         type=Path,
         default=default_root() / "demo",
         help="working directory of the demo (its sandbox, logs, job output)",
+    )
+    demo.add_argument(
+        "--fault",
+        choices=("dies", "hangs", "gentle"),
+        default="dies",
+        help="what the fault does to the job: its process dies with the GPU (default), hangs "
+        "in the driver, or nothing (gentle: it checkpoints on the signal, nothing lost)",
     )
     demo.set_defaults(func=_demo)
     return parser

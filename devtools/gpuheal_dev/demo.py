@@ -1,6 +1,13 @@
 """`make demo`: an XID 79 on the node running a Slurm training job; gpuheal cordons the node,
-drains it in Slurm and requeues the job (checkpoint signal first), evicts its pods and brings
-a spare from the ReservePool into service; the job trains again from its last checkpoint.
+drains it in Slurm and requeues the job, evicts its pods and brings a spare from the
+ReservePool into service; the job trains again from its last checkpoint.
+
+The fault does to the job what a real one does (``DemoSettings.fault``): ``dies`` (the
+default: the GPU falls off the bus and the CUDA process fails at once, so the job is FAILED
+before gpuheal acts; gpuheal requeues it as the fault's victim and it resumes from its last
+*interval* checkpoint, the steps since then lost), ``hangs`` (the process is stuck in the
+driver and ignores the checkpoint signal and SIGTERM; Slurm's SIGKILL gets it off the node) or
+``gentle`` (the GPUs are fine: the job checkpoints on the signal and on SIGTERM, nothing lost).
 
 Everything is real and local: the sandbox (kube-apiserver + kwok GPU nodes, Slurm 22.05 with
 the same node names), the Slurm bridge and the operator as processes (`gpuheal-slurm-bridge`,
@@ -43,6 +50,7 @@ from gpuheal_dev.demo_job.metrics import MetricsTail, Record, describe, read_rec
 from gpuheal_dev.demo_job.slurm import JobInfo, job_info, submit
 from gpuheal_dev.sandbox import Sandbox, SandboxConfig
 from gpuheal_dev.sandbox._proc import free_tcp_ports, pid_alive
+from gpuheal_dev.sandbox.faults import FakeGpus, GpuState
 from gpuheal_dev.sandbox.process import spawn
 from gpuheal_dev.timeline import Timeline, build_timeline, incident_report, job_events, render_png
 
@@ -64,6 +72,12 @@ POOL_LABEL = "gpuheal.io/pool"
 SPARE_TAINT = "gpuheal.io/spare"
 TRAINER = "trainer"
 XID = 79
+#: What the fault does to the job: the GPU state the demo sets on its node (None: nothing).
+FAULTS: dict[str, GpuState | None] = {
+    "dies": GpuState.LOST,
+    "hangs": GpuState.HUNG,
+    "gentle": None,
+}
 
 Out = Callable[[str], None]
 
@@ -88,6 +102,12 @@ class DemoSettings:
     poll: float = 0.15
     incident_timeout: float = 150.0
     operator_retry_interval: float = 1.0
+    #: dies (the job's process fails with its GPU), hangs, or gentle (see the module doc)
+    fault: str = "dies"
+
+    def __post_init__(self) -> None:
+        if self.fault not in FAULTS:
+            raise ValueError(f"fault must be one of {', '.join(FAULTS)}, not {self.fault!r}")
 
     def model(self) -> ModelConfig:
         return ModelConfig(seed=self.seed)
@@ -192,6 +212,13 @@ def _requeued(s: Snapshot, sc: Scene) -> str | None:
     return f"job {j.job_id} back in the queue (Restarts={j.restarts})"
 
 
+def _job_failed(s: Snapshot, sc: Scene) -> str | None:
+    j = s.job
+    if j is None or j.restarts > 0 or j.state != "FAILED":
+        return None
+    return f"job {j.job_id} FAILED in Slurm, which does not requeue it (Restarts=0)"
+
+
 def _job_waits(s: Snapshot, sc: Scene) -> str | None:
     j = s.job
     if j is None or j.restarts < 1 or j.state != "PENDING" or j.reason != "Resources":
@@ -257,7 +284,10 @@ MILESTONES: tuple[tuple[str, Check, str], ...] = (  # (name, check, what it read
     ("incident completed", _completed, "incidents"),
 )
 #: Shown when seen, not waited for (the spare may come before the job waits for it).
-OPTIONAL: tuple[tuple[str, Check, str], ...] = (("job waits for a node", _job_waits, "job"),)
+OPTIONAL: tuple[tuple[str, Check, str], ...] = (
+    ("job FAILED", _job_failed, "job"),
+    ("job waits for a node", _job_waits, "job"),
+)
 #: Printed, but left out of the PNG so that its rows stay readable.
 NOT_IN_PNG = frozenset(
     {"job waits for a node", "job stopped", "spare resumed in Slurm", "pod rescheduled",
@@ -270,6 +300,10 @@ def job_milestone(rec: Record, fault_at: float) -> tuple[str, str] | None:
     if float(rec["time"]) < fault_at:
         return None
     ev = rec["event"]
+    if ev == "gpu_error":
+        return "job died with its GPU", f"step {rec['step']}: {rec.get('error')}; exit 1"
+    if ev == "gpu_hang":
+        return "job hung in the driver", f"step {rec['step']}: deaf to SIGUSR1/SIGTERM"
     if ev == "checkpoint" and rec.get("reason") == "SIGUSR1":
         return "checkpoint on signal", f"step {rec['step']} saved on SIGUSR1 from the bridge"
     if ev == "exit":
@@ -324,6 +358,7 @@ class Demo:
         self.token_file = root / "bridge" / "operator-token"
         self.extra_jobs: list[int] = []
         self.tail = MetricsTail(self.workdir / METRICS_FILE)
+        self.gpus = FakeGpus(root / "gpus")
         #: the job started again after the fault (its ``start`` record was seen)
         self.resumed = False
         self.losses: collections.deque[float] = collections.deque(maxlen=20)
@@ -367,12 +402,13 @@ class Demo:
     # -- 1: sandbox ------------------------------------------------------------------------
     def start_sandbox(self) -> None:
         self.phase(1, "sandbox: kube-apiserver v1.36.3 + kwok GPU nodes, Slurm 22.05")
-        for stale in (self.workdir, self.logs, self.root / "bridge", self.png):
+        for stale in (self.workdir, self.logs, self.root / "bridge", self.gpus.root, self.png):
             if stale.is_dir():
                 shutil.rmtree(stale)
             elif stale.exists():
                 stale.unlink()
         self.logs.mkdir(parents=True, exist_ok=True)
+        self.gpus.root.mkdir(parents=True, exist_ok=True)
         self.say("  starting etcd, kube-apiserver, controller-manager, scheduler, kwok, Slurm ...")
         quiet = logging.getLogger("gpuheal_dev.sandbox")
         level = quiet.level
@@ -498,6 +534,7 @@ class Demo:
             run,
             python=sys.executable,
             extra_directives=["--exclusive"],
+            env=self.gpus.env(),
         )
         job_id = submit(self.slurm, script)
         self.say(f"  sbatch job {job_id} 'gpuheal-demo' (--requeue): a NumPy MLP, {s.steps} steps;")
@@ -532,11 +569,15 @@ class Demo:
         self.say(f"  waiting for {s.checkpoints_before_fault} checkpoints ...")
         tail = self.tail = MetricsTail(self.workdir / METRICS_FILE)
         want = s.checkpoints_before_fault * s.ckpt_every
+        # A real fault comes anywhere between two checkpoints: half an interval after the last
+        # one here, so that a job that dies with its GPU visibly loses the steps since.
+        mid = FAULTS[s.fault] is not None
+        wait_for = ("step", want + s.ckpt_every // 2) if mid else ("checkpoint", want)
 
         def checkpointed() -> bool:
             for rec in tail.poll():
                 self._show_job_record(rec, None)
-                if rec["event"] == "checkpoint" and int(rec["step"]) >= want:
+                if rec["event"] == wait_for[0] and int(rec["step"]) >= wait_for[1]:
                     return True
             return False
 
@@ -577,12 +618,15 @@ class Demo:
             f"  $ gpuheal simulate xid --node {node} --xid {XID}   (the same call, in-process)"
         )
         self.say(f"  kernel line: {kernel_line(XID)}")
+        fault = self.settings.fault
+        gpu = FAULTS[fault]
         t = time.time()
+        if gpu is not None:
+            self.gpus.set(node, gpu)  # the sandbox's fake GPU: the job's next step sees it
         simulate_xid(core, node, XID)
         self.say(f"  t = 0 at {_clock(t)} UTC; each line: when the demo saw it happen")
-        self.say("  (the sandbox's GPUs are fake: the job trains on until requeued and checkpoints")
-        self.say("   on its way out; on a real lost GPU it would crash or hang, and resume from")
-        self.say("   its last interval checkpoint: at most one interval lost)")
+        for line in _FAULT_WORDS[fault]:
+            self.say(f"  {line}")
         return t
 
     def follow(self, scene: Scene, fault_at: float) -> list[tuple[str, float, str]]:
@@ -700,11 +744,13 @@ class Demo:
         tl = incident_report(events, records, None, title=f"XID {XID} on {node}", out=self.say)
         # The PNG: the same timeline without the rows NOT_IN_PNG (they crowd it).
         shown = [e for e in events if e[0] not in NOT_IN_PNG]
+        how = {"dies": "died with its GPU, ", "hangs": "hung, "}.get(self.settings.fault, "")
         render_png(
             build_timeline([*shown, *job_events(records, fault_at)]),
             records,
             self.png,
-            title=f"XID {XID} on {node}: job {job_id} resumed from its checkpoint on {scene.spare}",
+            title=f"XID {XID} on {node}: job {job_id} {how}resumed from its checkpoint "
+            f"on {scene.spare}",
         )
         self.say(f"timeline PNG: {self.png}")
         self.say()
@@ -968,15 +1014,35 @@ def _signals_raise() -> Iterator[None]:
             signal.signal(s, h)
 
 
-def run_demo(root: Path) -> int:
+_FAULT_WORDS = {
+    "dies": (
+        "the GPU fell off the bus: the job's CUDA process fails at once (exit 1), as on a",
+        "real lost GPU, so the job is FAILED before gpuheal acts; gpuheal requeues it as the",
+        "fault's victim and it resumes from its last interval checkpoint (the steps since: lost)",
+    ),
+    "hangs": (
+        "the GPU hangs: the job's process is stuck in the driver and ignores SIGUSR1 and",
+        "SIGTERM; after the requeue Slurm's SIGKILL (max(KillWait, 5 s)) gets it off the node",
+        "and it resumes from its last interval checkpoint (the steps since: lost)",
+    ),
+    "gentle": (
+        "the GPUs stay fine here (--fault gentle): the job trains on until requeued and",
+        "checkpoints on the signal and on its way out: nothing lost",
+    ),
+}
+
+
+def run_demo(root: Path, fault: str = "dies") -> int:
     t0 = time.monotonic()
     root = demo_root(root)
+    settings = DemoSettings(fault=fault)
     print("gpuheal demo: XID 79 on a GPU node -> its Slurm job resumes from its checkpoint on a")
     print("spare node. All local and real: kube-apiserver + kwok, Slurm 22.05, bridge, operator.")
+    print(f"the fault: the job {fault} (--fault dies|hangs|gentle)")
     print(f"working directory: {root}")
     rc = 1
     result: DemoResult | None = None
-    demo = Demo(root, out=lambda line: print(line, flush=True))
+    demo = Demo(root, settings, out=lambda line: print(line, flush=True))
     with _signals_raise():
         try:
             with demo:

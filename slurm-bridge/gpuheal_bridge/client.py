@@ -24,6 +24,7 @@ Retry-After *instead of* its backoff.
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import ssl
 import uuid
 from collections.abc import Awaitable, Callable, Generator
@@ -208,8 +209,12 @@ class BridgeClient:
     async def get_node(self, node: str) -> NodeState:
         return await self._call("GET", f"/v1/nodes/{node}", NodeState)
 
-    async def node_jobs(self, node: str) -> JobsResponse:
-        return await self._call("GET", f"/v1/nodes/{node}/jobs", JobsResponse)
+    async def node_jobs(self, node: str, ended_since: dt.datetime | None = None) -> JobsResponse:
+        """The node's unfinished jobs, and those that ended there since ``ended_since``."""
+        path = f"/v1/nodes/{node}/jobs"
+        if ended_since is not None:
+            path += f"?ended_since={ended_since.timestamp():.3f}"
+        return await self._call("GET", path, JobsResponse)
 
     async def get_job(self, job_id: int) -> JobState:
         return await self._call("GET", f"/v1/jobs/{int(job_id)}", JobState)
@@ -341,4 +346,6 @@ def _wait_budget(opts: RequeueOptions | None) -> float:
     if opts is None:
         return 0.0
     grace = opts.checkpoint.grace_seconds if opts.checkpoint else 0.0
-    return grace + opts.wait_running_seconds + (30.0 if opts.expedite else 0.0) + 30.0
+    # a stuck job: KillWait (30 s by default) + stuck_after_seconds, then the settle wait
+    stuck = 0.0 if opts.stuck_after_seconds is None else opts.stuck_after_seconds + 90.0
+    return grace + opts.wait_running_seconds + (30.0 if opts.expedite else 0.0) + 30.0 + stuck

@@ -2,8 +2,9 @@
 interface: ownership-checked drain and resume, and the requeue sequence
 
     check state -> [checkpoint signal -> bounded grace] -> requeue/requeuehold
-    -> wait PENDING -> exclude the bad node -> [expedite: StartTime=now on BeginTime]
-    -> [wait RUNNING]
+    -> wait until the job left the node [-> still there past KillWait: node DOWN]
+    -> exclude the bad node [, drop it from a --nodelist] -> [expedite: StartTime=now
+    on BeginTime] -> [wait RUNNING]
 
 With ``expedite`` and no ``wait_running_seconds`` (what the operator asks for), the answer
 comes as soon as Slurm accepted the requeue: the drain and the requeue are on record then,
@@ -11,25 +12,31 @@ and the wait for PENDING/BeginTime (seconds on a busy slurmctld), the exclusion 
 expedite go on in the background under the job's lock.
 
 Each step looks at Slurm first, so repeating a call repeats nothing harmful: a drained node
-is not drained again, a job that is not running is never requeued (``scontrol requeue``
-of a CANCELLED/COMPLETED job exits 0 and revives it), resume of a node that is not
-drained is a no-op. Calls on one node (and on one job) are serialised by asyncio locks.
-The clock and sleep are injectable so the sequence is unit-tested without waiting.
+is not drained again, a job that is not running is never requeued unless the caller asks for
+victims that ended by failure (``requeue_ended``: ``scontrol requeue`` of a CANCELLED or
+COMPLETED job exits 0 and revives it, so those are never touched), resume of a node that is
+not drained is a no-op. Who drained a node decides who may resume it, never whether its jobs
+are requeued. Calls on one node (and on one job) are serialised by asyncio locks. The clock
+and sleep are injectable so the sequence is unit-tested without waiting.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextvars
+import datetime as dt
 import logging
 import time
 from collections import defaultdict
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 
 from gpuheal_bridge.api.models import (
+    REASON_PREFIX,
     DrainOutcome,
     DrainRequest,
     DrainResponse,
+    JobEnd,
     JobOutcome,
     JobResult,
     JobsResponse,
@@ -66,6 +73,16 @@ REQUEUEABLE_STATES = frozenset({"RUNNING", "SUSPENDED", "CONFIGURING"})
 #: Transitional states we wait through before deciding what happened.
 TRANSIENT_STATES = frozenset({"COMPLETING", "SIGNALING", "STAGE_OUT", "CONFIGURING"})
 PENDING_STATES = frozenset({"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED"})
+#: Ended before the call: requeued only with ``requeue_ended`` (victims of the fault).
+FAILED_ENDS = frozenset({JobEnd.FAILED, JobEnd.NODE_FAIL})
+#: Ended during the checkpoint grace: it stopped because of our signal (not a person's scancel).
+GRACE_ENDS = frozenset({JobEnd.FAILED, JobEnd.NODE_FAIL, JobEnd.COMPLETED})
+#: Slurm's default KillWait, used when the configuration cannot be read.
+DEFAULT_KILL_WAIT = 30.0
+#: slurmd sends SIGKILL to a job it terminates max(KillWait, 5 s) after SIGTERM: measured on
+#: 22.05 with KillWait=2, a job that ignores SIGTERM is killed ~4.7 s after the requeue.
+SLURMD_MIN_KILL_DELAY = 5.0
+_KILL_WAIT_TTL = 600.0
 
 
 class OwnershipConflict(Exception):
@@ -120,6 +137,8 @@ class Operations:
         # them must not crowd out the calls that are waiting for an answer (measured: 160
         # at once, 200 slurmds, a loaded 2-core host: every call timed out for ~30 s).
         self._background_slots = asyncio.Semaphore(background)
+        self._kill_wait_value: float | None = None
+        self._kill_wait_at = 0.0
 
     def lock(self, key: str) -> asyncio.Lock:
         """Per-node (``node:NAME``) or per-job (``job:ID``) lock; one event loop only."""
@@ -134,30 +153,37 @@ class Operations:
     async def get_node(self, k8s_name: str, slurm_name: str) -> NodeState:
         return node_state(k8s_name, await self.backend.get_node(slurm_name))
 
-    async def jobs(self, k8s_name: str, slurm_name: str) -> JobsResponse:
+    async def jobs(
+        self, k8s_name: str, slurm_name: str, ended_since: dt.datetime | None = None
+    ) -> JobsResponse:
+        """The node's unfinished jobs, and with ``ended_since`` the jobs that ended there
+        since then (``ended`` says how), as long as slurmctld remembers them."""
         await self.backend.get_node(slurm_name)  # 404 for an unknown node, not an empty list
         jobs = await self.backend.jobs_on_node(slurm_name)
+        if ended_since is not None:
+            if ended_since.tzinfo is None:
+                ended_since = ended_since.replace(tzinfo=dt.UTC)
+            jobs += await self.backend.ended_jobs_on_node(slurm_name, ended_since)
         return JobsResponse(node=k8s_name, slurm_node=slurm_name, jobs=jobs)
 
     # ---- drain / resume ------------------------------------------------------------------
     async def drain(self, k8s_name: str, slurm_name: str, req: DrainRequest) -> DrainResponse:
         async with self.lock(f"node:{slurm_name}"):
             previous = node_state(k8s_name, await self.backend.get_node(slurm_name))
-            current, skipped = previous, None
+            current = previous
             results: list[JobResult] = []
             if previous.owner is Owner.OTHER:
+                # Someone else's drain or DOWN: their reason stays (and so does the right to
+                # resume the node); the jobs are the fault's victims all the same.
                 outcome = DrainOutcome.DRAINED_BY_OTHER
-                if req.requeue:
-                    skipped = "node drained/down by someone else: left untouched"
+            elif previous.owner is Owner.GPUHEAL:
+                outcome = DrainOutcome.ALREADY_DRAINED
             else:
-                if previous.owner is Owner.GPUHEAL:
-                    outcome = DrainOutcome.ALREADY_DRAINED
-                else:
-                    await self.backend.drain(slurm_name, build_reason(req.incident, req.xid))
-                    current = node_state(k8s_name, await self.backend.get_node(slurm_name))
-                    outcome = DrainOutcome.DRAINED
-                if req.requeue is not None:
-                    results = await self._requeue_all(slurm_name, req.requeue)
+                await self.backend.drain(slurm_name, build_reason(req.incident, req.xid))
+                current = node_state(k8s_name, await self.backend.get_node(slurm_name))
+                outcome = DrainOutcome.DRAINED
+            if req.requeue is not None:
+                results = await self._requeue_all(slurm_name, req.requeue)
             return DrainResponse(
                 node=k8s_name,
                 slurm_node=slurm_name,
@@ -166,7 +192,6 @@ class Operations:
                 previous=previous,
                 current=current,
                 jobs=results,
-                jobs_skipped_reason=skipped,
             )
 
     async def _requeue_all(self, slurm_name: str, opts: RequeueOptions) -> list[JobResult]:
@@ -244,6 +269,10 @@ class Operations:
         self, job_id: int, opts: RequeueOptions, from_node: str | None
     ) -> JobResult:
         job = await self.backend.get_job(job_id)
+        if opts.requeue_ended and job.state in TRANSIENT_STATES - REQUEUEABLE_STATES:
+            # Ending right now (COMPLETING): see how it ends before deciding.
+            await self._wait(job_id, lambda p: p.state not in TRANSIENT_STATES, self.settle_timeout)
+            job = await self.backend.get_job(job_id)
         base = {"job_id": job_id, "state_before": job.state}
         if from_node is not None and from_node not in job.nodes:
             return JobResult(
@@ -251,15 +280,19 @@ class Operations:
                 outcome=JobOutcome.NOT_ON_NODE,
                 detail=f"job runs on {','.join(job.nodes) or 'no node'}, not {from_node}",
             )
-        if job.state not in REQUEUEABLE_STATES:
+        problem = _not_requeueable(job)
+        victim = opts.requeue_ended and job.ended in FAILED_ENDS
+        if job.state not in REQUEUEABLE_STATES and not victim:
             return JobResult(
                 **base,
                 outcome=JobOutcome.NOT_RUNNING,
-                detail=f"job is {job.state}; requeue would revive or fail, left alone",
+                detail=f"job is {job.state}{_exit_text(job)}; requeue would revive or fail, "
+                "left alone",
             )
-        problem = _not_requeueable(job)
         if problem:
             return JobResult(**base, outcome=JobOutcome.NOT_REQUEUEABLE, detail=problem)
+        if victim:  # ended by failure before the call: nothing to signal, requeue it now
+            return await self._requeue_now(job, opts, from_node, signalled=False)
 
         signalled = False
         if opts.checkpoint is not None:
@@ -286,22 +319,36 @@ class Operations:
                         t0=self._clock(),
                         already_pending=True,
                     )
+                if opts.requeue_ended and after.ended in GRACE_ENDS:
+                    # It stopped because of the checkpoint signal: requeue it like a failed job.
+                    return await self._requeue_now(after, opts, from_node, signalled=True)
                 return JobResult(
                     **base,
                     outcome=JobOutcome.ENDED_DURING_GRACE,
                     state_after=after.state,
                     signalled=True,
+                    ended_before=after.ended,
                     detail="job left RUNNING after the checkpoint signal and did not requeue "
                     "itself; not revived",
                 )
+        return await self._requeue_now(job, opts, from_node, signalled=signalled)
 
+    async def _requeue_now(
+        self, job: JobState, opts: RequeueOptions, from_node: str | None, *, signalled: bool
+    ) -> JobResult:
+        """``scontrol requeue`` (or requeuehold) now, then the rest of the sequence."""
         t0 = self._clock()
         hold = opts.mode is RequeueMode.REQUEUE_HOLD
         try:
-            await self.backend.requeue(job_id, hold=hold)
+            await self.backend.requeue(job.job_id, hold=hold)
         except Rejected as exc:
             return JobResult(
-                **base, outcome=JobOutcome.FAILED, signalled=signalled, detail=f"slurm: {exc}"
+                job_id=job.job_id,
+                state_before=job.state,
+                outcome=JobOutcome.FAILED,
+                signalled=signalled,
+                ended_before=job.ended,
+                detail=f"slurm: {exc}",
             )
         outcome = JobOutcome.REQUEUED_HELD if hold else JobOutcome.REQUEUED
         return await self._after_requeue(job, opts, from_node, outcome, signalled, t0=t0)
@@ -317,7 +364,16 @@ class Operations:
         t0: float,
         already_pending: bool = False,
     ) -> JobResult:
-        if opts.expedite and not opts.wait_running_seconds and outcome is JobOutcome.REQUEUED:
+        # A plain requeue of a running job, where the caller asked for nothing the answer must
+        # carry (no wait for RUNNING, no verdict on a job that may outlive SIGKILL, no ended
+        # job or --nodelist release to report): answer now, finish in the background.
+        answer_now = not (
+            opts.wait_running_seconds
+            or opts.stuck_after_seconds is not None
+            or opts.requeue_ended
+            or opts.release_node
+        )
+        if opts.expedite and answer_now and outcome is JobOutcome.REQUEUED:
             settle = self._settle(job, opts, from_node, outcome, signalled, t0=t0)
             self._in_background(job.job_id, settle)
             return JobResult(
@@ -361,20 +417,37 @@ class Operations:
     ) -> JobResult:
         job_id = job.job_id
         notes: list[str] = []
-        probe = await self._wait(
-            job_id, lambda p: p.state not in TRANSIENT_STATES, self.settle_timeout
-        )
-        requeue_seconds = None if already_pending else round(self._clock() - t0, 3)
+        if job.ended is not None:
+            notes.append(f"ended {job.state}{_exit_text(job)} before the requeue")
+        bad = [from_node] if from_node else list(job.nodes)
+        left = await self._leave_node(job, opts, bad, t0=t0, notes=notes)
+        probe = left.probe
+        requeue_seconds = None if already_pending else left.seconds
         if probe.state not in PENDING_STATES:
             notes.append(f"after requeue the job is {probe.state}")
 
-        bad = [from_node] if from_node else list(job.nodes)
         wanted: list[str] | None = None
         if opts.exclude_node and bad:
             wanted = sorted(set(job.excluded_nodes) | set(bad))
+        required: list[str] | None = None
+        pinned = [n for n in bad if n in job.required_nodes]
+        if pinned and opts.release_node:
+            required = [n for n in job.required_nodes if n not in pinned]
+        elif pinned and wanted is not None:
+            notes.append(
+                f"it requires {','.join(pinned)} (--nodelist) and now excludes it: it cannot "
+                "start until its node list is changed"
+            )
 
-        expedited, excluded = await self._expedite_and_exclude(
-            job_id, opts=opts, outcome=outcome, probe=probe, bad=bad, wanted=wanted, notes=notes
+        expedited, excluded, required_after = await self._expedite_and_exclude(
+            job_id,
+            opts=opts,
+            outcome=outcome,
+            probe=probe,
+            bad=bad,
+            wanted=wanted,
+            required=required,
+            notes=notes,
         )
 
         to_running: float | None = None
@@ -400,8 +473,81 @@ class Operations:
             requeue_to_running_seconds=to_running,
             restart_count=final.restart_count,
             nodes_after=final.nodes,
+            ended_before=job.ended,
+            left_node_seconds=left.seconds,
+            stuck=left.stuck,
+            node_down=left.node_down,
+            released_node=required_after is not None,
+            required_nodes_after=required_after,
             detail="; ".join(notes) or None,
         )
+
+    async def _leave_node(
+        self,
+        job: JobState,
+        opts: RequeueOptions,
+        bad: list[str],
+        *,
+        t0: float,
+        notes: list[str],
+    ) -> _Left:
+        """Wait until the requeued job no longer holds its node (Slurm: SIGTERM, KillWait,
+        SIGKILL). With ``stuck_after_seconds``, a job still there past KillWait plus that much
+        has processes SIGKILL cannot end (hung in the driver): the node is set DOWN, which
+        makes Slurm release the job, and the wait goes on."""
+        job_id = job.job_id
+        if opts.stuck_after_seconds is None:
+            limit = self.settle_timeout
+        else:
+            kill_after = max(await self._kill_wait(), SLURMD_MIN_KILL_DELAY)
+            limit = kill_after + opts.stuck_after_seconds
+        probe = await self._wait(job_id, lambda p: p.state not in TRANSIENT_STATES, limit)
+        stuck = node_down = False
+        if probe.state in TRANSIENT_STATES and opts.stuck_after_seconds is not None:
+            stuck = True
+            node = next((n for n in bad if n in probe.nodes), None) or next(iter(bad), None)
+            still = (
+                f"still {probe.state} {limit:g}s after the requeue (SIGKILL after "
+                f"max(KillWait, 5s) + {opts.stuck_after_seconds:g}s): its processes outlived "
+                "SIGKILL"
+            )
+            if node is None:
+                notes.append(still)
+            else:
+                try:
+                    reason = await self._set_down(node, job_id)
+                    node_down = True
+                    notes.append(f"{still}; set {node} DOWN (reason {reason!r}) to release it")
+                except BackendError as exc:
+                    notes.append(f"{still}; setting {node} DOWN failed: {exc}")
+            probe = await self._wait(
+                job_id, lambda p: p.state not in TRANSIENT_STATES, self.settle_timeout
+            )
+        seconds = None
+        if probe.state not in TRANSIENT_STATES:
+            seconds = round(self._clock() - t0, 3)
+        elif not stuck:
+            notes.append(f"still {probe.state} after {limit:g}s")
+        return _Left(probe, seconds, stuck, node_down)
+
+    async def _set_down(self, node: str, job_id: int) -> str:
+        """DOWN with the node's current reason (its drain keeps its owner), under its lock."""
+        async with self.lock(f"node:{node}"):
+            current = await self.backend.get_node(node)
+            reason = current.reason or f"{REASON_PREFIX} job {job_id} stuck after requeue"
+            await self.backend.set_down(node, reason)
+            return reason
+
+    async def _kill_wait(self) -> float:
+        now = self._clock()
+        if self._kill_wait_value is None or now - self._kill_wait_at > _KILL_WAIT_TTL:
+            try:
+                value = await self.backend.kill_wait()
+            except BackendError:
+                value = None
+            self._kill_wait_value = DEFAULT_KILL_WAIT if value is None else value
+            self._kill_wait_at = now
+        return self._kill_wait_value
 
     async def _expedite_and_exclude(
         self,
@@ -412,14 +558,16 @@ class Operations:
         probe: JobProbe,
         bad: list[str],
         wanted: list[str] | None,
+        required: list[str] | None,
         notes: list[str],
-    ) -> tuple[bool, list[str] | None]:
-        """Returns (expedited, excluded nodes after the update or None)."""
+    ) -> tuple[bool, list[str] | None, list[str] | None]:
+        """Returns (expedited, excluded nodes after the update or None, required nodes after
+        the update or None)."""
         # Expedite: once Slurm shows PENDING/BeginTime, one `scontrol update` sets StartTime=now
         # and ExcNodeList together. Measured: updating ExcNodeList first, while the job is still
         # PENDING/None, pushes BeginTime back and costs ~1 s (0.7 s vs 1.7 s to RUNNING).
         expedited = False
-        excluded_done = False
+        updated = False
         if opts.expedite and outcome is not JobOutcome.REQUEUED_HELD:
             probe = await self._wait(
                 job_id,
@@ -428,26 +576,39 @@ class Operations:
             )
             if probe.state in PENDING_STATES and probe.reason == "BeginTime":
                 try:
-                    await self.backend.start_now(job_id, excluded_nodes=wanted)
-                    expedited = excluded_done = True
+                    await self.backend.start_now(
+                        job_id, excluded_nodes=wanted, required_nodes=required
+                    )
+                    expedited = updated = True
                 except Rejected as exc:
                     notes.append(f"expedite failed: {exc}")
             elif probe.state in PENDING_STATES:
                 notes.append(f"expedite: no BeginTime hold seen (reason {probe.reason})")
 
-        excluded: list[str] | None = None
-        if wanted is not None and probe.state in PENDING_STATES and not excluded_done:
+        changes = wanted is not None or required is not None
+        if changes and probe.state in PENDING_STATES and not updated:
             try:
-                await self.backend.set_excluded_nodes(job_id, wanted)
-                excluded_done = True
+                await self.backend.set_excluded_nodes(
+                    job_id, wanted if wanted is not None else [], required_nodes=required
+                )
+                updated = True
             except Rejected as exc:
                 notes.append(f"exclude failed: {exc}")
-        if wanted is not None and excluded_done:
-            excluded = (await self.backend.get_job(job_id)).excluded_nodes
-            if not set(bad) <= set(excluded):
-                notes.append("exclusion did not stick")
-
-        return expedited, excluded
+        excluded: list[str] | None = None
+        required_after: list[str] | None = None
+        if changes and updated:
+            after = await self.backend.get_job(job_id)
+            if wanted is not None:
+                excluded = after.excluded_nodes
+                if not set(bad) <= set(excluded):
+                    notes.append("exclusion did not stick")
+            if required is not None:
+                required_after = after.required_nodes
+                notes.append(
+                    f"dropped {','.join(n for n in bad if n not in required)} from its "
+                    f"--nodelist (now {','.join(required_after) or 'any node'})"
+                )
+        return expedited, excluded, required_after
 
     async def _wait(
         self,
@@ -464,6 +625,25 @@ class Operations:
             if done(probe) or self._clock() >= deadline:
                 return probe
             await self._sleep(min(step, max(0.0, deadline - self._clock())))
+
+
+@dataclass(frozen=True)
+class _Left:
+    """How a requeued job left its node: the last probe, seconds from the requeue until it
+    no longer held the node (None: it still did), stuck past KillWait, node set DOWN."""
+
+    probe: JobProbe
+    seconds: float | None
+    stuck: bool
+    node_down: bool
+
+
+def _exit_text(job: JobState) -> str:
+    if job.exit_signal:
+        return f" (killed by signal {job.exit_signal})"
+    if job.exit_status:
+        return f" (exit {job.exit_status})"
+    return ""
 
 
 def _not_requeueable(job: JobState) -> str | None:

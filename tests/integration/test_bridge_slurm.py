@@ -35,6 +35,7 @@ from gpuheal_bridge.backends.cli import CliBackend
 from gpuheal_bridge.backends.rest import RestBackend
 from gpuheal_bridge.client import BridgeClient, BridgeConflict
 from gpuheal_bridge.server.app import BridgeSettings, create_app
+from gpuheal_dev.sandbox.faults import job_processes
 from gpuheal_dev.sandbox.slurm import SANDBOX_ENV_MARKER, SlurmCluster
 
 pytestmark = pytest.mark.integration
@@ -277,7 +278,12 @@ async def test_requeuehold_keeps_the_job_held(bridge: Bridge, job_script: Path) 
 # ---- ownership ------------------------------------------------------------------------------
 
 
-async def test_admin_drain_is_left_alone(bridge: Bridge, job_script: Path) -> None:
+async def test_admin_drain_keeps_its_reason_and_the_jobs_still_move(
+    bridge: Bridge, job_script: Path
+) -> None:
+    """Who drained the node decides who may resume it, not whether its jobs move: the admin's
+    reason stays (and resume is refused), the job pinned there is requeued, released from its
+    --nodelist and runs elsewhere."""
     cluster = bridge.cluster
     node = NODES[1]
     jid = submit(cluster, job_script, str(job_script.parent / "s"), sbatch=("-w", node))
@@ -285,12 +291,15 @@ async def test_admin_drain_is_left_alone(bridge: Bridge, job_script: Path) -> No
     admin_reason = "admin: replacing fan, ticket OPS-42"
     cluster.run("scontrol", "update", f"NodeName={node}", "State=DRAIN", f"Reason={admin_reason}")
 
-    body = {"incident": "nrem-it2", "xid": 79, "requeue": {"expedite": True}}
+    body = {"incident": "nrem-it2", "xid": 79, "requeue": {"expedite": True, "release_node": True}}
     drained = bridge.http.post(f"/v1/nodes/{node}/drain", headers=AUTH, json=body)
     assert drained.status_code == 200
     assert drained.json()["outcome"] == "drained_by_other"
     assert drained.json()["owner"] == "other"
-    assert drained.json()["jobs"] == []
+    [job] = drained.json()["jobs"]
+    assert job["outcome"] == "requeued"
+    assert job["released_node"] is True
+    assert job["excluded_nodes"] == [node]
     refused = bridge.http.post(f"/v1/nodes/{node}/resume", headers=AUTH, json={})
     assert refused.status_code == 409
     assert refused.json()["owner"] == "other"
@@ -300,8 +309,8 @@ async def test_admin_drain_is_left_alone(bridge: Bridge, job_script: Path) -> No
 
     text = cluster.run("scontrol", "show", "node", "-o", node).stdout
     assert f"Reason={admin_reason} [" in text  # reason untouched
-    assert job_field(cluster, jid, "%T") == "RUNNING"  # job untouched
-    assert restart_count(cluster, jid) == 0
+    assert running_on(cluster, jid) != node
+    assert restart_count(cluster, jid) == 1
     cluster.run("scancel", str(jid))
 
 
@@ -558,3 +567,56 @@ def test_reboot_goes_through_slurms_reboot_states_and_stays_ours_until_resumed(
     assert reserved.json()["current"]["owner"] == "other"
     text = bridge.cluster.run("scontrol", "show", "node", "-o", pool_node).stdout
     assert "Reason=reserve pool [" in text
+
+
+def test_a_job_that_died_on_the_node_is_listed_and_requeued_when_asked(
+    bridge: Bridge, job_script: Path
+) -> None:
+    """A job killed on the node (as by a lost GPU) is FAILED: listed with how and when it
+    ended, left alone by a plain requeue, requeued with requeue_ended, never a completed one."""
+    cluster = bridge.cluster
+    node = NODES[0]
+    jid = submit(cluster, job_script, str(job_script.parent / "s"), sbatch=("-w", node))
+    running_on(cluster, jid)
+    done = int(cluster.run("sbatch", "--parsable", "-w", node, "--wrap", "true").stdout.strip())
+    since = time.time() - 5
+    for pid in job_pids(cluster, jid):
+        os.kill(pid, signal.SIGKILL)
+    wait_for(lambda: job_field(cluster, jid, "%T") == "FAILED", "job FAILED")
+    wait_for(lambda: job_field(cluster, done, "%T") == "COMPLETED", "job completed")
+
+    listed = bridge.http.get(f"/v1/nodes/{node}/jobs?ended_since={since}", headers=AUTH).json()
+    ended = {j["job_id"]: j for j in listed["jobs"]}
+    assert ended[jid]["ended"] == "failed"
+    assert ended[jid]["exit_signal"] == 9
+    assert ended[jid]["required_nodes"] == [node]
+    assert ended[done]["ended"] == "completed"
+    assert bridge.http.get(f"/v1/nodes/{node}/jobs", headers=AUTH).json()["jobs"] == []
+
+    plain = bridge.http.post(f"/v1/jobs/{jid}/requeue", headers=AUTH, json={"from_node": node})
+    assert plain.json()["outcome"] == "not_running"
+    for job in (done, jid):
+        body = {
+            "from_node": node,
+            "requeue_ended": True,
+            "release_node": True,
+            "expedite": True,
+            "wait_running_seconds": 20,
+        }
+        answer = bridge.http.post(f"/v1/jobs/{job}/requeue", headers=AUTH, json=body).json()
+        if job == done:
+            assert answer["outcome"] == "not_running"  # never revived
+        else:
+            assert answer["outcome"] == "requeued"
+            assert answer["ended_before"] == "failed"
+            assert answer["released_node"] is True
+            assert answer["state_after"] == "RUNNING"
+            assert answer["nodes_after"] != [node]
+    assert job_field(cluster, done, "%T") == "COMPLETED"
+    assert restart_count(cluster, jid) == 1
+    cluster.run("scancel", str(jid))
+
+
+def job_pids(cluster: SlurmCluster, job_id: int) -> list[int]:
+    node = job_field(cluster, job_id, "%N")
+    return job_processes(cluster.conf_path, node, job_id)

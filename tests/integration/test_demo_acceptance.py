@@ -1,4 +1,7 @@
-"""End-to-end acceptance (issue 7): the `make demo` story, automated and checked.
+"""End-to-end acceptance (issues 7 and 11): the `make demo` story, automated and checked, for
+the default fault (the job's process dies with its GPU, as on a real XID 79) and the gentle one
+(the GPUs stay fine: the job checkpoints on the signal). The hung job, a 2-node job and a node an
+admin drained first are in test_real_faults.py (same operator, bridge, Slurm and job).
 
 The test drives :class:`gpuheal_dev.demo.Demo`, the code `make demo` runs: its own sandbox
 (4 GPU nodes + 1 spare, Slurm with the same node names), the bridge and the operator as
@@ -12,6 +15,7 @@ the spare is promoted the way the pool says and is in service in Slurm.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import shutil
@@ -64,10 +68,13 @@ def demo_root(tmp_path: Path) -> Iterator[Path]:
     shutil.rmtree(root, ignore_errors=True)
 
 
-def test_xid79_job_resumes_from_checkpoint_on_the_spare(demo_root: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("fault", ["dies", "gentle"])
+def test_xid79_job_resumes_from_checkpoint_on_the_spare(
+    demo_root: Path, tmp_path: Path, fault: str
+) -> None:
     pool = yaml.safe_load(SETTINGS.pool.read_text())
     promotion = pool["spec"]["promotion"]
-    demo = Demo(demo_root, SETTINGS, out=print)
+    demo = Demo(demo_root, dataclasses.replace(SETTINGS, fault=fault), out=print)
     with demo:
         result: DemoResult = demo.run()
         core = demo.sb.core_v1()
@@ -114,6 +121,13 @@ def test_xid79_job_resumes_from_checkpoint_on_the_spare(demo_root: Path, tmp_pat
         conds = {c["type"]: c for c in nrem["status"]["conditions"]}
         assert conds["Completed"]["reason"] == "Replaced"
         assert [j["jobId"] for j in nrem["status"]["requeuedJobs"]] == [str(job)]
+        [record] = [j for j in nrem["status"]["jobs"] if j["jobId"] == str(job)]
+        reason = "EndedByFailure" if fault == "dies" else "RunningAtFault"
+        assert (record["outcome"], record["reason"]) == ("Requeued", reason)
+        assert (conds["JobsRequeued"]["status"], conds["JobsRequeued"]["reason"]) == (
+            "True",
+            "Requeued",
+        )
         assert nrem["status"]["ownership"] == {"cordoned": True, "slurmDrained": True}
         assert nrem["status"]["replacementNode"] == spare
 
@@ -130,6 +144,16 @@ def test_xid79_job_resumes_from_checkpoint_on_the_spare(demo_root: Path, tmp_pat
     assert runs[1].resume_step > 0, "resumed from a checkpoint, not from scratch"
     [lost] = steps_lost(runs)
     assert lost <= SETTINGS.ckpt_every
+    if fault == "dies":
+        # died with its GPU: no checkpoint on the way out; resumed from the last interval one,
+        # the steps since then lost (and shown as such in the timeline)
+        [error] = [r for r in records if r["event"] == "gpu_error"]
+        assert runs[1].resume_step == runs[0].checkpoints[-1]["step"]
+        assert runs[0].checkpoints[-1]["reason"] == "interval"
+        assert lost == int(error["step"]) - 1 - runs[1].resume_step
+        assert any(name == "job died with its GPU" for name, _, _ in result.events)
+    else:
+        assert lost == 0  # checkpointed on the signal and on SIGTERM
     assert runs[1].end is not None
     assert runs[1].end["event"] == "done"
     assert runs[1].end["loss"] < runs[0].steps[0]["loss"]

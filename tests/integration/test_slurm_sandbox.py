@@ -16,6 +16,7 @@ import pytest
 
 from gpuheal_dev.sandbox import _proc
 from gpuheal_dev.sandbox import slurm as slurm_mod
+from gpuheal_dev.sandbox.faults import Wedge, WedgeUnavailable, job_processes
 from gpuheal_dev.sandbox.slurm import SlurmCluster, SlurmCommandError, SlurmSandboxError
 from tests.fixtures.slurm import SLURM_TEST_NODES
 
@@ -313,3 +314,49 @@ def test_scontrol_reboot_restarts_the_nodes_slurmd_through_the_reboot_states(
     assert _proc.pid_alive(new_pid)
     c.stop()
     assert not _proc.pid_alive(new_pid)
+
+
+def test_a_stuck_child_whose_batch_shell_died_is_seen_only_with_cgroup_tracking(
+    make_slurm_cluster: Callable[..., SlurmCluster], tmp_path: Path
+) -> None:
+    """The batch script leaves a child stuck in uninterruptible sleep (a FUSE wedge) and exits.
+    With proctrack/cgroup (production; the sandbox's choice where the machine allows it) Slurm
+    sees the child, cannot kill it and drains the node itself ("Kill task failed"); with
+    proctrack/linuxproc the job ends at once, the node looks idle, and the child lives on."""
+    seen: dict[str, tuple[str, bool]] = {}
+    for proctrack in ("cgroup", "linuxproc"):
+        try:
+            cluster = make_slurm_cluster(
+                ["stuck-0"], name=f"stuck-{proctrack}", proctrack=proctrack,
+                unkillable_step_timeout=5,
+            )  # fmt: skip
+        except SlurmSandboxError as exc:
+            pytest.skip(f"proctrack/{proctrack} not available here: {exc}")
+        try:
+            wedge = Wedge(tmp_path / f"wedge-{proctrack}").open()
+        except WedgeUnavailable as exc:
+            pytest.skip(f"no FUSE here to wedge a process: {exc}")
+        try:
+            script = tmp_path / f"stuck-{proctrack}.sh"
+            script.write_text(f"#!/bin/bash\nstat {wedge.path()} &\nsleep 1\nexit 1\n")
+            script.chmod(0o755)
+            job = cluster.run("sbatch", "--parsable", "-o", "/dev/null", str(script)).stdout
+            job = job.strip()
+            wait_for(lambda w=wedge: w.held, "the child stuck in D state")
+
+            def settled(c: SlurmCluster = cluster) -> str | None:
+                reason = node_reason(c, "stuck-0")
+                state = c.node_states().get("stuck-0", "")
+                if "Kill task failed" in reason or state == "idle":
+                    return f"{state}|{reason}"
+                return None
+
+            node = wait_for(settled, "Slurm gives up on the job or forgets it", timeout=60)
+            stuck = job_processes(cluster.conf_path, "stuck-0", int(job))
+            seen[proctrack] = (node.split("|")[1], bool(stuck))
+        finally:
+            wedge.close()
+            cluster.stop()
+    assert seen["cgroup"] == ("Kill task failed", True)
+    assert seen["linuxproc"][1] is True  # the child lives on ...
+    assert seen["linuxproc"][0] != "Kill task failed"  # ... unseen by Slurm

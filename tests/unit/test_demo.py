@@ -5,8 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from gpuheal_dev.demo import (
     MILESTONES,
+    OPTIONAL,
+    DemoSettings,
     NodeFacts,
     PodFacts,
     Scene,
@@ -136,3 +140,26 @@ def test_a_root_too_deep_for_slurm_sockets_falls_back_to_a_short_one(tmp_path: P
     short.rmdir()
     ok = Path("/tmp/gh-demo-ok")
     assert demo_root(ok) == ok
+
+
+def test_the_jobs_own_fault_records_belong_to_the_story() -> None:
+    died = {"event": "gpu_error", "time": 10.0, "step": 47, "error": "CUDA error: x"}
+    hung = {"event": "gpu_hang", "time": 10.0, "step": 47, "state": "hung"}
+    assert job_milestone(died, 9.9) == ("job died with its GPU", "step 47: CUDA error: x; exit 1")
+    named = job_milestone(hung, 9.9)
+    assert named is not None
+    assert named[0] == "job hung in the driver"
+    assert job_milestone(died, 10.5) is None  # before the fault: not part of the story
+
+
+def test_a_job_failed_before_gpuheal_acted_is_seen() -> None:
+    [(_, check, _)] = [o for o in OPTIONAL if o[0] == "job FAILED"]
+    assert check(snap(job=job("FAILED")), SCENE) is not None
+    assert check(snap(job=job("FAILED", restarts=1)), SCENE) is None
+    assert check(snap(job=job("RUNNING")), SCENE) is None
+
+
+def test_demo_settings_refuse_an_unknown_fault() -> None:
+    assert DemoSettings().fault == "dies"
+    with pytest.raises(ValueError, match="fault must be one of"):
+        DemoSettings(fault="explodes")

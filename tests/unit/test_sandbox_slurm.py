@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from gpuheal_dev.sandbox import _proc
+from gpuheal_dev.sandbox import _proc, cgroup
+from gpuheal_dev.sandbox.faults import FakeGpus, GpuState, read_gpu_state
 from gpuheal_dev.sandbox.slurm import (
     SlurmCluster,
     SlurmCommandError,
@@ -233,3 +234,44 @@ def test_log_tail(tmp_path: Path) -> None:
     tail = _proc.log_tail(log, 3)
     assert tail.endswith("line 97\nline 98\nline 99")
     assert "no log" in _proc.log_tail(tmp_path / "missing.log")
+
+
+@pytest.mark.parametrize("proctrack", ["linuxproc", "cgroup"])
+def test_process_tracking_and_unkillable_timeout_are_rendered(proctrack: str) -> None:
+    cfg = make_config(proctrack=proctrack, unkillable_step_timeout=9)
+    lines = conf_lines(render_slurm_conf(cfg))
+    assert f"ProctrackType=proctrack/{proctrack}" in lines
+    assert "UnkillableStepTimeout=9" in lines
+    assert "KillWait=2" in lines
+
+
+def test_each_cluster_has_its_own_freezer_cgroup() -> None:
+    a, b = Path("/tmp/gpuheal-slurm-a"), Path("/tmp/gpuheal-slurm-b")
+    assert cgroup.host_cgroup(a) != cgroup.host_cgroup(b)
+    assert cgroup.host_cgroup(a) == cgroup.host_cgroup(a)
+    assert cgroup.host_cgroup(a).parent == cgroup.HOST_FREEZER
+    text = cgroup.render_cgroup_conf(a)
+    assert "CgroupPlugin=cgroup/v1" in text
+    assert f"CgroupMountpoint={a}/cgroup" in text
+    assert "CgroupAutomount=no" in text
+
+
+def test_the_jobs_view_of_its_fake_gpu(tmp_path: Path) -> None:
+    gpus = FakeGpus(tmp_path / "gpus")
+    env = {**gpus.env(), "SLURMD_NODENAME": "gpu-node-0"}
+    assert read_gpu_state(env) == (GpuState.OK, None)
+    gpus.set("gpu-node-0", GpuState.LOST)
+    assert read_gpu_state(env) == (GpuState.LOST, None)
+    assert read_gpu_state({**env, "SLURMD_NODENAME": "gpu-node-1"}) == (GpuState.OK, None)
+    gpus.set("gpu-node-0", GpuState.WEDGED, tmp_path / "wedge" / "gpu0")
+    assert read_gpu_state(env) == (GpuState.WEDGED, str(tmp_path / "wedge" / "gpu0"))
+    with pytest.raises(ValueError, match="Wedge"):
+        gpus.set("gpu-node-0", GpuState.WEDGED)
+    gpus.heal("gpu-node-0")
+    assert read_gpu_state(env) == (GpuState.OK, None)
+    assert read_gpu_state({}) == (GpuState.OK, None)  # outside the sandbox: nothing
+
+
+def test_cluster_refuses_an_unknown_process_tracking(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="proctrack"):
+        SlurmCluster(tmp_path / "s", ["n0"], proctrack="pgid")

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import shlex
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from gpuheal_dev.demo_job.model import ModelConfig
@@ -50,11 +50,13 @@ def render_sbatch(
     output: str | None = None,
     python: str | None = None,
     extra_directives: Sequence[str] = (),
+    env: Mapping[str, str] | None = None,
 ) -> str:
     """A batch script: requeueable, appending its output across restarts, one GPU.
 
     ``output`` defaults to ``<workdir>/slurm-%j.out``; ``extra_directives`` are added as
-    ``#SBATCH`` lines (e.g. ``"--partition=main"``).
+    ``#SBATCH`` lines (e.g. ``"--partition=main"``); ``env`` is exported before the job runs
+    (e.g. the sandbox's fake GPUs).
     """
     out = output or str(Path(run.workdir) / "slurm-%j.out")
     directives = [
@@ -70,6 +72,7 @@ def render_sbatch(
     lines += [
         "# gpuheal demo job: resumes from its newest checkpoint after a requeue",
         "export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 MKL_NUM_THREADS=1",
+        *(f"export {k}={shlex.quote(v)}" for k, v in sorted((env or {}).items())),
         'echo "batch start $(date -Is) host=$SLURMD_NODENAME job=$SLURM_JOB_ID'
         ' restart=${SLURM_RESTART_COUNT:-0} gpus=${CUDA_VISIBLE_DEVICES:-none}"',
         "exec " + shlex.join(job_argv(cfg, run, python)),
@@ -86,6 +89,7 @@ def write_sbatch(
     output: str | None = None,
     python: str | None = None,
     extra_directives: Sequence[str] = (),
+    env: Mapping[str, str] | None = None,
 ) -> Path:
     """``render_sbatch`` into an executable file at ``path``."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -96,6 +100,7 @@ def write_sbatch(
         output=output,
         python=python,
         extra_directives=extra_directives,
+        env=env,
     )
     path.write_text(text)
     path.chmod(0o755)

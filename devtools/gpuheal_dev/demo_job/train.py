@@ -9,6 +9,12 @@ most one step's compute away because the step sleep is cut short):
   ``scancel`` send SIGTERM and allow ``KillWait`` seconds before SIGKILL, so a requeued job
   loses no finished step; only a hard kill (node lost, SIGKILL) loses the steps since the last
   interval checkpoint. Exiting non-zero keeps an unfinished run from looking COMPLETED.
+
+The sandbox's fake GPUs (``GPUHEAL_FAKE_GPUS``, see ``gpuheal_dev.sandbox.faults``) are
+looked at before every step, as a CUDA call would touch the GPU: ``lost`` fails the step the
+way CUDA does when the GPU fell off the bus (a ``gpu_error`` record, then the process exits 1
+with the error: no checkpoint, the steps since the last one are lost); ``hung`` blocks every
+catchable signal and sleeps (only SIGKILL ends it); ``wedged`` blocks in uninterruptible sleep.
 """
 
 from __future__ import annotations
@@ -18,7 +24,7 @@ import os
 import signal
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
@@ -43,6 +49,7 @@ from gpuheal_dev.demo_job.model import (
     sgd_step,
     zeros_like,
 )
+from gpuheal_dev.sandbox.faults import GpuState, read_gpu_state
 
 log = logging.getLogger("gpuheal_dev.demo_job")
 
@@ -66,6 +73,10 @@ class RunConfig:
     def __post_init__(self) -> None:
         if self.steps < 1 or self.ckpt_every < 1 or self.step_seconds < 0 or self.keep < 1:
             raise ValueError("steps, ckpt_every and keep must be >= 1, step_seconds >= 0")
+
+
+class GpuLost(RuntimeError):
+    """The (fake) GPU fell off the bus under a step: what CUDA raises."""
 
 
 @dataclass(frozen=True)
@@ -124,6 +135,7 @@ def train(
     """
     run.workdir.mkdir(parents=True, exist_ok=True)
     trainer = _Trainer(cfg, run, slurm_identity(env), say, clock)
+    trainer.env = os.environ if env is None else env
     try:
         done = trainer.already_done(proc_start)
         if done is not None:
@@ -161,6 +173,7 @@ class _Trainer:
         self.state = TrainState(cfg, 0, params, zeros_like(params), rng_state)
         self.resume_step = 0
         self.last_ckpt = 0
+        self.env: Mapping[str, str] = os.environ
 
     def already_done(self, proc_start: float | None) -> Outcome | None:
         """A restart after the final model was written: report it, train nothing."""
@@ -237,6 +250,7 @@ class _Trainer:
         state, run = self.state, self.run
         while state.step < run.steps:
             step = state.step + 1
+            self.gpu_call(step)
             batch_loss = sgd_step(self.cfg, state.params, state.velocity, self.data, step, self.rng)
             state.step = step
             state.losses.append(batch_loss)
@@ -248,6 +262,25 @@ class _Trainer:
                 if stopped is not None:
                     return stopped
         return self.finish()
+
+    def gpu_call(self, step: int) -> None:
+        """What the GPU does to this step (the sandbox's fake GPU state for this node)."""
+        gpu, wedge = read_gpu_state(self.env)
+        if gpu is GpuState.OK:
+            return
+        if gpu is GpuState.LOST:
+            error = "CUDA error: unspecified launch failure (GPU has fallen off the bus)"
+            self.metrics.write("gpu_error", self.clock(), step=step, error=error)
+            self.metrics.sync()
+            raise GpuLost(error)
+        self.metrics.write("gpu_hang", self.clock(), step=step, state=gpu.value)
+        self.metrics.sync()
+        self.say(f"step {step}: stuck in the driver ({gpu.value})")
+        if gpu is GpuState.WEDGED and wedge:
+            os.stat(wedge)  # uninterruptible: not even SIGKILL gets it out
+        signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())
+        while True:  # a CUDA sync that never returns: only SIGKILL ends it
+            time.sleep(3600)
 
     def on_signals(self, sigs: _Signals) -> Outcome | None:
         reasons = sorted(set(sigs.checkpoint_now))

@@ -37,7 +37,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Self
 
-from gpuheal_dev.sandbox import _proc
+from gpuheal_dev.sandbox import _proc, cgroup
 
 log = logging.getLogger("gpuheal_dev.sandbox.slurm")
 
@@ -195,6 +195,10 @@ class SlurmConfig:
     cred_expire: int = MIN_CRED_EXPIRE
     cluster_name: str = "gpuheal"
     partition: str = "main"
+    #: ``linuxproc`` or ``cgroup`` (see gpuheal_dev.sandbox.cgroup)
+    proctrack: str = "linuxproc"
+    #: seconds a step's processes may outlive SIGKILL before slurmd drains the node
+    unkillable_step_timeout: int = 60
     #: port of a slurmdbd on 127.0.0.1 (`gpuheal_dev.sandbox.slurmdbd`); None: no accounting
     dbd_port: int | None = None
     reboot_timeout: int = 60
@@ -261,7 +265,7 @@ def render_slurm_conf(cfg: SlurmConfig) -> str:
         "SlurmctldDebug=info",
         "SlurmdDebug=info",
         "MailProg=/bin/true",
-        "ProctrackType=proctrack/linuxproc",
+        f"ProctrackType=proctrack/{cfg.proctrack}",
         "TaskPlugin=task/none",
         "SwitchType=switch/none",
         "MpiDefault=none",
@@ -289,6 +293,9 @@ def render_slurm_conf(cfg: SlurmConfig) -> str:
         "SchedulerParameters=sched_interval=2,bf_interval=1",
         "MinJobAge=600",
         "KillWait=2",
+        "# a step whose processes outlive SIGKILL this long: slurmd drains the node"
+        " ('Kill task failed')",
+        f"UnkillableStepTimeout={cfg.unkillable_step_timeout}",
         "InactiveLimit=0",
         "SlurmdTimeout=30",
         "SlurmctldTimeout=30",
@@ -439,8 +446,12 @@ class SlurmCluster:
         memory_mb: int = 64000,
         install: bool = True,
         start_timeout: float = 60.0,
+        proctrack: str = "auto",
+        unkillable_step_timeout: int = 60,
         dbd_port: int | None = None,
     ) -> None:
+        if proctrack not in ("auto", "cgroup", "linuxproc"):
+            raise ValueError(f"proctrack must be auto, cgroup or linuxproc, not {proctrack!r}")
         if cred_expire < MIN_CRED_EXPIRE:
             raise ValueError(
                 f"cred_expire must be >= {MIN_CRED_EXPIRE} (munge silently uses 120 s otherwise)"
@@ -457,6 +468,12 @@ class SlurmCluster:
         self.memory_mb = memory_mb
         self.install = install
         self.start_timeout = start_timeout
+        self.unkillable_step_timeout = unkillable_step_timeout
+        #: what was asked for; ``proctrack`` is what runs (``auto``: cgroup where possible)
+        self.proctrack_wanted = proctrack
+        self.proctrack = "linuxproc" if proctrack == "auto" else proctrack
+        #: why this process tracking (for ``auto``: why not cgroup, when not)
+        self.proctrack_reason = ""
         self.dbd_port = dbd_port  # accounting (AdminLevel, users) through a slurmdbd there
         self.ctld_port: int | None = None
         self.node_ports: dict[str, int] = {}
@@ -484,6 +501,8 @@ class SlurmCluster:
             cpus_per_node=spec["cpus_per_node"],
             memory_mb=spec["memory_mb"],
             install=False,
+            proctrack=spec.get("proctrack", "linuxproc"),
+            unkillable_step_timeout=spec.get("unkillable_step_timeout", 60),
         )
         cluster.ctld_port = spec["ctld_port"]
         cluster.node_ports = dict(spec["node_ports"])
@@ -574,6 +593,7 @@ class SlurmCluster:
         self._popens.clear()
         if self.install:
             ensure_installed(restd=self.restd)
+        self._choose_proctrack()
         self._t0 = time.monotonic()
         self._progress(f"starting Slurm under {self.root} with nodes {', '.join(self.nodes)}")
         for attempt in range(1, 4):
@@ -600,6 +620,20 @@ class SlurmCluster:
         )
         return self
 
+    def _choose_proctrack(self) -> None:
+        """``auto``: proctrack/cgroup where this machine allows it, else linuxproc and why."""
+        if self.proctrack_wanted == "linuxproc":
+            self.proctrack, self.proctrack_reason = "linuxproc", "asked for"
+            return
+        support = cgroup.cgroup_support()
+        if support.ok:
+            self.proctrack, self.proctrack_reason = "cgroup", support.reason
+            return
+        if self.proctrack_wanted == "cgroup":
+            raise SlurmSandboxError(f"proctrack/cgroup is not available here: {support.reason}")
+        self.proctrack, self.proctrack_reason = "linuxproc", f"no cgroup: {support.reason}"
+        log.info("slurm: proctrack/linuxproc (%s)", support.reason)
+
     def _pick_ports(self) -> None:
         ports = _proc.free_tcp_ports(1 + len(self.nodes))
         self.ctld_port = ports[0]
@@ -617,6 +651,8 @@ class SlurmCluster:
             cpus_per_node=self.cpus_per_node,
             memory_mb=self.memory_mb,
             cred_expire=self.cred_expire,
+            proctrack=self.proctrack,
+            unkillable_step_timeout=self.unkillable_step_timeout,
             dbd_port=self.dbd_port,
         )
 
@@ -646,6 +682,14 @@ class SlurmCluster:
         cfg = self.config()
         lay.conf.write_text(render_slurm_conf(cfg))
         lay.gres_conf.write_text(render_gres_conf(cfg))
+        cgroup_conf = lay.etc / "cgroup.conf"
+        cgroup_conf.unlink(missing_ok=True)
+        if self.proctrack == "cgroup":
+            cgroup_conf.write_text(cgroup.render_cgroup_conf(lay.root))
+            try:
+                cgroup.setup(lay.root)
+            except (OSError, subprocess.CalledProcessError) as exc:
+                raise SlurmSandboxError(f"proctrack/cgroup: bind mount failed: {exc}") from exc
         lay.saved_spec.write_text(
             json.dumps(
                 {
@@ -656,6 +700,8 @@ class SlurmCluster:
                     "gpus_per_node": self.gpus_per_node,
                     "cpus_per_node": self.cpus_per_node,
                     "memory_mb": self.memory_mb,
+                    "proctrack": self.proctrack,
+                    "unkillable_step_timeout": self.unkillable_step_timeout,
                 },
                 indent=2,
             )
@@ -878,6 +924,8 @@ class SlurmCluster:
         own = self._own_processes()
         if not pids and not own:
             self._reap_popens()
+            if cgroup.mountpoint(self.root).exists():
+                cgroup.teardown(self.root)
             return
         t0 = time.monotonic()
         if not quiet:
@@ -899,6 +947,8 @@ class SlurmCluster:
         left = _proc.kill_pids(self._job_processes())
         if left:
             log.error("slurm: job processes %s of %s survived SIGKILL", left, self.root)
+        if self.proctrack == "cgroup" or cgroup.mountpoint(self.root).exists():
+            cgroup.teardown(self.root)
         for p in (self.layout.munge_socket, Path(f"{self.layout.munge_socket}.lock")):
             p.unlink(missing_ok=True)
         self.layout.restd_socket.unlink(missing_ok=True)

@@ -7,6 +7,7 @@ done, not ours, not a Slurm node, or "try again later".
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TypeVar
@@ -15,6 +16,8 @@ import httpx
 
 from gpuheal_bridge.api.models import (
     DrainResponse,
+    JobResult,
+    JobsResponse,
     NodeState,
     RebootResponse,
     RequeueOptions,
@@ -151,6 +154,21 @@ class BridgeSlurm:
             "drain",
             self.client.drain(
                 node, incident=incident, xid=xid, requeue=requeue, idempotency_key=idempotency_key
+            ),
+        )
+
+    async def jobs(self, node: str, *, ended_since: dt.datetime | None = None) -> JobsResponse:
+        """The node's unfinished jobs and those that ended there since ``ended_since``."""
+        return await self._guard("jobs", self.client.node_jobs(node, ended_since=ended_since))
+
+    async def requeue_job(
+        self, job_id: int, options: RequeueOptions, *, from_node: str, idempotency_key: str
+    ) -> JobResult:
+        """Requeue one job that ran on ``from_node`` (which it then avoids)."""
+        return await self._guard(
+            "requeue",
+            self.client.requeue_job(
+                job_id, options, from_node=from_node, idempotency_key=idempotency_key
             ),
         )
 

@@ -135,6 +135,37 @@ class Reason(enum.StrEnum):
     NO_SPARES = "NoSpares"
 
 
+class JobReason(enum.StrEnum):
+    """Why a Slurm job on the faulty node was requeued or left as it is (the `reason` of a
+    job in a NodeRemediation's `status.jobs`; one CamelCase word each)."""
+
+    # requeued: the fault's victims
+    RUNNING = "RunningAtFault"  # running on the node at the fault
+    ENDED_BY_FAILURE = "EndedByFailure"  # died there (FAILED, NODE_FAIL) within the window
+    ENDED_ON_SIGNAL = "EndedOnCheckpointSignal"  # stopped on the checkpoint signal
+    REQUEUED_ITSELF = "RequeuedItself"  # requeued itself during the grace
+    # left behind
+    COMPLETED = "EndedOk"  # finished with exit 0 before the fault
+    CANCELLED = "CancelledByUser"  # scancel
+    OTHER_END = "EndedForAnotherReason"  # time limit, out of memory, preempted...
+    TOO_OLD = "EndedBeforeWindow"  # failed, but before the policy's window
+    NOT_REQUEUEABLE = "NotRequeueable"  # --no-requeue, or not a batch job
+    NOT_ON_NODE = "NotOnNode"  # moved on meanwhile (pending again, elsewhere)
+    GONE = "GoneFromSlurm"  # slurmctld forgot it (past MinJobAge)
+    PINNED_HELD = "PinnedToNodeHeld"  # requires the node by name: held for a person
+    SLURM_REFUSED = "SlurmRefused"  # Slurm or the bridge said no; see the message
+
+
+class JobOutcome(enum.StrEnum):
+    """What happened to a job of the faulty node (`status.jobs[].outcome`)."""
+
+    PLANNED = "Planned"  # decided, not done yet (a restart carries on from here)
+    REQUEUED = "Requeued"
+    HELD = "RequeuedHeld"
+    LEFT = "LeftAlone"
+    FAILED = "Failed"
+
+
 class EventReason(enum.StrEnum):
     """Reasons of the Kubernetes Events gpuheal posts (constants, one CamelCase word): one
     per step outcome, so `kubectl get events --field-selector reason=SlurmDrained` finds
@@ -165,6 +196,9 @@ class EventReason(enum.StrEnum):
     RETURNED_TO_POOL = "ReturnedToPool"
     VERIFICATION_FAILED = "VerificationFailed"
     REFILL_REQUESTED = "RefillRequested"
+    JOB_LEFT_BEHIND = "JobNotRequeued"  # a job of the faulty node gpuheal did not requeue
+    JOB_HELD = "JobHeld"  # requeued held: it names the faulty node in its --nodelist
+    NODE_DOWN_FOR_STUCK_JOB = "NodeDownForStuckJob"  # its processes outlived SIGKILL
 
 
 _DNS_BAD = re.compile(r"[^a-z0-9-]+")

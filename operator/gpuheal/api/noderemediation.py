@@ -24,7 +24,7 @@ from gpuheal.api.meta import (
     conditions_field,
     list_of,
 )
-from gpuheal.api.names import NremCondition
+from gpuheal.api.names import JobOutcome, JobReason, NremCondition
 from gpuheal.api.remediationpolicy import Rung
 from gpuheal.xid.types import RecoveryAction
 
@@ -140,6 +140,35 @@ class RequeuedJob(Model):
     requeued_at: dt.datetime | None = Field(default=None, description="When it was requeued.")
 
 
+class JobRecord(Model):
+    """A Slurm job of the faulty node: what gpuheal did with it, and why."""
+
+    job_id: str = Field(max_length=64, description="The Slurm job id.")
+    name: str | None = Field(default=None, max_length=256, description="The Slurm job name.")
+    user: str | None = Field(default=None, max_length=128, description="Its owner.")
+    state: str = Field(
+        default="", max_length=32, description="Its Slurm state when gpuheal looked at it."
+    )
+    outcome: JobOutcome = Field(
+        description="Planned (decided, not done yet), Requeued, RequeuedHeld, LeftAlone, "
+        "Failed (Slurm or the bridge refused; see message)."
+    )
+    reason: JobReason = Field(description="Why (one CamelCase word).")
+    message: str = Field(default="", max_length=MAX_MESSAGE, description="What happened.")
+    at: dt.datetime | None = Field(default=None, description="When the outcome was recorded.")
+    nodes_after: list[str] = list_of(64, "Where it runs after the requeue, when it already runs.")
+    release_node: bool = Field(
+        default=False,
+        description="It named the node in its --nodelist: gpuheal drops the node from that "
+        "list (pinnedJobs: ReleaseNode) so the job can run elsewhere.",
+    )
+    node_down: bool = Field(
+        default=False,
+        description="It still held the node past KillWait + stuckJobTimeout and gpuheal set "
+        "the Slurm node DOWN to release it.",
+    )
+
+
 class Ownership(Model):
     """What gpuheal itself did, so it only ever undoes its own work."""
 
@@ -212,6 +241,11 @@ class NodeRemediationStatus(Model):
     rung: int = Field(default=0, ge=0, description="Index into spec.ladder being executed.")
     next_step: int = Field(default=0, ge=0, description="Index of the next step in the rung.")
     requeued_jobs: list[RequeuedJob] = list_of(1024, "Slurm jobs requeued by this incident.")
+    jobs: list[JobRecord] = list_of(
+        256,
+        "Every Slurm job of the node at the fault (running, or ended there within the "
+        "policy's failedJobsWindow), with what gpuheal did and why.",
+    )
     replacement_node: str | None = Field(
         default=None,
         max_length=MAX_NAME,

@@ -71,6 +71,16 @@ class RequeueMode(enum.StrEnum):
     REQUEUE_HOLD = "requeueHold"
 
 
+class PinnedJobs(enum.StrEnum):
+    RELEASE_NODE = "ReleaseNode"  # drop the faulty node from the job's --nodelist
+    HOLD = "Hold"  # requeue held, as submitted: a person decides
+
+
+class StuckJobAction(enum.StrEnum):
+    DOWN_NODE = "DownNode"  # State=DOWN: Slurm releases the job (requeued, runs elsewhere)
+    REPORT = "Report"  # only say so (the job waits until Slurm's UnkillableStepTimeout)
+
+
 class DrainTimeoutAction(enum.StrEnum):
     ALERT = "Alert"  # stop, leave the node cordoned, say why
     FORCE = "Force"  # delete the remaining pods without the Eviction API
@@ -458,6 +468,35 @@ class SlurmDrainOptions(Model):
         max_length=128,
         description="Not used today: the Slurm drain reason is always `gpuheal: <incident> "
         "xid=<N>`, which is how gpuheal recognises its own drains.",
+    )
+    failed_jobs_window: Duration = Field(
+        default="3m",
+        description="Batch jobs that ended on the node by failure (FAILED, NODE_FAIL: a "
+        "process that died with its GPU) this long before the signal, or after it, are the "
+        "fault's victims and are requeued like the running ones; completed, cancelled and "
+        "timed-out jobs never are (failures up to twice as old are named in the status as "
+        "too old). Slurm forgets an ended job MinJobAge after its end (300 s by default): a "
+        "job that ended longer ago than that is out of reach whatever the window.",
+    )
+    pinned_jobs: PinnedJobs = Field(
+        default=PinnedJobs.RELEASE_NODE,
+        description="Jobs that name the node in their --nodelist (-w): ReleaseNode (drop it "
+        "from the list; the job keeps the other nodes it named and its node count, Slurm "
+        "picks the rest) or Hold (requeued held as submitted, with an Event: a person edits "
+        "and releases it). Requeued with the node excluded but still required, such a job "
+        "would wait forever (BadConstraints).",
+    )
+    stuck_job_timeout: Duration = Field(
+        default="5s",
+        description="After the requeue slurmd sends SIGTERM and, max(KillWait, 5s) later, "
+        "SIGKILL; a job still holding the node this long after that has processes SIGKILL "
+        "cannot end (stuck in the driver) and onStuckJob applies.",
+    )
+    on_stuck_job: StuckJobAction = Field(
+        default=StuckJobAction.DOWN_NODE,
+        description="DownNode: set the Slurm node DOWN (its drain reason kept), which makes "
+        "Slurm release the job so it runs elsewhere; Report: only say so in status (Slurm "
+        "drains the node itself after UnkillableStepTimeout).",
     )
 
     @model_validator(mode="after")

@@ -36,9 +36,15 @@ from gpuheal.api.names import (
     REPLACES_ANNOTATION,
     RETIRED_LABEL,
     RETIRED_WHY_ANNOTATION,
+    JobOutcome,
 )
 from gpuheal.api.names import NremCondition as C
-from gpuheal.api.noderemediation import NodeRemediation, RepairRecord, VerificationRecord
+from gpuheal.api.noderemediation import (
+    JobRecord,
+    NodeRemediation,
+    RepairRecord,
+    VerificationRecord,
+)
 from gpuheal.api.remediationpolicy import (
     Action,
     CheckType,
@@ -60,13 +66,8 @@ from gpuheal.policy import pods_to_evict, spare_candidates
 from gpuheal.policy.types import Act, NodeView
 from gpuheal.remediation.record import Recorder
 from gpuheal.remediation.state import Runtime
-from gpuheal_bridge.api.models import (
-    CheckpointSignal,
-    DrainOutcome,
-    JobOutcome,
-    RequeueMode,
-    RequeueOptions,
-)
+from gpuheal.remediation.victims import PostEvent, RecordPlan, base_options, requeue_victims
+from gpuheal_bridge.api.models import DrainOutcome, RequeueOptions
 
 log = logging.getLogger("gpuheal.adapters.steps")
 
@@ -126,29 +127,13 @@ async def uncordon(kube: Kube, node: str, incident: str) -> str:
 
 # ---- Slurm ---------------------------------------------------------------------------------
 def requeue_options(opts: SlurmDrainOptions) -> RequeueOptions | None:
+    """How the policy wants the node's jobs requeued (None: leave them)."""
     if opts.requeue is PolicyRequeue.NONE:
         return None
-    checkpoint = None
-    if opts.checkpoint_signal:
-        grace = min(600.0, parse_duration(opts.grace_period).total_seconds())
-        checkpoint = CheckpointSignal(signal=opts.checkpoint_signal, grace_seconds=grace)
-    mode = (
-        RequeueMode.REQUEUE_HOLD
-        if opts.requeue is PolicyRequeue.REQUEUE_HOLD
-        else (RequeueMode.REQUEUE)
-    )
-    return RequeueOptions(
-        mode=mode,
-        checkpoint=checkpoint,
-        exclude_node=True,
-        expedite=mode is RequeueMode.REQUEUE,
-    )
+    return base_options(opts)
 
 
-_REQUEUED = {JobOutcome.REQUEUED, JobOutcome.REQUEUED_HELD, JobOutcome.REQUEUED_BY_JOB}
-
-
-async def slurm_drain(
+async def slurm_drain(  # noqa: PLR0911 - one return per outcome
     slurm: BridgeSlurm | None,
     node: str,
     incident: str,
@@ -157,7 +142,13 @@ async def slurm_drain(
     *,
     now: dt.datetime,
     attempt: int,
+    signal_at: dt.datetime | None = None,
+    recorded: Sequence[JobRecord] = (),
+    record_plan: RecordPlan | None = None,
+    post_event: PostEvent | None = None,
 ) -> StepResult:
+    """Drain the Slurm node (unless someone else has), then requeue the fault's victims
+    (`victims.requeue_victims`): the node's running jobs and those that died there."""
     if slurm is None:
         return StepResult.done(
             C.SLURM_DRAINED, "SlurmNotConfigured", "no Slurm bridge configured (--bridge-url)"
@@ -167,7 +158,7 @@ async def slurm_drain(
             node,
             incident=incident,
             xid=xid,
-            requeue=requeue_options(opts),
+            requeue=None,
             idempotency_key=f"{incident}-slurm-drain",
         )
     except SlurmNotFound:
@@ -178,37 +169,61 @@ async def slurm_drain(
     except SlurmError as exc:
         return StepResult.failed(C.SLURM_DRAINED, "BridgeError", str(exc))
     ours = resp.outcome is not DrainOutcome.DRAINED_BY_OTHER
-    jobs = [
-        {"jobId": str(j.job_id), "requeuedAt": rfc3339(now)}
-        for j in resp.jobs
-        if j.outcome in _REQUEUED
-    ]
-    other = [f"{j.job_id}:{j.outcome.value}" for j in resp.jobs if j.outcome not in _REQUEUED]
-    detail = f"; requeued {len(jobs)} job(s)" + (
-        f"; not requeued: {', '.join(other)}" if other else ""
-    )
-    result = StepResult.done(
-        C.SLURM_DRAINED,
-        {
-            DrainOutcome.DRAINED: "Drained",
-            DrainOutcome.ALREADY_DRAINED: "AlreadyDrained",
-            DrainOutcome.DRAINED_BY_OTHER: "DrainedByOther",
-        }[resp.outcome],
-        f"Slurm node {resp.slurm_node}: {resp.outcome.value} (reason {resp.current.reason!r})"
-        + detail,
-        ownership={"slurmDrained": ours},
-    )
-    if jobs:
-        result.status["requeuedJobs"] = jobs
-    result.extra_conditions.append(
-        (
-            C.JOBS_REQUEUED,
-            "True" if jobs or not other else "False",
-            "Requeued" if jobs else ("NoJobs" if not other else "NotRequeued"),
-            f"{len(jobs)} job(s) requeued" + (f"; {', '.join(other)}" if other else ""),
+    drained = f"Slurm node {resp.slurm_node}: {resp.outcome.value} (reason {resp.current.reason!r})"
+    reason = {
+        DrainOutcome.DRAINED: "Drained",
+        DrainOutcome.ALREADY_DRAINED: "AlreadyDrained",
+        DrainOutcome.DRAINED_BY_OTHER: "DrainedByOther",
+    }[resp.outcome]
+    if opts.requeue is PolicyRequeue.NONE:
+        result = StepResult.done(C.SLURM_DRAINED, reason, drained, ownership={"slurmDrained": ours})
+        result.extra_conditions.append(
+            (C.JOBS_REQUEUED, "False", "NotRequested", "requeue: none: jobs left running")
         )
-    )
+        return result
+    try:
+        victims = await requeue_victims(
+            slurm,
+            node,
+            incident,
+            opts,
+            signal_at=signal_at or now,
+            now=now,
+            recorded=recorded,
+            record_plan=record_plan or _no_plan_record,
+            post_event=post_event or _no_event,
+        )
+    except SlurmUnavailable as exc:
+        delay = exc.retry_after or min(60.0, 2.0 ** min(attempt, 6))
+        return StepResult.wait(C.SLURM_DRAINED, "BridgeUnavailable", f"{drained}; {exc}", delay)
+    jobs_status = [r.to_k8s() for r in victims.records]
+    if victims.retry is not None:
+        delay = min(60.0, 2.0 ** min(attempt, 6))
+        result = StepResult.wait(
+            C.SLURM_DRAINED, "BridgeUnavailable", f"{drained}; {victims.retry}", delay
+        )
+    else:
+        moved = [r for r in victims.records if r.outcome in (JobOutcome.REQUEUED, JobOutcome.HELD)]
+        requeued = f"; requeued {len(moved)} job(s)" if moved else ""
+        result = StepResult.done(
+            C.SLURM_DRAINED, reason, drained + requeued, ownership={"slurmDrained": ours}
+        )
+        if moved:
+            result.status["requeuedJobs"] = [
+                {"jobId": r.job_id, "name": r.name, "requeuedAt": rfc3339(r.at or now)}
+                for r in moved
+            ]
+    result.status["jobs"] = jobs_status
+    result.extra_conditions.append((C.JOBS_REQUEUED, *victims.condition))
     return result
+
+
+async def _no_plan_record(_: list[JobRecord]) -> None:
+    return None
+
+
+async def _no_event(reason: str, message: str, type_: str) -> None:
+    return None
 
 
 async def slurm_resume(
@@ -836,9 +851,7 @@ async def execute(  # noqa: PLR0911
             slurm = rt.slurm_for(node)
         except UnknownCluster as exc:
             return StepResult.wait(C.SLURM_DRAINED, "SlurmClusterUnknown", str(exc), retry)
-        return await slurm_drain(
-            slurm, node, name, xid, step.slurm_drain_options(), now=now, attempt=attempt
-        )
+        return await _slurm_drain_step(rt, slurm, nrem, rec, step, xid=xid, attempt=attempt)
     if action is Action.DRAIN:
         result, counts = await drain_pods(
             kube,
@@ -939,6 +952,49 @@ async def return_to_pool(rt: Runtime, nrem: NodeRemediation, decision: Act, pool
     elif decision.resume_slurm:
         messages.append(await slurm_resume(bridge, node, name))
     return "; ".join(messages)
+
+
+async def _slurm_drain_step(
+    rt: Runtime,
+    slurm: BridgeSlurm | None,
+    nrem: NodeRemediation,
+    rec: Recorder,
+    step: Step,
+    *,
+    xid: int | None,
+    attempt: int,
+) -> StepResult:
+    """`slurm_drain` with this incident's signal time, its recorded job plan, a way to record
+    the plan before acting, and Events about its jobs posted on the incident."""
+    kube = rt.require_kube()
+
+    async def record_plan(records: list[JobRecord]) -> None:
+        rec.merge({"jobs": [r.to_k8s() for r in records]})
+        rec.condition(
+            C.JOBS_REQUEUED,
+            "False",
+            "Requeueing",
+            "requeueing job(s) "
+            + ", ".join(r.job_id for r in records if r.outcome is JobOutcome.PLANNED),
+        )
+        await rec.write(kube)
+
+    async def post_event(reason: str, message: str, type_: str) -> None:
+        rt.post_event(nrem.to_k8s(), reason=reason, message=message, type_=type_)
+
+    return await slurm_drain(
+        slurm,
+        nrem.spec.node_name,
+        nrem.metadata.name,
+        xid,
+        step.slurm_drain_options(),
+        now=rec.now,
+        attempt=attempt,
+        signal_at=nrem.spec.signals[0].observed_at,
+        recorded=rec.status.jobs,
+        record_plan=record_plan,
+        post_event=post_event,
+    )
 
 
 async def return_to_service(rt: Runtime, nrem: NodeRemediation, decision: Act) -> str:

@@ -8,6 +8,7 @@ library, so the operator can depend on them without FastAPI or the backends
 
 from __future__ import annotations
 
+import datetime as dt
 from enum import StrEnum
 from typing import Annotated, Literal
 
@@ -61,6 +62,26 @@ class NodeState(_Model):
         return any(f.startswith("REBOOT") for f in self.flags)
 
 
+class JobEnd(StrEnum):
+    """How a finished job ended, as Slurm tells it (its final state).
+
+    ``failed`` is a non-zero exit or a process killed by a signal that Slurm did not send
+    (a CUDA process dying with its GPU ends here); ``cancelled`` is ``scancel`` by a person or
+    a tool (Slurm's own requeue never leaves a job CANCELLED).
+    """
+
+    COMPLETED = "completed"  # exit 0
+    FAILED = "failed"  # non-zero exit, or killed by a signal
+    NODE_FAIL = "node_fail"  # its node failed (DOWN / not responding)
+    CANCELLED = "cancelled"  # scancel
+    TIMEOUT = "timeout"  # its time limit
+    OUT_OF_MEMORY = "out_of_memory"
+    PREEMPTED = "preempted"
+    BOOT_FAIL = "boot_fail"
+    DEADLINE = "deadline"
+    OTHER = "other"
+
+
 class JobState(_Model):
     """A Slurm job as the bridge sees it (subset of ``squeue --json``)."""
 
@@ -75,6 +96,22 @@ class JobState(_Model):
     requeue: bool = Field(description="The job's requeue flag (False after --no-requeue).")
     restart_count: int = 0
     excluded_nodes: list[str] = Field(default_factory=list)
+    required_nodes: list[str] = Field(
+        default_factory=list, description="Nodes the job asked for by name (--nodelist/-w)."
+    )
+    node_count: int | None = Field(default=None, description="Nodes the job runs on or asked for.")
+    ended: JobEnd | None = Field(
+        default=None, description="How it ended; None while the job is not finished."
+    )
+    end_time: dt.datetime | None = Field(
+        default=None, description="When it ended (UTC); None while it is not finished."
+    )
+    exit_status: int | None = Field(
+        default=None, description="Exit status of the batch script, when it exited."
+    )
+    exit_signal: int | None = Field(
+        default=None, description="Signal that killed the batch script, when one did."
+    )
 
 
 class SignalTarget(StrEnum):
@@ -136,6 +173,28 @@ class RequeueOptions(_Model):
         le=600,
         description="Wait up to this long for the job to run again and report the time.",
     )
+    requeue_ended: bool = Field(
+        default=False,
+        description="Also requeue the job when it has already ended by failure (FAILED, "
+        "NODE_FAIL: e.g. its process died with its GPU) or when it ended during the "
+        "checkpoint grace (it stopped because of the signal). Completed jobs that ended "
+        "before the call, and cancelled ones, are never revived.",
+    )
+    release_node: bool = Field(
+        default=False,
+        description="When the job requires the node it ran on by name (--nodelist/-w), drop "
+        "that node from its required nodes so that it can run elsewhere (with exclude_node "
+        "it would otherwise wait forever, PENDING/BadConstraints).",
+    )
+    stuck_after_seconds: float | None = Field(
+        default=None,
+        ge=0,
+        le=600,
+        description="After the requeue, if the job still holds the node this many seconds "
+        "past Slurm's SIGKILL (slurmd sends it max(KillWait, 5 s) after SIGTERM) because its "
+        "processes outlived it (hung in the driver), set the node DOWN so that Slurm releases "
+        "the job (the node's drain reason is kept). None: only wait and report.",
+    )
 
 
 class JobOutcome(StrEnum):
@@ -171,6 +230,29 @@ class JobResult(_Model):
     )
     restart_count: int | None = None
     nodes_after: list[str] | None = None
+    ended_before: JobEnd | None = Field(
+        default=None,
+        description="The job had already ended (this way) when it was requeued, or ended "
+        "during the checkpoint grace.",
+    )
+    left_node_seconds: float | None = Field(
+        default=None,
+        description="From the requeue call until the job no longer held the node (its "
+        "processes gone).",
+    )
+    stuck: bool = Field(
+        default=False,
+        description="The job still held the node past KillWait + stuck_after_seconds.",
+    )
+    node_down: bool = Field(
+        default=False, description="The bridge set the node DOWN to release the stuck job."
+    )
+    released_node: bool = Field(
+        default=False, description="The node was dropped from the job's required nodes."
+    )
+    required_nodes_after: list[str] | None = Field(
+        default=None, description="The job's required nodes after the update (when changed)."
+    )
 
 
 class DrainRequest(_Model):
@@ -188,7 +270,7 @@ class DrainRequest(_Model):
 class DrainOutcome(StrEnum):
     DRAINED = "drained"  # we set DRAIN now
     ALREADY_DRAINED = "already_drained"  # gpuheal had drained it already (maybe another incident)
-    DRAINED_BY_OTHER = "drained_by_other"  # someone else's drain/down: left untouched
+    DRAINED_BY_OTHER = "drained_by_other"  # someone else's drain/down: reason left untouched
 
 
 class DrainResponse(_Model):

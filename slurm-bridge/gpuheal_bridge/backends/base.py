@@ -7,6 +7,7 @@ idempotency, the requeue sequence (signal, grace, requeue, exclude, expedite) li
 
 from __future__ import annotations
 
+import datetime as dt
 import re
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -125,6 +126,15 @@ class Backend(Protocol):
         """Jobs allocated on ``node`` that are not finished (RUNNING, SUSPENDED, COMPLETING...)."""
         ...
 
+    async def ended_jobs_on_node(self, node: str, since: dt.datetime) -> list[JobState]:
+        """Finished jobs that ran on ``node`` and ended at or after ``since`` (as long as
+        slurmctld remembers them: MinJobAge)."""
+        ...
+
+    async def kill_wait(self) -> float | None:
+        """Slurm's KillWait in seconds (SIGTERM -> SIGKILL), None when it cannot be read."""
+        ...
+
     async def get_job(self, job_id: int) -> JobState:
         """Full view of a job, finished ones included while Slurm remembers them."""
         ...
@@ -142,15 +152,28 @@ class Backend(Protocol):
         Slurm's RebootProgram once idle (ASAP: drained until then)."""
         ...
 
+    async def set_down(self, node: str, reason: str) -> None:
+        """``State=DOWN``: Slurm ends what still holds the node (a job stuck COMPLETING)."""
+        ...
+
     async def requeue(self, job_id: int, hold: bool) -> None: ...
 
     async def signal(self, job_id: int, signal: str, target: SignalTarget) -> None: ...
 
-    async def set_excluded_nodes(self, job_id: int, nodes: list[str]) -> None: ...
+    async def set_excluded_nodes(
+        self, job_id: int, nodes: list[str], required_nodes: list[str] | None = None
+    ) -> None:
+        """``ExcNodeList`` (and ``ReqNodeList`` when given; ``[]`` clears it)."""
+        ...
 
-    async def start_now(self, job_id: int, excluded_nodes: list[str] | None = None) -> None:
+    async def start_now(
+        self,
+        job_id: int,
+        excluded_nodes: list[str] | None = None,
+        required_nodes: list[str] | None = None,
+    ) -> None:
         """``StartTime=now``: lift the BeginTime hold of a requeued job (and set its excluded
-        nodes in the same update when given)."""
+        and required nodes in the same update when given)."""
         ...
 
     async def aclose(self) -> None: ...

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime as dt
 import os
 import re
 from collections.abc import Mapping, Sequence
@@ -34,8 +35,10 @@ from gpuheal_bridge.backends.parse import (
     EXCLUDED_FORMAT,
     JOB_FORMAT,
     PROBE_FORMAT,
+    ended_on,
     jobs_on,
     parse_excluded_lines,
+    parse_exit_code,
     parse_job_lines,
     parse_node_lines,
     parse_probe_line,
@@ -64,6 +67,24 @@ class CommandResult:
     @property
     def message(self) -> str:
         return (self.stderr.strip() or self.stdout.strip() or f"exit {self.returncode}")[:500]
+
+
+def job_node_args(excluded: list[str] | None, required: list[str] | None) -> list[str]:
+    """``scontrol update JobId=..`` arguments: ``ExcNodeList=a,b`` when ``excluded`` is given,
+    ``ReqNodeList=..`` when ``required`` is given (``ReqNodeList=`` clears it)."""
+    args = [] if excluded is None else [f"ExcNodeList={','.join(excluded)}"]
+    if required is not None:
+        args.append(f"ReqNodeList={','.join(required)}")
+    return args
+
+
+_KILL_WAIT = re.compile(r"^KillWait\s*=\s*(\d+)", re.M)
+
+
+def parse_kill_wait(text: str) -> float | None:
+    """``KillWait                = 30 sec`` in ``scontrol show config``."""
+    m = _KILL_WAIT.search(text)
+    return float(m.group(1)) if m else None
 
 
 def classify_failure(result: CommandResult) -> BackendError:
@@ -171,6 +192,23 @@ class CliBackend:
     async def jobs_on_node(self, node: str) -> list[JobState]:
         return jobs_on(await self._jobs("-w", node), node)
 
+    async def ended_jobs_on_node(self, node: str, since: dt.datetime) -> list[JobState]:
+        """``squeue -t all -w NODE`` lists the jobs that ended there too (while slurmctld
+        holds them); their exit (not an ``-O`` field in 22.05) from ``scontrol show job``."""
+        ended = ended_on(await self._jobs("-w", node), node, since)
+        shown = await asyncio.gather(
+            *(self._ok("scontrol", "show", "job", "-o", str(j.job_id)) for j in ended)
+        )
+        out = []
+        for job, result in zip(ended, shown, strict=True):
+            status, signal = parse_exit_code(result.stdout)
+            out.append(job.model_copy(update={"exit_status": status, "exit_signal": signal}))
+        return out
+
+    async def kill_wait(self) -> float | None:
+        result = await self._ok("scontrol", "show", "config")
+        return parse_kill_wait(result.stdout)
+
     async def get_job(self, job_id: int) -> JobState:
         for job in await self._jobs("-j", str(job_id)):
             if job.job_id == job_id:
@@ -194,6 +232,9 @@ class CliBackend:
         flags = [*(["ASAP"] if asap else []), *(["nextstate=RESUME"] if resume else [])]
         await self._ok("scontrol", "reboot", *flags, f"reason={reason}", node)
 
+    async def set_down(self, node: str, reason: str) -> None:
+        await self._ok("scontrol", "update", f"NodeName={node}", "State=DOWN", f"Reason={reason}")
+
     async def requeue(self, job_id: int, hold: bool) -> None:
         await self._ok("scontrol", "requeuehold" if hold else "requeue", str(job_id))
 
@@ -205,12 +246,21 @@ class CliBackend:
         }[target]
         await self._ok("scancel", f"--signal={signal}", *args, str(job_id))
 
-    async def set_excluded_nodes(self, job_id: int, nodes: list[str]) -> None:
-        await self._ok("scontrol", "update", f"JobId={job_id}", f"ExcNodeList={','.join(nodes)}")
+    async def set_excluded_nodes(
+        self, job_id: int, nodes: list[str], required_nodes: list[str] | None = None
+    ) -> None:
+        await self._ok(
+            "scontrol", "update", f"JobId={job_id}", *job_node_args(nodes, required_nodes)
+        )
 
-    async def start_now(self, job_id: int, excluded_nodes: list[str] | None = None) -> None:
-        exclude = [f"ExcNodeList={','.join(excluded_nodes)}"] if excluded_nodes else []
-        await self._ok("scontrol", "update", f"JobId={job_id}", *exclude, "StartTime=now")
+    async def start_now(
+        self,
+        job_id: int,
+        excluded_nodes: list[str] | None = None,
+        required_nodes: list[str] | None = None,
+    ) -> None:
+        args = job_node_args(excluded_nodes or None, required_nodes)
+        await self._ok("scontrol", "update", f"JobId={job_id}", *args, "StartTime=now")
 
     async def aclose(self) -> None:
         return None

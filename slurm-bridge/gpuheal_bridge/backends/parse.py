@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
-from gpuheal_bridge.api.models import JobState
+from gpuheal_bridge.api.models import JobEnd, JobState
 from gpuheal_bridge.backends.base import JobProbe, SlurmNode, Unavailable
 from gpuheal_bridge.hostlist import expand
 from gpuheal_bridge.ownership import split_reason_suffix
@@ -25,7 +25,7 @@ PROBE_FORMAT = "%i|%T|%r|%N"
 #: (one per array element), as ``job_id`` in ``--json``.
 JOB_FIELDS = (
     "JobID", "State", "Reason", "BatchFlag", "Requeue", "RestartCnt", "BatchHost",
-    "NodeList", "UserName", "Name",
+    "NodeList", "ReqNodes", "NumNodes", "EndTime", "UserName", "Name",
 )  # fmt: skip
 JOB_FORMAT = ",".join(f"{f}:|" for f in JOB_FIELDS[:-1]) + f",{JOB_FIELDS[-1]}:"
 #: The excluded nodes are not an ``-O`` field in 22.05: ``%x`` of ``squeue -o`` (a hostlist).
@@ -136,22 +136,71 @@ def _text_state(value: Any) -> str:
     return str(value or "UNKNOWN").upper()
 
 
+#: Final job states -> how the job ended (``squeue --json`` keeps finished jobs for MinJobAge).
+ENDED_STATES: Mapping[str, JobEnd] = {
+    "COMPLETED": JobEnd.COMPLETED,
+    "FAILED": JobEnd.FAILED,
+    "NODE_FAIL": JobEnd.NODE_FAIL,
+    "CANCELLED": JobEnd.CANCELLED,
+    "TIMEOUT": JobEnd.TIMEOUT,
+    "OUT_OF_MEMORY": JobEnd.OUT_OF_MEMORY,
+    "PREEMPTED": JobEnd.PREEMPTED,
+    "BOOT_FAIL": JobEnd.BOOT_FAIL,
+    "DEADLINE": JobEnd.DEADLINE,
+    "SPECIAL_EXIT": JobEnd.OTHER,
+    "REVOKED": JobEnd.OTHER,
+}
+
+
+def _nodes(value: Any) -> list[str]:
+    if isinstance(value, str):
+        return expand(value)
+    return [str(n) for n in value or []]
+
+
+def exit_parts(value: Any) -> tuple[int | None, int | None]:
+    """``exit_code`` -> (exit status, signal). 22.05 gives the raw wait status (``256`` is
+    exit 1, ``9`` is SIGKILL); v0.0.39+ an object ``{"return_code": .., "signal": {"id": ..}}``."""
+    if isinstance(value, Mapping):
+        status = _number(value.get("return_code"))
+        sig = value.get("signal") or {}
+        signal = _number(sig.get("id") if isinstance(sig, Mapping) else sig)
+        return status, (signal or None)
+    if value is None or isinstance(value, bool):
+        return None, None
+    raw = int(value)
+    if raw & 0x7F:
+        return None, raw & 0x7F
+    return (raw >> 8) & 0xFF, None
+
+
 def job_from_json(item: Mapping[str, Any]) -> JobState:
     """One entry of ``squeue --json`` / slurmrestd ``jobs``."""
     excluded = item.get("excluded_nodes")
     reason = item.get("state_reason")
+    state = _text_state(item.get("job_state"))
+    ended = ENDED_STATES.get(state)
+    status, signal = exit_parts(item.get("exit_code")) if ended is not None else (None, None)
+    end = _number(item.get("end_time")) if ended is not None else 0
+    count = _number(item.get("node_count"))
     return JobState(
         job_id=int(item["job_id"]),
         name=item.get("name") or None,
         user=item.get("user_name") or None,
-        state=_text_state(item.get("job_state")),
+        state=state,
         reason=None if reason in (None, "", "None") else str(reason),
         nodes=expand(item.get("nodes") or ""),
         batch_host=item.get("batch_host") or None,
         batch=bool(item.get("batch_flag")),
         requeue=bool(item.get("requeue")),
         restart_count=_number(item.get("restart_cnt")),
-        excluded_nodes=expand(excluded) if isinstance(excluded, str) else list(excluded or []),
+        excluded_nodes=_nodes(excluded),
+        required_nodes=_nodes(item.get("required_nodes")),
+        node_count=count or None,
+        ended=ended,
+        end_time=datetime.fromtimestamp(end, tz=UTC) if end > 0 else None,
+        exit_status=status,
+        exit_signal=signal,
     )
 
 
@@ -187,14 +236,17 @@ def parse_job_lines(text: str, excluded: Mapping[int, list[str]] | None = None) 
         parts = line.rstrip("\n").split("|", len(JOB_FIELDS) - 1)
         if len(parts) != len(JOB_FIELDS):
             raise ValueError(f"unexpected squeue line {line!r}")
-        job_id, state, reason, batch, requeue, restarts, host, nodes, user, name = parts
+        job_id, state, reason, batch, requeue, restarts, host, nodes, req, count, end = parts[:11]
+        user, name = parts[11:]
         jid = int(job_id)
+        state = state.strip().upper() or "UNKNOWN"
+        ended = ENDED_STATES.get(state)
         jobs.append(
             JobState(
                 job_id=jid,
                 name=name or None,
                 user=_none(user),
-                state=state.strip().upper() or "UNKNOWN",
+                state=state,
                 reason=_none(reason),
                 nodes=expand(_none(nodes) or ""),
                 batch_host=_none(host),
@@ -202,9 +254,36 @@ def parse_job_lines(text: str, excluded: Mapping[int, list[str]] | None = None) 
                 requeue=requeue.strip() == "1",
                 restart_count=int(restarts or 0),
                 excluded_nodes=list((excluded or {}).get(jid, [])),
+                required_nodes=expand(_none(req) or ""),
+                node_count=int(count) if count.strip().isdigit() and int(count) else None,
+                ended=ended,
+                end_time=_local_time(end) if ended is not None else None,
             )
         )
     return jobs
+
+
+def _local_time(text: str) -> datetime | None:
+    """``2026-11-23T14:48:24`` as squeue prints it (the host's local time) -> aware UTC."""
+    value = _none(text.strip())
+    if value is None or value in ("Unknown", "N/A"):
+        return None
+    try:
+        return datetime.fromisoformat(value).astimezone(UTC)
+    except ValueError:
+        return None
+
+
+_EXIT_CODE = re.compile(r"(?:^|\s)ExitCode=(\d+):(\d+)")
+
+
+def parse_exit_code(show_job: str) -> tuple[int | None, int | None]:
+    """``ExitCode=0:9`` of ``scontrol show job -o`` -> (exit status, signal)."""
+    m = _EXIT_CODE.search(show_job)
+    if m is None:
+        return None, None
+    status, signal = int(m.group(1)), int(m.group(2))
+    return (None, signal) if signal else (status, None)
 
 
 #: States in which a job still holds (or is releasing) its nodes.
@@ -216,6 +295,17 @@ ACTIVE_STATES = frozenset(
 def jobs_on(jobs: list[JobState], node: str) -> list[JobState]:
     """The jobs that hold ``node`` now (what ``squeue -w`` listed, or a full JSON listing)."""
     return [j for j in jobs if node in j.nodes and j.state in ACTIVE_STATES]
+
+
+def ended_on(jobs: list[JobState], node: str, since: datetime) -> list[JobState]:
+    """Jobs that ran on ``node`` and ended at or after ``since`` (while slurmctld still holds
+    them: MinJobAge after their end, 300 s by default)."""
+    return [
+        j
+        for j in jobs
+        if node in j.nodes and j.ended is not None and j.end_time is not None
+        and j.end_time >= since
+    ]  # fmt: skip
 
 
 def parse_probe_line(line: str) -> JobProbe:

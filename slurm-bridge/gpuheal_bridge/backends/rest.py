@@ -25,6 +25,7 @@ Transport: ``http(s)://host:port`` with JWT headers (``X-SLURM-USER-NAME``,
 
 from __future__ import annotations
 
+import datetime as dt
 import re
 from typing import Any
 
@@ -43,7 +44,7 @@ from gpuheal_bridge.backends.base import (
     Unsupported,
     error_for,
 )
-from gpuheal_bridge.backends.parse import jobs_on, node_from_json, parse_jobs_json
+from gpuheal_bridge.backends.parse import ended_on, jobs_on, node_from_json, parse_jobs_json
 
 _VERSION = re.compile(r"^/slurm/(v0\.0\.(\d+))/")
 _NOT_FOUND = re.compile(r"Invalid (node name|job id)|Unable to find|not found", re.I)
@@ -163,6 +164,13 @@ class RestBackend:
     async def jobs_on_node(self, node: str) -> list[JobState]:
         return jobs_on(await self._jobs("/jobs"), node)
 
+    async def ended_jobs_on_node(self, node: str, since: dt.datetime) -> list[JobState]:
+        return ended_on(await self._jobs("/jobs"), node, since)
+
+    async def kill_wait(self) -> float | None:
+        """slurmrestd has no configuration endpoint; the CLI fallback can read it."""
+        return None if self.fallback is None else await self.fallback.kill_wait()
+
     async def get_job(self, job_id: int) -> JobState:
         jobs = [j for j in await self._jobs(f"/job/{job_id}") if j.job_id == job_id]
         if not jobs:
@@ -178,6 +186,8 @@ class RestBackend:
         if minor(api) < 39 and self.fallback is not None:
             if state == "DRAIN":
                 await self.fallback.drain(node, reason or "")
+            elif state == "DOWN":
+                await self.fallback.set_down(node, reason or "")
             else:
                 await self.fallback.resume(node)
             return
@@ -195,6 +205,9 @@ class RestBackend:
             raise Unsupported("slurmrestd has no reboot operation; use --rest-write-fallback cli")
         await self.fallback.reboot(node, reason, asap=asap, resume=resume)
 
+    async def set_down(self, node: str, reason: str) -> None:
+        await self._update_node(node, "DOWN", reason)
+
     async def requeue(self, job_id: int, hold: bool) -> None:
         if self.fallback is None:
             raise Unsupported("slurmrestd has no requeue operation; use --rest-write-fallback cli")
@@ -211,15 +224,22 @@ class RestBackend:
             return
         _checked(await self._request("DELETE", f"/slurm/{api}/job/{job_id}", params=params), True)
 
-    async def set_excluded_nodes(self, job_id: int, nodes: list[str]) -> None:
+    async def set_excluded_nodes(
+        self, job_id: int, nodes: list[str], required_nodes: list[str] | None = None
+    ) -> None:
         if self.fallback is None:
             raise Unsupported("job updates (ExcNodeList) are done with scontrol: enable fallback")
-        await self.fallback.set_excluded_nodes(job_id, nodes)
+        await self.fallback.set_excluded_nodes(job_id, nodes, required_nodes)
 
-    async def start_now(self, job_id: int, excluded_nodes: list[str] | None = None) -> None:
+    async def start_now(
+        self,
+        job_id: int,
+        excluded_nodes: list[str] | None = None,
+        required_nodes: list[str] | None = None,
+    ) -> None:
         if self.fallback is None:
             raise Unsupported("job updates (StartTime) are done with scontrol: enable fallback")
-        await self.fallback.start_now(job_id, excluded_nodes)
+        await self.fallback.start_now(job_id, excluded_nodes, required_nodes)
 
     async def aclose(self) -> None:
         await self._http.aclose()

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime as dt
 import logging
 import signal
 import time
@@ -448,9 +449,11 @@ def create_app(settings: BridgeSettings) -> FastAPI:  # noqa: PLR0915 - routes a
         tags=["nodes"],
         dependencies=_BEARER,
     )
-    async def node_jobs(node: str) -> JobsResponse:
-        """Jobs allocated on the node that have not finished."""
-        return await ops.jobs(node, mapper.to_slurm(node))
+    async def node_jobs(node: str, ended_since: dt.datetime | None = None) -> JobsResponse:
+        """Jobs allocated on the node that have not finished; with ``ended_since`` (ISO time
+        or Unix seconds) also the jobs that ended there since then, each with ``ended`` (how)
+        and ``end_time``, as long as slurmctld remembers them (MinJobAge)."""
+        return await ops.jobs(node, mapper.to_slurm(node), ended_since)
 
     @app.post(
         "/v1/nodes/{node}/drain",
@@ -464,9 +467,10 @@ def create_app(settings: BridgeSettings) -> FastAPI:  # noqa: PLR0915 - routes a
     ) -> JSONResponse:
         """DRAIN with reason ``gpuheal: <incident> xid=<n>``; optionally requeue its jobs.
 
-        Idempotent: a node gpuheal drained already is reported ``already_drained`` (its jobs
-        are still requeued when asked); a node drained or down by someone else is reported
-        ``drained_by_other`` and left untouched (no reason change, no requeue).
+        Idempotent: a node gpuheal drained already is reported ``already_drained``; a node
+        drained or down by someone else is reported ``drained_by_other`` and its reason is
+        left untouched (so it is never resumed without force). Either way its jobs are
+        requeued when asked: who drained a node does not decide whether its jobs move.
         """
         return await mutate_node(request, node, body, idempotency_key, ops.drain)
 

@@ -8,9 +8,10 @@ can run, requeue of a pending job is refused.
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
 from dataclasses import dataclass, field
 
-from gpuheal_bridge.api.models import JobState, SignalTarget
+from gpuheal_bridge.api.models import JobEnd, JobState, SignalTarget
 from gpuheal_bridge.backends.base import (
     ALL_CAPABILITIES,
     Capability,
@@ -35,8 +36,13 @@ class FakeJob:
     excluded: list[str] = field(default_factory=list)
     # states the job goes through on successive probes (consumed one per probe)
     script: list[tuple[str, str | None, list[str]]] = field(default_factory=list)
-    on_signal: str | None = None  # "requeue_self" | "exit" | None
+    on_signal: str | None = None  # "requeue_self" | "exit" | "fail" | "ignore" | None
     next_node: str = "node9"
+    required: list[str] = field(default_factory=list)
+    ended: JobEnd | None = None
+    end_time: dt.datetime | None = None
+    #: probes the job stays COMPLETING after a requeue (its processes outlive SIGKILL)
+    stuck_probes: int = 0
 
     def view(self) -> JobState:
         return JobState(
@@ -49,6 +55,10 @@ class FakeJob:
             requeue=self.requeue,
             restart_count=self.restart_count,
             excluded_nodes=list(self.excluded),
+            required_nodes=list(self.required),
+            ended=self.ended,
+            end_time=self.end_time,
+            exit_signal=9 if self.ended is JobEnd.FAILED else None,
         )
 
 
@@ -62,6 +72,9 @@ class FakeSlurm:
         self.down = False
         self.expedited: set[int] = set()
         self.reboots: dict[str, bool] = {}
+        self.kill_wait_s: float | None = 2.0
+        #: operations that fail as if slurmctld were down (the others work)
+        self.fail_ops: set[str] = set()
 
     # -- setup helpers
     def add_node(
@@ -74,12 +87,20 @@ class FakeSlurm:
         return job
 
     def mutating_calls(self) -> list[str]:
-        reads = {"ping", "get_node", "jobs_on_node", "get_job", "probe_job"}
+        reads = {
+            "ping",
+            "get_node",
+            "jobs_on_node",
+            "ended_jobs_on_node",
+            "get_job",
+            "probe_job",
+            "kill_wait",
+        }
         return [c for c, _ in self.calls if c not in reads]
 
     def _check(self, op: str, *args: object) -> None:
         self.calls.append((op, args))
-        if self.down:
+        if self.down or op in self.fail_ops:
             raise Unavailable("Unable to contact slurm controller (connect failure)")
 
     def _job(self, job_id: int) -> FakeJob:
@@ -110,6 +131,18 @@ class FakeSlurm:
             for j in self.jobs.values()
             if node in j.nodes and j.state in ("RUNNING", "SUSPENDED", "COMPLETING")
         ]
+
+    async def ended_jobs_on_node(self, node: str, since: dt.datetime) -> list[JobState]:
+        self._check("ended_jobs_on_node", node)
+        return [
+            j.view()
+            for j in self.jobs.values()
+            if node in j.nodes and j.ended is not None and j.end_time and j.end_time >= since
+        ]
+
+    async def kill_wait(self) -> float | None:
+        self._check("kill_wait")
+        return self.kill_wait_s
 
     async def get_job(self, job_id: int) -> JobState:
         self._check("get_job", job_id)
@@ -160,6 +193,14 @@ class FakeSlurm:
                 n, flags=flags, reason=reason, boot_time=boot_time
             )
 
+    async def set_down(self, node: str, reason: str) -> None:
+        self._check("set_down", node, reason)
+        n = self.nodes[node]
+        self.nodes[node] = dataclasses.replace(n, state="DOWN", reason=reason, reason_user="root")
+        for job in self.jobs.values():  # Slurm releases what still holds a DOWN node
+            if node in job.nodes and job.script and job.script[0][0] == "COMPLETING":
+                job.script = [s for s in job.script if s[0] != "COMPLETING"]
+
     async def requeue(self, job_id: int, hold: bool) -> None:
         self._check("requeue", job_id, hold)
         job = self._job(job_id)
@@ -169,9 +210,16 @@ class FakeSlurm:
             raise Rejected(f"Requested operation is presently disabled for job {job_id}")
         job.restart_count += 1
         old = list(job.nodes)
+        job.ended, job.end_time = None, None
         job.state, job.reason = "COMPLETING", None
         reason = "job_requeued_in_held_state" if hold else "BeginTime"
-        job.script = [("COMPLETING", None, old), ("PENDING", None, []), ("PENDING", reason, [])]
+        stuck = [("COMPLETING", None, old)] * job.stuck_probes
+        job.script = [
+            ("COMPLETING", None, old),
+            *stuck,
+            ("PENDING", None, []),
+            ("PENDING", reason, []),
+        ]
 
     async def signal(self, job_id: int, signal: str, target: SignalTarget) -> None:
         self._check("signal", job_id, signal, target)
@@ -181,18 +229,33 @@ class FakeSlurm:
             job.script = [("COMPLETING", None, job.nodes), ("PENDING", "BeginTime", [])]
         elif job.on_signal == "exit":
             job.script = [("COMPLETING", None, job.nodes), ("COMPLETED", None, job.nodes)]
+            job.ended = JobEnd.COMPLETED
+        elif job.on_signal == "fail":
+            job.script = [("COMPLETING", None, job.nodes), ("FAILED", None, job.nodes)]
+            job.ended = JobEnd.FAILED
 
-    async def set_excluded_nodes(self, job_id: int, nodes: list[str]) -> None:
+    async def set_excluded_nodes(
+        self, job_id: int, nodes: list[str], required_nodes: list[str] | None = None
+    ) -> None:
         self._check("set_excluded_nodes", job_id, tuple(nodes))
         job = self._job(job_id)
         if job.state != "PENDING":
             raise Rejected(f"Job is no longer pending execution for job {job_id}")
         job.excluded = list(nodes)
+        if required_nodes is not None:
+            job.required = list(required_nodes)
 
-    async def start_now(self, job_id: int, excluded_nodes: list[str] | None = None) -> None:
+    async def start_now(
+        self,
+        job_id: int,
+        excluded_nodes: list[str] | None = None,
+        required_nodes: list[str] | None = None,
+    ) -> None:
         self._check("start_now", job_id, tuple(excluded_nodes or ()))
         if excluded_nodes:
             self._job(job_id).excluded = list(excluded_nodes)
+        if required_nodes is not None:
+            self._job(job_id).required = list(required_nodes)
         self.expedited.add(job_id)
 
     async def aclose(self) -> None:

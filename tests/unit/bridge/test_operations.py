@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 
 import pytest
 
@@ -10,6 +11,7 @@ from gpuheal_bridge.api.models import (
     CheckpointSignal,
     DrainOutcome,
     DrainRequest,
+    JobEnd,
     JobOutcome,
     Owner,
     RequeueMode,
@@ -42,7 +44,7 @@ async def test_drain_is_idempotent_and_keeps_first_reason(
     assert slurm.mutating_calls() == ["drain"]
 
 
-async def test_drain_of_admin_drained_node_touches_nothing(
+async def test_drain_of_admin_drained_node_keeps_their_reason_and_requeues_the_jobs(
     ops: Operations, slurm: FakeSlurm
 ) -> None:
     slurm.add_job(FakeJob(5, ["node2"]))
@@ -51,8 +53,21 @@ async def test_drain_of_admin_drained_node_touches_nothing(
     assert resp.outcome is DrainOutcome.DRAINED_BY_OTHER
     assert resp.owner is Owner.OTHER
     assert resp.current.reason == "admin maintenance: fan swap"
+    assert slurm.nodes["node2"].reason == "admin maintenance: fan swap"
+    [job] = resp.jobs
+    assert job.outcome is JobOutcome.REQUEUED
+    assert job.excluded_nodes == ["node2"]
+    assert resp.jobs_skipped_reason is None
+    assert slurm.mutating_calls() == ["requeue", "set_excluded_nodes"]  # no drain of ours
+
+
+async def test_drain_of_admin_drained_node_without_requeue_touches_nothing(
+    ops: Operations, slurm: FakeSlurm
+) -> None:
+    slurm.add_job(FakeJob(5, ["node2"]))
+    resp = await ops.drain("node2", "node2", DrainRequest(incident="nrem-abc"))
+    assert resp.outcome is DrainOutcome.DRAINED_BY_OTHER
     assert resp.jobs == []
-    assert resp.jobs_skipped_reason
     assert slurm.mutating_calls() == []
 
 
@@ -270,3 +285,137 @@ async def test_wait_is_bounded(slurm: FakeSlurm, clock: FakeClock) -> None:
     probe = await ops._wait(7, lambda p: p.state == "PENDING", 2)
     assert probe.state == "COMPLETING"
     assert clock.now - t0 <= 2.2
+
+
+# ---- the fault's victims: jobs that died, hung, or were pinned to the node ------------------
+
+ENDED_AT = dt.datetime(2026, 11, 23, 12, 0, tzinfo=dt.UTC)
+
+
+async def test_jobs_lists_ended_ones_since_a_time(ops: Operations, slurm: FakeSlurm) -> None:
+    slurm.add_job(FakeJob(1, ["node1"]))
+    slurm.add_job(FakeJob(2, ["node1"], state="FAILED", ended=JobEnd.FAILED, end_time=ENDED_AT))
+    old = ENDED_AT - dt.timedelta(minutes=10)
+    slurm.add_job(FakeJob(3, ["node1"], state="FAILED", ended=JobEnd.FAILED, end_time=old))
+    slurm.add_job(FakeJob(4, ["node3"], state="FAILED", ended=JobEnd.FAILED, end_time=ENDED_AT))
+    running = await ops.jobs("node1", "node1")
+    assert [j.job_id for j in running.jobs] == [1]
+    since = ENDED_AT - dt.timedelta(minutes=1)
+    both = await ops.jobs("node1", "node1", ended_since=since.replace(tzinfo=None))
+    assert [(j.job_id, j.ended) for j in both.jobs] == [(1, None), (2, JobEnd.FAILED)]
+
+
+async def test_a_failed_job_is_requeued_only_when_asked(ops: Operations, slurm: FakeSlurm) -> None:
+    slurm.add_job(FakeJob(2, ["node1"], state="FAILED", ended=JobEnd.FAILED, end_time=ENDED_AT))
+    plain = await ops.requeue_job(2, RequeueOptions(), from_node="node1")
+    assert plain.outcome is JobOutcome.NOT_RUNNING
+    assert "signal 9" in (plain.detail or "")
+    assert slurm.mutating_calls() == []
+    opts = RequeueOptions(
+        requeue_ended=True, expedite=True, checkpoint=CheckpointSignal(grace_seconds=30)
+    )
+    result = await ops.requeue_job(2, opts, from_node="node1")
+    assert result.outcome is JobOutcome.REQUEUED
+    assert result.ended_before is JobEnd.FAILED
+    assert not result.signalled  # nothing left to signal
+    assert result.expedited
+    assert result.excluded_nodes == ["node1"]
+    assert slurm.mutating_calls() == ["requeue", "start_now"]
+
+
+@pytest.mark.parametrize(
+    ("state", "ended"),
+    [("COMPLETED", JobEnd.COMPLETED), ("CANCELLED", JobEnd.CANCELLED), ("TIMEOUT", JobEnd.TIMEOUT)],
+)
+async def test_completed_cancelled_and_timed_out_jobs_are_never_revived(
+    ops: Operations, slurm: FakeSlurm, state: str, ended: JobEnd
+) -> None:
+    slurm.add_job(FakeJob(2, ["node1"], state=state, ended=ended, end_time=ENDED_AT))
+    result = await ops.requeue_job(2, RequeueOptions(requeue_ended=True), from_node="node1")
+    assert result.outcome is JobOutcome.NOT_RUNNING
+    assert slurm.mutating_calls() == []
+
+
+async def test_a_failed_no_requeue_job_is_reported_not_requeueable(
+    ops: Operations, slurm: FakeSlurm
+) -> None:
+    job = FakeJob(2, ["node1"], state="FAILED", requeue=False, ended=JobEnd.FAILED)
+    slurm.add_job(job)
+    result = await ops.requeue_job(2, RequeueOptions(requeue_ended=True))
+    assert result.outcome is JobOutcome.NOT_REQUEUEABLE
+    assert "--no-requeue" in (result.detail or "")
+    assert slurm.mutating_calls() == []
+
+
+@pytest.mark.parametrize(
+    ("on_signal", "ended"), [("fail", JobEnd.FAILED), ("exit", JobEnd.COMPLETED)]
+)
+async def test_a_job_that_ends_on_the_checkpoint_signal_is_requeued_when_asked(
+    ops: Operations, slurm: FakeSlurm, on_signal: str, ended: JobEnd
+) -> None:
+    slurm.add_job(FakeJob(7, ["node1"], on_signal=on_signal))
+    opts = RequeueOptions(requeue_ended=True, checkpoint=CheckpointSignal(grace_seconds=30))
+    result = await ops.requeue_job(7, opts, from_node="node1")
+    assert result.outcome is JobOutcome.REQUEUED
+    assert result.signalled
+    assert result.ended_before is ended
+    assert slurm.mutating_calls() == ["signal", "requeue", "set_excluded_nodes"]
+
+
+async def test_a_job_that_outlives_sigkill_gets_its_node_set_down(
+    ops: Operations, slurm: FakeSlurm, clock: FakeClock
+) -> None:
+    await ops.drain("node1", "node1", DrainRequest(incident="nrem-abc", xid=79))
+    slurm.add_job(FakeJob(7, ["node1"], stuck_probes=10_000))
+    opts = RequeueOptions(expedite=True, stuck_after_seconds=3)
+    t0 = clock.now
+    result = await ops.requeue_job(7, opts, from_node="node1")
+    assert result.outcome is JobOutcome.REQUEUED
+    assert result.stuck
+    assert result.node_down
+    assert 5 <= clock.now - t0 < 30  # KillWait (2 s) + 3 s, then released
+    assert result.left_node_seconds is not None
+    assert slurm.nodes["node1"].state == "DOWN"
+    assert slurm.nodes["node1"].reason == "gpuheal: nrem-abc xid=79"  # still ours
+    assert "outlived SIGKILL" in (result.detail or "")
+    assert slurm.mutating_calls() == ["drain", "requeue", "set_down", "start_now"]
+
+
+async def test_a_stuck_job_on_an_admin_drained_node_keeps_the_admin_reason(
+    ops: Operations, slurm: FakeSlurm
+) -> None:
+    slurm.add_job(FakeJob(7, ["node2"], stuck_probes=10_000))
+    result = await ops.requeue_job(7, RequeueOptions(stuck_after_seconds=1), from_node="node2")
+    assert result.node_down
+    assert slurm.nodes["node2"].reason == "admin maintenance: fan swap"
+
+
+async def test_a_job_that_leaves_after_killwait_is_not_escalated(
+    ops: Operations, slurm: FakeSlurm
+) -> None:
+    slurm.add_job(FakeJob(7, ["node1"], stuck_probes=5))  # gone within KillWait
+    result = await ops.requeue_job(7, RequeueOptions(stuck_after_seconds=3), from_node="node1")
+    assert not result.stuck
+    assert not result.node_down
+    assert "set_down" not in slurm.mutating_calls()
+
+
+async def test_a_job_pinned_to_the_node_is_released_from_it(
+    ops: Operations, slurm: FakeSlurm
+) -> None:
+    slurm.add_job(FakeJob(7, ["node1", "node3"], required=["node1", "node3"]))
+    opts = RequeueOptions(expedite=True, release_node=True)
+    result = await ops.requeue_job(7, opts, from_node="node1")
+    assert result.released_node
+    assert result.required_nodes_after == ["node3"]
+    assert result.excluded_nodes == ["node1"]
+    assert "dropped node1 from its --nodelist" in (result.detail or "")
+
+
+async def test_a_pinned_job_not_released_says_it_cannot_start(
+    ops: Operations, slurm: FakeSlurm
+) -> None:
+    slurm.add_job(FakeJob(7, ["node1"], required=["node1"]))
+    result = await ops.requeue_job(7, RequeueOptions(), from_node="node1")
+    assert not result.released_node
+    assert "cannot start" in (result.detail or "")

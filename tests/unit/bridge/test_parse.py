@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 from pathlib import Path
 
 import pytest
 
+from gpuheal_bridge.api.models import JobEnd
 from gpuheal_bridge.backends.base import NotFound, Rejected, Unavailable
-from gpuheal_bridge.backends.cli import CommandResult, classify_failure
+from gpuheal_bridge.backends.cli import CommandResult, classify_failure, parse_kill_wait
 from gpuheal_bridge.backends.parse import (
+    ended_on,
+    exit_parts,
     jobs_on,
     parse_excluded_lines,
+    parse_exit_code,
     parse_job_lines,
     parse_jobs_json,
     parse_node_line,
@@ -139,7 +144,14 @@ def test_squeue_fields_read_as_the_json_says() -> None:
     assert excluded[5] == []
     got = {j.job_id: j for j in parse_job_lines(read("squeue_fields_all.txt"), excluded)}
     want = {j.job_id: j for j in parse_jobs_json(json.loads(read("squeue_same_jobs.json")))}
-    assert got == want
+    # 22.05 has no exit code among squeue's -O fields: the CLI backend reads it from
+    # `scontrol show job` for the ended jobs it lists (ended_jobs_on_node)
+    assert want[5].exit_status == 0
+    no_exit = {"exit_status": None, "exit_signal": None}
+    assert got == {k: v.model_copy(update=no_exit) for k, v in want.items()}
+    assert (got[5].ended, got[5].end_time) == (JobEnd.COMPLETED, want[5].end_time)
+    assert got[5].end_time is not None
+    assert (got[3].required_nodes, got[3].node_count) == (["n-a0"], 1)
     assert got[2].name == "we|ird name"
     assert (got[1].state, got[1].reason, got[1].restart_count, got[1].batch_host) == (
         "PENDING", "BeginTime", 1, None)  # fmt: skip
@@ -204,3 +216,65 @@ def test_json_partly_allocated_node_is_mixed_like_scontrol() -> None:
     node = dict(doc["nodes"][0], idle_cpus=1)
     assert parse_nodes_json({"nodes": [node]})[0].state == "MIXED"
     assert parse_nodes_json(doc)[0].state == "ALLOCATED"  # no idle CPU left: ALLOCATED
+
+
+def test_ended_jobs_say_how_and_when_they_ended() -> None:
+    """Captured here: 2 SIGKILLed on n0, 3 `exit 3` on n1, 4 completed on n0, 5 scancelled,
+    6 running on n[0,2] with `-w n0,n2`."""
+    jobs = {j.job_id: j for j in parse_jobs_json(json.loads(read("squeue_ended.json")))}
+    killed, exited, done, cancelled, pinned = (jobs[i] for i in (2, 3, 4, 5, 6))
+    assert (killed.state, killed.ended, killed.exit_signal, killed.exit_status) == (
+        "FAILED",
+        JobEnd.FAILED,
+        9,
+        None,
+    )
+    assert (exited.ended, exited.exit_status, exited.exit_signal) == (JobEnd.FAILED, 3, None)
+    assert (done.ended, done.exit_status) == (JobEnd.COMPLETED, 0)
+    assert cancelled.ended is JobEnd.CANCELLED
+    assert killed.end_time is not None
+    assert killed.end_time.tzinfo is not None
+    assert (pinned.ended, pinned.end_time, pinned.exit_status) == (None, None, None)
+    assert pinned.required_nodes == ["n0", "n2"]
+    assert pinned.nodes == ["n0", "n2"]
+    assert pinned.node_count == 2
+    assert killed.required_nodes == ["n0"]
+
+
+def test_ended_on_filters_by_node_and_end_time() -> None:
+    jobs = parse_jobs_json(json.loads(read("squeue_ended.json")))
+    first = min(j.end_time for j in jobs if j.end_time is not None)
+    assert sorted(j.job_id for j in ended_on(jobs, "n0", first)) == [2, 4, 5]
+    later = max(j.end_time for j in jobs if j.job_id == 4 and j.end_time is not None)
+    assert [j.job_id for j in ended_on(jobs, "n1", later + dt.timedelta(seconds=1))] == []
+
+
+@pytest.mark.parametrize(
+    ("raw", "parts"),
+    [
+        (0, (0, None)),
+        (256, (1, None)),
+        (768, (3, None)),
+        (9, (None, 9)),
+        (15, (None, 15)),
+        ({"return_code": {"set": True, "number": 2}, "signal": {"id": {"number": 0}}}, (2, None)),
+        ({"return_code": 0, "signal": {"id": 9}}, (0, 9)),
+        (None, (None, None)),
+    ],
+)
+def test_exit_parts(raw: object, parts: tuple[int | None, int | None]) -> None:
+    assert exit_parts(raw) == parts
+
+
+def test_kill_wait_from_show_config() -> None:
+    assert parse_kill_wait("JobRequeue              = 1\nKillWait                = 30 sec\n") == 30
+    assert parse_kill_wait("nothing here") is None
+
+
+def test_exit_code_of_scontrol_show_job() -> None:
+    assert parse_exit_code("JobId=7 ... Restarts=0 BatchFlag=1 Reboot=0 ExitCode=0:9 x") == (
+        None,
+        9,
+    )
+    assert parse_exit_code("JobId=8 ExitCode=3:0 DerivedExitCode=0:0") == (3, None)
+    assert parse_exit_code("JobId=9 JobState=PENDING") == (None, None)

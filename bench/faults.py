@@ -1,0 +1,523 @@
+"""Real faults, measured with the operator in the loop: the whole stack on the sandbox
+(kube-apiserver + kwok GPU nodes, Slurm 22.05 with the same node names, the Slurm bridge and
+the operator as processes), the demo's training job, and the sandbox's fake GPUs doing to the
+job what a real fault does (``gpuheal_dev.sandbox.faults``: the process dies, or hangs).
+
+- ``operator_runs`` (used by ``fault_to_running``): the job on one node; its GPU is lost (the
+  job is FAILED before anything is posted) or hangs; then the XID Event. Timed from the Event's
+  POST to the job RUNNING again and to its first training step after loading its checkpoint.
+- ``fault_trace``: an accelerated fault trace (one fault a minute on the node the job runs on,
+  its process dying, hanging or surviving, nodes returned to service by the policy after a
+  Noop reboot) and the job's effective training time ratio, with the operator and without.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import os
+import random
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bench.harness import Context, Result, benchmark
+from bench.opkit import (
+    Bridge,
+    KubeAccess,
+    Measured,
+    apply_crds,
+    bench_policy,
+    create_policy,
+    loadavg,
+    operator_process,
+    start_bridge,
+    wait_until,
+)
+from gpuheal_dev.demo_job import ModelConfig, RunConfig, write_sbatch
+from gpuheal_dev.demo_job.metrics import Record, read_records, split_runs
+from gpuheal_dev.demo_job.slurm import job_info, last_checkpoint_step, submit
+from gpuheal_dev.sandbox.faults import FakeGpus, GpuState
+
+TOKEN = "bench-faults-token-0123456789abcdef"
+CKPT_EVERY, STEP_SECONDS = 20, 0.05
+GRACE = "2s"
+#: slurmd's SIGKILL comes max(KillWait, 5 s) after the requeue (KillWait=2 in the sandbox)
+SIGKILL_AFTER = 5.0
+
+
+def slurm_drain(grace: str = GRACE) -> dict[str, Any]:
+    return {
+        "action": "slurmDrain",
+        "slurmDrain": {"requeue": "requeue", "checkpointSignal": "USR1", "gracePeriod": grace},
+    }
+
+
+@dataclass
+class Stack:
+    sandbox: Any
+    bridge: Bridge
+    operator: Measured | None
+    gpus: FakeGpus
+    workdir: Path
+    access: KubeAccess
+    jobs: list[int] = field(default_factory=list)
+    submitted: int = 0
+
+    @property
+    def slurm(self) -> Any:
+        return self.sandbox.slurm
+
+    @property
+    def nodes(self) -> list[str]:
+        return list(self.sandbox.config.node_names)
+
+    def core(self) -> Any:
+        return self.sandbox.core_v1()
+
+    def start_operator(self) -> None:
+        op = operator_process(
+            Path(self.sandbox.kubeconfig),
+            self.workdir / f"operator-{int(time.time())}.log",
+            bridge_url=self.bridge.url,
+            bridge_token_file=self.bridge.token_file,
+            count_api=False,
+        )
+        op.argv += ["--retry-interval", "1"]
+        self.operator = op.start()
+        wait_until(lambda: "gpuheal started" in op.log(), "operator started", 120, every=0.2)
+
+    def stop_operator(self) -> None:
+        if self.operator is not None:
+            self.operator.stop()
+            self.operator = None
+
+    def job(
+        self, name: str, node: str | None = None, ckpt_every: int = CKPT_EVERY
+    ) -> tuple[int, Path]:
+        """The demo job, RUNNING on ``node`` (the others held meanwhile), past a checkpoint."""
+        self.submitted += 1
+        workdir = self.workdir / f"{name}-{self.submitted}"
+        run = RunConfig(
+            workdir=workdir, steps=10_000_000, ckpt_every=ckpt_every, step_seconds=STEP_SECONDS
+        )
+        script = write_sbatch(workdir / "job.sh", ModelConfig(), run, env=self.gpus.env())
+        held = [n for n in self.nodes if node is not None and n != node]
+        for n in held:
+            self.slurm.run("scontrol", "update", f"NodeName={n}", "State=DRAIN", "Reason=hold")
+        try:
+            job = submit(self.slurm, script, f"--job-name={name}")
+            self.jobs.append(job)
+            wait_until(lambda: job_info(self.slurm, job).state == "RUNNING", f"{name} RUNNING", 60)
+        finally:
+            for n in held:
+                self.slurm.run("scontrol", "update", f"NodeName={n}", "State=RESUME", check=False)
+        wait_until(
+            lambda: last_checkpoint_step(read_records(workdir / "metrics.jsonl")) >= ckpt_every,
+            f"{name}: a checkpoint",
+            60,
+        )
+        return job, workdir
+
+    def xid(self, node: str) -> float:
+        """Post the XID Event (what the node agent posts); the wall time just before."""
+        from gpuheal.cli.simulate import simulate_xid
+
+        t0 = time.time()
+        simulate_xid(self.core(), node, 79)
+        return t0
+
+    def reset_node(self, node: str) -> None:
+        """After a run: no incident, no cordon, Slurm node in service, GPU healthy."""
+        self.gpus.heal(node)
+        with self.access.client() as http:
+            for nrem in http.get("/apis/gpuheal.io/v1alpha1/noderemediations").json()["items"]:
+                if nrem["spec"]["nodeName"] == node:
+                    name = nrem["metadata"]["name"]
+                    http.delete(f"/apis/gpuheal.io/v1alpha1/noderemediations/{name}")
+        node_obj = self.core().read_node(node)
+        ann = {
+            k: None for k in (node_obj.metadata.annotations or {}) if k.startswith("gpuheal.io/")
+        }
+        self.core().patch_node(
+            node, {"metadata": {"annotations": ann}, "spec": {"unschedulable": None}}
+        )
+        self.slurm.run("scontrol", "update", f"NodeName={node}", "State=RESUME", check=False)
+
+    def cancel_jobs(self) -> None:
+        for job in self.jobs:
+            self.slurm.run("scancel", str(job), check=False)
+        self.jobs.clear()
+
+
+@contextlib.contextmanager
+def stack(ctx: Context, gpu_nodes: int, spares: int = 0) -> Iterator[Stack]:
+    from gpuheal_dev.sandbox import Sandbox, SandboxConfig
+
+    root = ctx.tmpdir("sb")
+    ctx.progress(f"sandbox: {gpu_nodes} GPU nodes + {spares} spare(s), Slurm ...")
+    sb = Sandbox.up(SandboxConfig(root=root, gpu_nodes=gpu_nodes, spare_nodes=spares, slurm=True))
+    try:
+        apply_crds(sb)
+        work = ctx.tmpdir("work")
+        bridge = start_bridge(sb.slurm, work, TOKEN)
+        st = Stack(
+            sb,
+            bridge,
+            None,
+            FakeGpus(root / "gpus"),
+            work,
+            KubeAccess.from_kubeconfig(Path(sb.kubeconfig)),
+        )
+        ctx.progress(
+            f"up: Slurm proctrack/{sb.slurm.proctrack}; bridge {bridge.url}; load {loadavg()}"
+        )
+        try:
+            yield st
+        finally:
+            st.stop_operator()
+            st.cancel_jobs()
+            bridge.proc.stop()
+    finally:
+        sb.down()
+
+
+# ---- fault -> training again, from the XID Event --------------------------------------------
+
+OPERATOR_VARIANTS = ("operator, job died with its GPU", "operator, job hung in the driver")
+
+
+def _first_step_after(workdir: Path, restart: int) -> tuple[Record, Record] | None:
+    runs = split_runs(read_records(workdir / "metrics.jsonl"))
+    for run in runs:
+        if run.restart >= restart and run.steps:
+            return run.start, run.steps[0]
+    return None
+
+
+def _operator_timeline(st: Stack, node: str) -> dict[str, float]:
+    """When the operator recorded Detected and the end of its Slurm step (wall clock)."""
+    out: dict[str, float] = {}
+    with st.access.client() as http:
+        for nrem in http.get("/apis/gpuheal.io/v1alpha1/noderemediations").json()["items"]:
+            if nrem["spec"]["nodeName"] != node:
+                continue
+            for e in (nrem.get("status") or {}).get("timeline") or []:
+                at = dt.datetime.fromisoformat(e["time"].replace("Z", "+00:00")).timestamp()
+                if e["step"] == "Detected":
+                    out["detected"] = at
+                elif e["step"].endswith("/slurmDrain"):
+                    out["slurm_done"] = at
+    return out
+
+
+def one_operator_run(st: Stack, variant: str, i: int) -> dict[str, Any]:
+    node = st.nodes[0]
+    job, workdir = st.job("ftr", node)
+    # the fault comes anywhere in a checkpoint interval (seeded): lost steps as they fall
+    time.sleep(random.Random(i).uniform(0, CKPT_EVERY * STEP_SECONDS))
+    died = variant == OPERATOR_VARIANTS[0]
+    st.gpus.set(node, GpuState.LOST if died else GpuState.HUNG)
+    if died:
+        wait_until(lambda: job_info(st.slurm, job).state == "FAILED", "job FAILED", 30, every=0.05)
+    else:
+        wait_until(
+            lambda: any(r["event"] == "gpu_hang" for r in read_records(workdir / "metrics.jsonl")),
+            "job hung",
+            30,
+            every=0.05,
+        )
+    t0 = st.xid(node)
+    running = wait_until(
+        lambda: (
+            (j := job_info(st.slurm, job)).state == "RUNNING" and j.restarts > 0 and time.time()
+        ),
+        "job RUNNING again",
+        120,
+        every=0.05,
+    )
+    found = wait_until(
+        lambda: _first_step_after(workdir, 1), "first step after resume", 60, every=0.05
+    )
+    start, step = found
+    records = read_records(workdir / "metrics.jsonl")
+    hit = [r for r in records if r["event"] in ("gpu_error", "gpu_hang")]
+    marks = _operator_timeline(st, node)
+    after = job_info(st.slurm, job)
+    row = {
+        "variant": variant,
+        "run": i,
+        "node_before": node,
+        "node_after": after.batch_host,
+        "to_detected": round(marks.get("detected", float("nan")) - t0, 3),
+        "to_slurm_step_done": round(marks.get("slurm_done", float("nan")) - t0, 3),
+        "to_running": round(float(running) - t0, 3),
+        "to_resumed": round(float(start["time"]) - t0, 3),
+        "to_training": round(float(step["time"]) - t0, 3),
+        "resume_step": int(start.get("resume_step") or 0),
+        "steps_lost": max(0, int(hit[0]["step"]) - 1 - int(start.get("resume_step") or 0))
+        if hit
+        else None,
+    }
+    st.cancel_jobs()
+    st.reset_node(node)
+    wait_until(lambda: all(s == "idle" for s in st.slurm.node_states().values()), "nodes idle", 60)
+    return row
+
+
+def operator_runs(ctx: Context, n: int) -> list[dict[str, Any]]:
+    """The operator variants of ``fault_to_running``: n runs each, one stack for all."""
+    rows: list[dict[str, Any]] = []
+    with stack(ctx, gpu_nodes=3) as st:
+        create_policy_ready(st, [{"action": "cordon"}, slurm_drain()])
+        st.start_operator()
+        for variant in OPERATOR_VARIANTS:
+            for i in range(n):
+                row = one_operator_run(st, variant, i)
+                rows.append(row)
+                ctx.sample(
+                    variant,
+                    i,
+                    n,
+                    row["to_training"],
+                    f"(RUNNING {row['to_running']:.2f} s, Slurm step done "
+                    f"{row['to_slurm_step_done']:.2f} s, {row['steps_lost']} steps lost)",
+                )
+    return rows
+
+
+def create_policy_ready(st: Stack, steps: list[dict[str, Any]], **kw: Any) -> None:
+    with st.access.client() as http:
+        create_policy(http, bench_policy(f"faults-{os.getpid()}", steps, **kw))
+
+
+# ---- the accelerated fault trace: effective training time ratio -----------------------------
+
+FAULT_KINDS = ("dies", "hangs", "survives")
+
+
+@dataclass(frozen=True)
+class TraceFault:
+    at: float  # seconds from the start of the measured window
+    kind: str
+    node: str | None = None  # filled in when injected: where the job ran
+    injected_at: float | None = None  # wall time
+
+
+def trace(faults: int, interval: float, seed: int = 11) -> list[TraceFault]:
+    """``faults`` faults, one per ``interval`` (at the middle of each), kinds cycling through
+    dies/hangs/survives in a seeded random order per cycle."""
+    rng = random.Random(seed)
+    kinds: list[str] = []
+    while len(kinds) < faults:
+        cycle = list(FAULT_KINDS)
+        rng.shuffle(cycle)
+        kinds += cycle
+    return [TraceFault(at=(k + 0.5) * interval, kind=kinds[k]) for k in range(faults)]
+
+
+def ettr(records: list[Record], t_start: float, t_end: float, rate: float) -> dict[str, float]:
+    """Effective training time ratio over ``[t_start, t_end]``: the steps the job keeps (net
+    of lost and repeated ones) times the healthy step time, over the wall time.
+
+    Progress at ``t_end`` is the last step reached if the job is training then (a record in
+    the last second); otherwise only its newest checkpoint counts (the steps since are lost).
+    """
+    steps = [r for r in records if r["event"] == "step"]
+    before = [int(r["step"]) for r in steps if float(r["time"]) <= t_start]
+    start_step = before[-1] if before else 0
+    upto = [r for r in steps if float(r["time"]) <= t_end]
+    training = bool(upto) and float(upto[-1]["time"]) >= t_end - 1.0
+    if training:
+        end_step = int(upto[-1]["step"])
+    else:
+        cks = [
+            int(r["step"])
+            for r in records
+            if r["event"] == "checkpoint" and float(r["time"]) <= t_end
+        ]
+        end_step = max(cks, default=0)
+    useful = max(0, end_step - start_step) / rate
+    wall = t_end - t_start
+    return {
+        "ettr": useful / wall,
+        "useful_seconds": useful,
+        "wall_seconds": wall,
+        "start_step": start_step,
+        "end_step": end_step,
+        "training_at_end": training,
+    }
+
+
+def healthy_rate(workdir: Path, seconds: float) -> float:
+    """Steps per second of the job while nothing is wrong (its last ``seconds``)."""
+    steps = [r for r in read_records(workdir / "metrics.jsonl") if r["event"] == "step"]
+    t_end = float(steps[-1]["time"])
+    window = [r for r in steps if float(r["time"]) >= t_end - seconds]
+    span = float(window[-1]["time"]) - float(window[0]["time"])
+    return (len(window) - 1) / span if span > 0 else float("nan")
+
+
+def run_trace(
+    ctx: Context, st: Stack, faults: list[TraceFault], label: str, interval: float
+) -> dict[str, Any]:
+    """Start the job, measure its healthy rate, replay ``faults``; returns the run's record."""
+    job, workdir = st.job(f"trace-{label.replace(' ', '-')}")
+    time.sleep(5)
+    rate = healthy_rate(workdir, 4.0)
+    t_start = time.time()
+    done: list[TraceFault] = []
+    for f in faults:
+        delay = t_start + f.at - time.time()
+        if delay > 0:
+            time.sleep(delay)
+        info = job_info(st.slurm, job)
+        node = info.batch_host if info.state == "RUNNING" and info.batch_host else None
+        node = node or random.Random(len(done)).choice(st.nodes)
+        for n in st.nodes:  # a GPU "repaired" by the time its node is back in service
+            if n != node:
+                st.gpus.heal(n)
+        if f.kind == "dies":
+            st.gpus.set(node, GpuState.LOST)
+        elif f.kind == "hangs":
+            st.gpus.set(node, GpuState.HUNG)
+        at = st.xid(node)
+        done.append(TraceFault(f.at, f.kind, node, at))
+        ctx.progress(
+            f"{label}: fault {len(done)}/{len(faults)} {f.kind} on {node} (job {info.state})"
+        )
+    t_end = t_start + len(faults) * interval
+    delay = t_end - time.time()
+    if delay > 0:
+        time.sleep(delay)
+    records = read_records(workdir / "metrics.jsonl")
+    result = ettr(records, t_start, t_end, rate)
+    runs = split_runs(records)
+    return {
+        "label": label,
+        "rate_steps_per_s": round(rate, 3),
+        "t_start": t_start,
+        "t_end": t_end,
+        "restarts": max((r.restart for r in runs), default=0),
+        "faults": [
+            {"at": f.at, "kind": f.kind, "node": f.node, "injected_at": f.injected_at} for f in done
+        ],
+        "progress": [
+            (round(float(r["time"]) - t_start, 3), int(r["step"]))
+            for r in records
+            if r["event"] == "step"
+            and t_start - 5 <= float(r["time"]) <= t_end
+            and int(r["step"]) % 5 == 0
+        ],
+        **{k: (round(v, 4) if isinstance(v, float) else v) for k, v in result.items()},
+    }
+
+
+def _trace_interval() -> float:
+    return float(os.environ.get("GPUHEAL_BENCH_FAULT_INTERVAL", "60"))
+
+
+def trace_plot(doc: dict[str, Any], path: Path) -> None:
+    """The job's step over the window, with and without gpuheal; faults as vertical lines."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(11, 5.5), layout="constrained")
+    colors = {"with gpuheal": "#2ca02c", "without gpuheal": "#d62728"}
+    kind_style = {"dies": "-", "hangs": "--", "survives": ":"}
+    for run in doc["runs"]:
+        pts = run["progress"]
+        xs = [t for t, _ in pts]
+        ys = [s - run["start_step"] for _, s in pts]
+        ax.plot(xs, ys, ".", ms=2, color=colors.get(run["label"], "#1f77b4"),
+                label=f"{run['label']}: ETTR {run['ettr']:.1%}")  # fmt: skip
+    first = doc["runs"][0]
+    for f in first["faults"]:
+        ax.axvline(f["at"], color="#7f7f7f", lw=1, ls=kind_style.get(f["kind"], "-"), alpha=0.7)
+        ax.text(f["at"], ax.get_ylim()[1] * 0.98, f" {f['kind']}", fontsize=8, va="top",
+                color="#555555", rotation=90)  # fmt: skip
+    rate = first["rate_steps_per_s"]
+    wall = first["wall_seconds"]
+    ax.plot([0, wall], [0, rate * wall], color="#7f7f7f", lw=1, label="no faults (healthy rate)")
+    ax.set_xlabel("seconds since the start of the trace")
+    ax.set_ylabel("training steps since the start (net of lost ones at each restart)")
+    ax.set_title(doc["title"], fontsize=11, loc="left")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=9, loc="upper left")
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+@benchmark(
+    "fault_trace",
+    title="Effective training time under an accelerated fault trace, with and without gpuheal",
+    budget_s=1500,
+    plot=trace_plot,
+    needs=("slurm",),
+)
+def fault_trace(ctx: Context) -> Result:
+    """One fault a minute (``--runs`` faults, 10 by default; GPUHEAL_BENCH_FAULT_INTERVAL
+    seconds apart, 60 by default) on the node running the demo's training job: its process
+    dies with the GPU, hangs in the driver, or survives (checkpoints on the signal), in a
+    seeded order. With gpuheal (XID 79 -> cordon, Slurm drain + requeue with a 2 s USR1 grace,
+    drain, Noop reboot; nodes return to service after 30 s healthy) and without it (the same
+    trace, no operator). Effective training time ratio: steps kept (net of lost and repeated
+    ones) x the healthy step time, over the wall time."""
+    n = ctx.runs(10)
+    interval = _trace_interval()
+    faults = trace(n, interval)
+    runs: list[dict[str, Any]] = []
+    with stack(ctx, gpu_nodes=12, spares=0) as st:
+        steps = [
+            {"action": "cordon"},
+            slurm_drain(),
+            {"action": "drain", "drain": {"timeout": "1m", "onTimeout": "Force"}},
+            {"action": "reboot", "reboot": {"hook": {"type": "Noop"}}},
+        ]
+        body = bench_policy(f"trace-{os.getpid()}", steps, return_to_service=True)
+        body["spec"]["returnToService"] = {
+            "enabled": True,
+            "healthyFor": "30s",
+            "resumeSlurm": True,
+        }
+        with st.access.client() as http:
+            create_policy(http, body)
+        st.start_operator()
+        ctx.progress(f"with gpuheal: {n} faults, one every {interval:g} s")
+        runs.append(run_trace(ctx, st, faults, "with gpuheal", interval))
+        ctx.progress(f"with gpuheal: ETTR {runs[-1]['ettr']:.1%}; load {loadavg()}")
+        st.stop_operator()
+        st.cancel_jobs()
+        for node in st.nodes:
+            st.reset_node(node)
+        ctx.progress("without gpuheal: the same trace, no operator")
+        runs.append(run_trace(ctx, st, faults, "without gpuheal", interval))
+        ctx.progress(f"without gpuheal: ETTR {runs[-1]['ettr']:.1%}; load {loadavg()}")
+    return Result(
+        series={r["label"]: [r["ettr"]] for r in runs},
+        unit="ratio",
+        params={
+            "faults": n,
+            "interval_seconds": interval,
+            "kinds": [f.kind for f in faults],
+            "gpu_nodes": 12,
+            "ckpt_every_steps": CKPT_EVERY,
+            "step_seconds": STEP_SECONDS,
+            "grace": GRACE,
+            "return_to_service_healthy_for": "30s",
+        },
+        runs=runs,
+        notes=[
+            "ETTR = (step reached at the end - step at the start) / healthy steps per second "
+            "/ wall seconds; at the end only the newest checkpoint counts unless the job trains.",
+            "Without gpuheal a job whose process died stays FAILED (Slurm requeues only on node "
+            "failure) and a hung one stays hung: the ratio is the share of the window before the "
+            "first such fault.",
+            "gpuheal excludes each faulty node from the job's next allocations and never lifts "
+            "the exclusion when the node returns; 12 nodes keep the trace from running out.",
+        ],
+    )
