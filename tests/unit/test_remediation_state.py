@@ -42,6 +42,7 @@ summaries = st.builds(
     recorded=st.frozensets(st.tuples(st.sampled_from(["a", "b"]), st.integers(0, 2)), max_size=2),
     slot_taken_at=st.one_of(st.none(), st.integers(0, 120).map(MINUTES_AGO)),
     completed_at=st.one_of(st.none(), st.integers(0, 120).map(MINUTES_AGO)),
+    replacement=st.one_of(st.none(), st.just("spare-1")),
 )  # fmt: skip
 node_changes = st.tuples(
     st.sampled_from(NODES),

@@ -93,6 +93,7 @@ class _Tally:
     """One policy's share of the incidents, kept as they change."""
 
     holders: set[str] = field(default_factory=set)  # open incidents holding a slot
+    busy: Counter[str] = field(default_factory=Counter)  # node -> open slot-holding incidents
     open_nodes: Counter[str] = field(default_factory=Counter)  # node -> open incidents
     starts: list[dt.datetime] = field(default_factory=list)  # slot_taken_at, sorted
 
@@ -111,6 +112,7 @@ class Incidents(MutableMapping[str, IncidentSummary]):
         self._recorded: Counter[tuple[object, ...]] = Counter()  # signal identities
         self._ended: dict[str, dict[str, dt.datetime]] = {}  # node -> {name: completed_at}
         self._tallies: dict[str, _Tally] = {}
+        self._replaced: Counter[str] = Counter()  # incidents that brought in a spare
         self.open_count = 0
 
     def __getitem__(self, name: str) -> IncidentSummary:
@@ -146,6 +148,10 @@ class Incidents(MutableMapping[str, IncidentSummary]):
                 tally.holders.add(i.name)
             elif i.holds_slot:
                 tally.holders.discard(i.name)
+            if i.holds_slot:
+                _bump(tally.busy, (i.node,), sign)
+        if i.replacement:
+            _bump(self._replaced, (i.name,), sign)
         if i.completed_at is not None:
             ended = self._ended.setdefault(i.node, {})
             if sign > 0:
@@ -168,6 +174,10 @@ class Incidents(MutableMapping[str, IncidentSummary]):
     def recorded(self, key: str, identity: tuple[object, ...]) -> bool:
         """Did an incident open on this signal key, or record this signal?"""
         return key in self._keys or identity in self._recorded
+
+    def replaced(self, name: str) -> bool:
+        """Did this incident bring in a spare (its node then holds no slot)?"""
+        return name in self._replaced
 
     def last_resolved(self, node: str) -> dt.datetime | None:
         return max(self._ended.get(node, {}).values(), default=None)
@@ -394,7 +404,14 @@ class Runtime:
         breaker = self.breakers.get(policy, Breaker())
         tally = self.incidents.tally(policy)
         kept = self.kept_out_of.get(policy, {})
-        holders = tally.holders.union(kept.values(), self.slots.get(policy, ()))
+        # As `cluster_counts`: a kept-out node's mark counts unless an open incident of the
+        # node holds a slot already; an incident that brought in a spare holds none.
+        marks = (by for node, by in kept.items() if node not in tally.busy)
+        holders = {
+            h
+            for h in tally.holders.union(marks, self.slots.get(policy, ()))
+            if not self.incidents.replaced(h)
+        }
         unhealthy = len(tally.open_nodes) + sum(1 for n in kept if n not in tally.open_nodes)
         starts: tuple[dt.datetime, ...] = tuple(tally.starts)
         spec = self.policies[policy].spec if policy in self.policies else None
