@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -136,7 +137,9 @@ def run_agent(
     ]  # fmt: skip
     result = subprocess.run(args, capture_output=True, text=True, env=env, timeout=120, check=False)
     assert result.returncode == 0, f"agent exited {result.returncode}:\n{result.stderr[-3000:]}"
-    assert "403" not in result.stderr, result.stderr
+    # (the log's timestamps carry milliseconds, which may read 403)
+    untimed = re.sub(r"^\S+ \d\d:\d\d:\d\d,\d{3} ", "", result.stderr, flags=re.M)
+    assert "403" not in untimed, result.stderr
     assert "orbidden" not in result.stderr, result.stderr
     return result
 

@@ -144,6 +144,7 @@ def test_watch_prints_each_change_and_stops_quietly_on_ctrl_c(
     proc = subprocess.Popen(
         ["kubectl", "gpuheal", "status", "-w", "-o", "json", "--node", node],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(sandbox),
+        preexec_fn=_ctrl_c_default,  # noqa: PLW1509 - the test starts no threads of its own
     )  # fmt: skip
     try:
         time.sleep(3)  # the listing is printed and the watch is open
@@ -167,6 +168,12 @@ def test_watch_prints_each_change_and_stops_quietly_on_ctrl_c(
     changes = [(d["change"], d["name"]) for d in docs[1:]]
     assert changes == [("ADDED", f"nrem-{node}"), ("MODIFIED", f"nrem-{node}")]
     wait_for(lambda: proc.poll() is not None, "the watch ended")
+
+
+def _ctrl_c_default() -> None:
+    """As from a terminal: a shell starts background jobs with SIGINT ignored, which a child
+    inherits (and Python then never turns Ctrl-C into KeyboardInterrupt)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def _children(pid: int) -> list[int]:

@@ -7,8 +7,9 @@ import contextlib
 import json
 import os
 import re
-from collections.abc import Iterator
-from typing import Any
+import time
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
 
 import urllib3
 from kubernetes import client
@@ -68,6 +69,29 @@ def said_plainly(what: str) -> Iterator[None]:
         raise CliError(f"cannot reach the Kubernetes API server{where}: {_short(reason)}") from None
 
 
+T = TypeVar("T")
+
+#: How long a read waits out "429 Too Many Requests" (an API server whose storage for the
+#: resource is still initialising, just after a start or a CRD install; or priority and
+#: fairness shedding load) before it is said as an error.
+BUSY_PATIENCE = 30.0
+
+
+def patiently(call: Callable[[], T], *, patience: float = BUSY_PATIENCE) -> T:
+    """``call()``, again after the server's Retry-After (1-5 s) while it answers 429, for at
+    most ``patience`` seconds. Only for reads: they are safe to repeat."""
+    deadline = time.monotonic() + patience
+    while True:
+        try:
+            return call()
+        except ApiException as exc:
+            if exc.status != 429 or time.monotonic() >= deadline:
+                raise
+            retry_after = (exc.headers or {}).get("Retry-After", "1")
+            wait = float(retry_after) if str(retry_after).isdigit() else 1.0
+            time.sleep(max(0.5, min(wait, 5.0, deadline - time.monotonic())))
+
+
 def _api_message(exc: ApiException, what: str) -> str:
     message = ""
     with contextlib.suppress(ValueError, TypeError):
@@ -94,8 +118,10 @@ def list_custom(api_client: client.ApiClient, plural: str, **kw: Any) -> dict[st
     """The LIST answer (``items`` and ``metadata.resourceVersion``)."""
     custom: Any = client.CustomObjectsApi(api_client)
     with said_plainly(f"{plural}.{GROUP}"):
-        answer: dict[str, Any] = custom.list_cluster_custom_object(
-            GROUP, VERSION, plural, _request_timeout=TIMEOUT, **kw
+        answer: dict[str, Any] = patiently(
+            lambda: custom.list_cluster_custom_object(
+                GROUP, VERSION, plural, _request_timeout=TIMEOUT, **kw
+            )
         )
     return answer
 

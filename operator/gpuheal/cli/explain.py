@@ -96,19 +96,21 @@ def _parsed(items: list[dict[str, Any]], model: type[M]) -> list[M]:
 def _run(args: argparse.Namespace) -> int:
     from kubernetes import client
 
-    from gpuheal.cli._cluster import TIMEOUT, api, list_custom, said_plainly
+    from gpuheal.cli._cluster import TIMEOUT, api, list_custom, patiently, said_plainly
 
     api_client = api(args.kubeconfig, args.context)
     core = client.CoreV1Api(api_client)
     with said_plainly(f"node {args.node}"):
         node = api_client.sanitize_for_serialization(
-            core.read_node(args.node, _request_timeout=TIMEOUT)
+            patiently(lambda: core.read_node(args.node, _request_timeout=TIMEOUT))
         )  # type: ignore[no-untyped-call]
     policies = _parsed(list_custom(api_client, POLICY_PLURAL)["items"], RemediationPolicy)
     selector = f"involvedObject.kind=Node,involvedObject.name={args.node}"
     with said_plainly("events"):
-        listed = core.list_event_for_all_namespaces(
-            field_selector=selector, _request_timeout=TIMEOUT
+        listed = patiently(
+            lambda: core.list_event_for_all_namespaces(
+                field_selector=selector, _request_timeout=TIMEOUT
+            )
         ).items
     events = api_client.sanitize_for_serialization(listed)  # type: ignore[no-untyped-call]
     incidents = _parsed(list_custom(api_client, NREM_PLURAL)["items"], NodeRemediation)
