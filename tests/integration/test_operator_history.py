@@ -193,7 +193,11 @@ def test_a_seven_day_window_counts_back_dated_history(
         "name": "dbe",
         "signals": {"xids": [48]},
         "escalation": {"occurrences": 2, "window": "168h", "scope": "Gpu"},
-        "ladder": [rung, {**rung, "name": "r1"}, {**rung, "name": "r2"}],
+        "ladder": [  # rungs must differ (the CRD refuses a climb that changes nothing)
+            rung,
+            {"name": "r1", "steps": [{"action": "cordon"}, {"action": "drain"}]},
+            {"name": "r2", "steps": [{"action": "cordon"}, {"action": "slurmDrain"}]},
+        ],
     }
     objects.apply("remediationpolicies", policy(f"p-{cid}", f"{cid}-work", [rule]))
     run_operator()
