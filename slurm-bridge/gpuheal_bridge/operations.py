@@ -222,7 +222,15 @@ class Operations:
                         "not resuming without force",
                         previous,
                     )
-                if req.incident is not None and previous.incident != req.incident:
+                if req.incident is None:
+                    # A gpuheal drain belongs to one incident: lifting it takes that
+                    # incident's name (or force), not just a valid token.
+                    raise OwnershipConflict(
+                        f"{slurm_name} is drained for incident {previous.incident!r}: name "
+                        "that incident to resume it, or force",
+                        previous,
+                    )
+                if previous.incident != req.incident:
                     raise OwnershipConflict(
                         f"{slurm_name} is drained for incident {previous.incident!r}, "
                         f"not {req.incident!r}",

@@ -323,7 +323,13 @@ def test_resume_is_idempotent_and_reports_previous_state(bridge: Bridge) -> None
     again = bridge.http.post(f"/v1/nodes/{node}/drain", headers=AUTH, json={"incident": "other"})
     assert again.json()["outcome"] == "already_drained"
     assert again.json()["current"]["incident"] == "nrem-it3"
-    resumed = bridge.http.post(f"/v1/nodes/{node}/resume", headers=AUTH, json={})
+    # a drain of gpuheal's is lifted only for its incident (or with force)
+    unnamed = bridge.http.post(f"/v1/nodes/{node}/resume", headers=AUTH, json={})
+    assert unnamed.status_code == 409
+    assert "nrem-it3" in unnamed.json()["message"]
+    resumed = bridge.http.post(
+        f"/v1/nodes/{node}/resume", headers=AUTH, json={"incident": "nrem-it3"}
+    )
     assert resumed.json()["outcome"] == "resumed"
     assert resumed.json()["previous"]["reason"] == "gpuheal: nrem-it3"
 

@@ -14,7 +14,14 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from gpuheal_bridge.api.names import INCIDENT_PATTERN, SIGNAL_PATTERN
+from gpuheal_bridge.api.names import (
+    INCIDENT_PATTERN,
+    NODE_NAME_MAX,
+    NODE_NAME_PATTERN,
+    SIGNAL_PATTERN,
+    XID_MAX,
+    XID_MIN,
+)
 
 #: Every drain the bridge sets carries this prefix; a reason without it belongs to someone else.
 REASON_PREFIX = "gpuheal:"
@@ -133,7 +140,10 @@ class CheckpointSignal(_Model):
     """Ask the job to checkpoint before it is requeued."""
 
     signal: Annotated[str, Field(pattern=SIGNAL_PATTERN)] = Field(
-        default="USR1", description="Signal name (USR1, SIGUSR2, TERM, ...) or number."
+        default="USR1",
+        description="A signal the job can catch: USR1, USR2, TERM, INT, HUP, QUIT, CONT, URG, "
+        "ALRM, PWR or XCPU (SIG prefix optional), or its Linux number (1, 2, 3, 10, 12, 14, "
+        "15, 18, 23, 24, 30). KILL and STOP (9, 19) cannot be caught and are refused.",
     )
     target: SignalTarget = SignalTarget.FULL
     grace_seconds: float = Field(
@@ -261,7 +271,7 @@ class DrainRequest(_Model):
     incident: Annotated[str, Field(pattern=INCIDENT_PATTERN)] = Field(
         description="Incident id (the NodeRemediation name), e.g. nrem-abc."
     )
-    xid: int | None = Field(default=None, ge=0, le=100000, description="XID that caused it.")
+    xid: int | None = Field(default=None, ge=XID_MIN, le=XID_MAX, description="XID that caused it.")
     requeue: RequeueOptions | None = Field(
         default=None, description="Also requeue the node's running jobs (None: leave them)."
     )
@@ -317,9 +327,10 @@ class JobsResponse(_Model):
 class JobRequeueRequest(RequeueOptions):
     """Requeue one job. ``from_node``: only if it still runs there; that node is excluded."""
 
-    from_node: str | None = Field(
-        default=None, description="Node (Kubernetes name) the job must still run on."
-    )
+    from_node: (
+        Annotated[str, Field(min_length=1, max_length=NODE_NAME_MAX, pattern=NODE_NAME_PATTERN)]
+        | None
+    ) = Field(default=None, description="Node (Kubernetes name) the job must still run on.")
 
 
 class RebootNextState(StrEnum):
@@ -335,7 +346,7 @@ class RebootRequest(_Model):
     incident: Annotated[str, Field(pattern=INCIDENT_PATTERN)] = Field(
         description="Incident id (the NodeRemediation name)."
     )
-    xid: int | None = Field(default=None, ge=0, le=100000, description="XID that caused it.")
+    xid: int | None = Field(default=None, ge=XID_MIN, le=XID_MAX, description="XID that caused it.")
     next_state: RebootNextState = Field(
         default=RebootNextState.DRAIN,
         description="drain (default): the node is drained with gpuheal's reason first (if it "

@@ -12,12 +12,50 @@ from __future__ import annotations
 import re
 
 NODE_NAME_MAX = 253
-_NODE_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+#: A single node name, as the OpenAPI document shows it (``node_name_problem`` gives the
+#: reason; a unit test keeps the two in agreement).
+NODE_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
+_NODE_RE = re.compile(NODE_NAME_PATTERN.strip("^$"))
 _JOB_RE = re.compile(r"[1-9][0-9]{0,9}")
 #: Slurm reserves 0xfffffffe (NO_VAL) and above; job ids are uint32.
 JOB_ID_MAX = 0xFFFFFFFD
+#: Exactly the decimal numbers 1..JOB_ID_MAX (4294967293), no sign, no leading zero.
+JOB_ID_PATTERN = (
+    r"^(?:[1-9][0-9]{0,8}|[1-3][0-9]{9}|4[01][0-9]{8}|42[0-8][0-9]{7}|429[0-3][0-9]{6}"
+    r"|4294[0-8][0-9]{5}|42949[0-5][0-9]{4}|429496[0-6][0-9]{3}|4294967[01][0-9]{2}"
+    r"|42949672[0-8][0-9]|429496729[0-3])$"
+)
 INCIDENT_PATTERN = r"^[a-z0-9](?:[a-z0-9.-]{0,61}[a-z0-9])?$"
-SIGNAL_PATTERN = r"^(?:(?:SIG)?(?:USR1|USR2|TERM|INT|HUP|QUIT|CONT|URG|ALRM|PWR|XCPU)|[1-9][0-9]?)$"
+#: Signals a job can catch, so it can checkpoint (KILL and STOP cannot be caught: a job dies
+#: or freezes without one). By name (the operator's policies use names), or by the number
+#: Linux gives them on x86-64, arm64, riscv and most other architectures: HUP 1, INT 2,
+#: QUIT 3, USR1 10, USR2 12, ALRM 14, TERM 15, CONT 18, URG 23, XCPU 24, PWR 30. 9 (KILL) and
+#: 19 (STOP) are refused, like every other number.
+CATCHABLE_SIGNALS = (
+    "USR1",
+    "USR2",
+    "TERM",
+    "INT",
+    "HUP",
+    "QUIT",
+    "CONT",
+    "URG",
+    "ALRM",
+    "PWR",
+    "XCPU",
+)
+CATCHABLE_SIGNAL_NUMBERS = (1, 2, 3, 10, 12, 14, 15, 18, 23, 24, 30)
+SIGNAL_PATTERN = (
+    f"^(?:(?:SIG)?(?:{'|'.join(CATCHABLE_SIGNALS)})"
+    f"|{'|'.join(str(n) for n in CATCHABLE_SIGNAL_NUMBERS)})$"
+)
+#: XIDs the bridge takes: the operator's own bound (``gpuheal.xid.parse.MAX_XID``, the
+#: NodeRemediation's ``xid``), so every incident the operator can open can drain its node.
+#: NVIDIA's codes are below 200 today and new drivers add new ones; 0 is not an XID.
+XID_MIN, XID_MAX = 1, 65535
+#: An ``Idempotency-Key``: 1-200 printable ASCII characters.
+IDEMPOTENCY_KEY_MAX = 200
+IDEMPOTENCY_KEY_PATTERN = r"^[\x20-\x7e]+$"
 
 
 class InvalidName(ValueError):

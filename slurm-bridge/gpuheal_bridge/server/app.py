@@ -21,22 +21,24 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime as dt
+import json
 import logging
 import signal
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path as FilePath
 from typing import Annotated, Any, TypeVar
 
-from fastapi import FastAPI, Header, Request, Security
+from fastapi import FastAPI, Header, Path, Request, Security
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from fastapi.security import HTTPBearer
-from pydantic import BaseModel
+from pydantic import BaseModel, WithJsonSchema
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match, Route
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gpuheal_bridge import repair
 from gpuheal_bridge.api.models import (
@@ -59,7 +61,15 @@ from gpuheal_bridge.api.models import (
     ResumeRequest,
     ResumeResponse,
 )
-from gpuheal_bridge.api.names import InvalidName, validate_job_id
+from gpuheal_bridge.api.names import (
+    IDEMPOTENCY_KEY_MAX,
+    IDEMPOTENCY_KEY_PATTERN,
+    JOB_ID_PATTERN,
+    NODE_NAME_MAX,
+    NODE_NAME_PATTERN,
+    InvalidName,
+    validate_job_id,
+)
 from gpuheal_bridge.backends.base import Backend, BackendError, NotFound, Rejected, Unavailable
 from gpuheal_bridge.backends.base import Unsupported as BackendUnsupported
 from gpuheal_bridge.nodemap import NodeMapper, NotMapped
@@ -88,13 +98,47 @@ _BEARER = [
         )
     )
 ]
+# The OpenAPI document shows the grammar the server enforces (its own checks, which say why
+# a name is refused: ``node_name_problem``, ``validate_job_id``, ``valid_key``).
 IdemKey = Annotated[
     str | None,
     Header(
         alias="Idempotency-Key",
-        description="Retries with the same key get the first answer (kept for a TTL).",
+        description="Retries with the same key get the first answer (kept for a TTL). 1-200 "
+        "printable ASCII characters, one per request: reused for a different request, 422.",
+    ),
+    WithJsonSchema(
+        {
+            "type": "string",
+            "minLength": 1,
+            "maxLength": IDEMPOTENCY_KEY_MAX,
+            "pattern": IDEMPOTENCY_KEY_PATTERN,
+            "title": "Idempotency-Key",
+        }
     ),
 ]
+NodeName = Annotated[
+    str,
+    Path(
+        description="One node (its Kubernetes name): letters, digits, '.', '_', '-', starting "
+        "with a letter or digit; no hostlist.",
+        json_schema_extra={
+            "minLength": 1,
+            "maxLength": NODE_NAME_MAX,
+            "pattern": NODE_NAME_PATTERN,
+        },
+    ),
+]
+JobId = Annotated[
+    str,
+    Path(
+        description="A Slurm job id: 1..4294967293 in decimal (no array syntax).",
+        json_schema_extra={"pattern": JOB_ID_PATTERN},
+    ),
+]
+#: Request bodies above this are refused (413) before they are read: a drain request is a few
+#: hundred bytes.
+MAX_BODY_BYTES = 64 * 1024
 _ERRORS: dict[int | str, dict[str, Any]] = {
     code: {"model": ErrorResponse, "description": text}
     for code, text in {
@@ -103,6 +147,7 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
         403: "Plain HTTP from a client not on loopback; nothing was done (use https).",
         404: "Unknown node or job (or no mapping for the node name).",
         409: "Refused: someone else's drain, or Slurm refused the operation.",
+        413: "The body is larger than 64 KiB; nothing was done.",
         422: "Invalid node name, job id, body, or idempotency key reuse.",
         503: "slurmctld unreachable or a Slurm call timed out; see Retry-After.",
     }.items()
@@ -113,8 +158,8 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
 class BridgeSettings:
     backend: Backend
     tokens: dict[str, str]
-    state_dir: Path | None = None
-    audit_log: Path | None = None
+    state_dir: FilePath | None = None
+    audit_log: FilePath | None = None
     node_mapper: NodeMapper = field(default_factory=NodeMapper)
     idempotency_ttl: float = 86400.0
     retry_after: float = 5.0
@@ -169,6 +214,44 @@ def map_exception(  # noqa: PLR0911 - one return per error class
     if isinstance(exc, Rejected | BackendError):
         return _error(409, ErrorCode.SLURM_ERROR, f"slurm refused: {exc}")
     raise exc
+
+
+class BodyLimit:
+    """Refuse a request body larger than ``limit`` bytes (413) before it is read: at once when
+    its Content-Length says so, else as soon as the chunks received pass the limit. The 413 is
+    raised where the route reads its body, so it is answered (and audited) like any refusal,
+    after the token check."""
+
+    def __init__(self, app: ASGIApp, limit: int) -> None:
+        self.app, self.limit = app, limit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = dict(scope.get("headers") or []).get(b"content-length", b"0")
+        seen, refused = 0, False
+
+        def refuse() -> StarletteHTTPException:
+            nonlocal refused
+            refused = True  # once: a later read (a disconnect listener) gets what comes
+            return StarletteHTTPException(
+                413, f"the request body is larger than {self.limit} bytes"
+            )
+
+        async def limited() -> Message:
+            nonlocal seen
+            if refused:
+                return await receive()
+            if not declared.isdigit() or int(declared) > self.limit:
+                raise refuse()
+            message = await receive()
+            seen += len(message.get("body", b""))
+            if seen > self.limit:
+                raise refuse()
+            return message
+
+        await self.app(scope, limited, send)
 
 
 def create_app(settings: BridgeSettings) -> FastAPI:  # noqa: PLR0915 - routes are closures
@@ -262,6 +345,9 @@ def create_app(settings: BridgeSettings) -> FastAPI:  # noqa: PLR0915 - routes a
                 return str(getattr(route, "name", "other"))
         return "other"
 
+    # Inside the guard (added before it): the route's own body reads go through it.
+    app.add_middleware(BodyLimit, limit=MAX_BODY_BYTES)
+
     @app.middleware("http")
     async def guard(
         request: Request, call_next: Callable[[Request], Awaitable[Response]]
@@ -301,21 +387,55 @@ def create_app(settings: BridgeSettings) -> FastAPI:  # noqa: PLR0915 - routes a
         metrics.duration.labels(op).observe(time.perf_counter() - t0)
         return response
 
+    def audit_refusal(
+        request: Request, status: int, out: Any, *, payload: Any = None, key: str | None = None
+    ) -> None:
+        """An audit line for a mutating request refused before it ran: who (the token's
+        name; a 401 has none and is not written), what, on what, and why."""
+        who = getattr(request.state, "who", None)
+        if who is None or request.method != "POST":
+            return
+        params = request.path_params
+        target = str(params.get("node") or params.get("job_id") or request.url.path)
+        audit.write(
+            who=who,
+            op=getattr(request.state, "op", "other"),
+            target=target[:_AUDIT_TEXT_MAX],
+            request=_bounded(payload),
+            status=status,
+            result=_summary(out),
+            idempotency_key=_bounded(key or request.headers.get("idempotency-key")),
+            replayed=False,
+            duration_seconds=None,
+        )
+
+    def refuse(
+        request: Request,
+        refusal: tuple[int, dict[str, Any], dict[str, str]],
+        *,
+        payload: Any,
+        key: str | None,
+    ) -> JSONResponse:
+        status, out, headers = refusal
+        audit_refusal(request, status, out, payload=payload, key=key)
+        return JSONResponse(out, status, headers=headers)
+
     @app.exception_handler(RequestValidationError)
-    async def invalid_request(_: Request, exc: RequestValidationError) -> JSONResponse:
+    async def invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
         parts = [
             f"{'.'.join(str(x) for x in e.get('loc', ()))}: {e.get('msg', '')}"
             for e in exc.errors()
         ]
-        status, body, _hdrs = _error(422, ErrorCode.INVALID, "; ".join(parts) or "invalid")
-        return JSONResponse(body, status)
+        message = "; ".join(parts)[:_AUDIT_TEXT_MAX] or "invalid"
+        refusal = _error(422, ErrorCode.INVALID, message)
+        return refuse(request, refusal, payload=exc.body, key=None)
 
     @app.exception_handler(StarletteHTTPException)
-    async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         code = {404: ErrorCode.NOT_FOUND, 405: ErrorCode.INVALID}.get(exc.status_code)
         code = code or (ErrorCode.INVALID if exc.status_code < 500 else ErrorCode.SLURM_ERROR)
         status, body, _hdrs = _error(exc.status_code, code, str(exc.detail))
-        return JSONResponse(body, status, headers=exc.headers)
+        return refuse(request, (status, body, dict(exc.headers or {})), payload=None, key=None)
 
     async def mapped(_: Request, exc: Exception) -> JSONResponse:
         status, body, headers = map_exception(exc, settings.retry_after)
@@ -351,14 +471,15 @@ def create_app(settings: BridgeSettings) -> FastAPI:  # noqa: PLR0915 - routes a
             status, out, headers = await execute()
         else:
             if not valid_key(key):
-                status, out, headers = _error(422, ErrorCode.INVALID, "bad Idempotency-Key")
-                return JSONResponse(out, status)
+                message = "Idempotency-Key must be 1-200 printable ASCII characters"
+                refusal = _error(422, ErrorCode.INVALID, message)
+                return refuse(request, refusal, payload=payload, key=key)
             async with store.lock(who, key):
                 try:
                     stored = store.get(who, key, fp)
                 except KeyMismatch as exc:
-                    status, out, headers = map_exception(exc, settings.retry_after)
-                    return JSONResponse(out, status)
+                    refusal = map_exception(exc, settings.retry_after)
+                    return refuse(request, refusal, payload=payload, key=key)
                 if stored is not None:
                     replayed = True
                     status, out, headers = stored.status, stored.body, {REPLAYED_HEADER: "true"}
@@ -390,7 +511,11 @@ def create_app(settings: BridgeSettings) -> FastAPI:  # noqa: PLR0915 - routes a
         action: Callable[[str, str, B], Awaitable[BaseModel]],
     ) -> JSONResponse:
         """A mutation of one node: map its name to Slurm's first (422/404 before anything)."""
-        slurm = mapper.to_slurm(node)
+        try:
+            slurm = mapper.to_slurm(node)
+        except (InvalidName, NotMapped) as exc:
+            refusal = map_exception(exc, settings.retry_after)
+            return refuse(request, refusal, payload=body.model_dump(mode="json"), key=key)
         return await mutate(
             request, target=node, body=body, key=key, action=lambda: action(node, slurm, body)
         )
@@ -438,7 +563,7 @@ def create_app(settings: BridgeSettings) -> FastAPI:  # noqa: PLR0915 - routes a
         tags=["nodes"],
         dependencies=_BEARER,
     )
-    async def get_node(node: str) -> NodeState:
+    async def get_node(node: NodeName) -> NodeState:
         """State, drain reason and its owner (gpuheal or other)."""
         return await ops.get_node(node, mapper.to_slurm(node))
 
@@ -449,7 +574,7 @@ def create_app(settings: BridgeSettings) -> FastAPI:  # noqa: PLR0915 - routes a
         tags=["nodes"],
         dependencies=_BEARER,
     )
-    async def node_jobs(node: str, ended_since: dt.datetime | None = None) -> JobsResponse:
+    async def node_jobs(node: NodeName, ended_since: dt.datetime | None = None) -> JobsResponse:
         """Jobs allocated on the node that have not finished; with ``ended_since`` (ISO time
         or Unix seconds) also the jobs that ended there since then, each with ``ended`` (how)
         and ``end_time``, as long as slurmctld remembers them (MinJobAge)."""
@@ -463,7 +588,7 @@ def create_app(settings: BridgeSettings) -> FastAPI:  # noqa: PLR0915 - routes a
         dependencies=_BEARER,
     )
     async def drain_node(
-        node: str, body: DrainRequest, request: Request, idempotency_key: IdemKey = None
+        node: NodeName, body: DrainRequest, request: Request, idempotency_key: IdemKey = None
     ) -> JSONResponse:
         """DRAIN with reason ``gpuheal: <incident> xid=<n>``; optionally requeue its jobs.
 
@@ -482,7 +607,7 @@ def create_app(settings: BridgeSettings) -> FastAPI:  # noqa: PLR0915 - routes a
         dependencies=_BEARER,
     )
     async def resume_node(
-        node: str,
+        node: NodeName,
         request: Request,
         body: ResumeRequest | None = None,
         idempotency_key: IdemKey = None,
@@ -499,7 +624,7 @@ def create_app(settings: BridgeSettings) -> FastAPI:  # noqa: PLR0915 - routes a
         dependencies=_BEARER,
     )
     async def reboot_node(
-        node: str, body: RebootRequest, request: Request, idempotency_key: IdemKey = None
+        node: NodeName, body: RebootRequest, request: Request, idempotency_key: IdemKey = None
     ) -> JSONResponse:
         """Reboot through Slurm's RebootProgram (`scontrol reboot`), once the node is idle.
 
@@ -523,7 +648,7 @@ def create_app(settings: BridgeSettings) -> FastAPI:  # noqa: PLR0915 - routes a
         dependencies=_BEARER,
     )
     async def reserve_node(
-        node: str, body: ReserveRequest, request: Request, idempotency_key: IdemKey = None
+        node: NodeName, body: ReserveRequest, request: Request, idempotency_key: IdemKey = None
     ) -> JSONResponse:
         """Hand a node gpuheal drained (for `incident`) to the reserve pool: DRAIN with the
         pool's reason (`reserve pool`), which promotion later resumes with force. Someone
@@ -539,7 +664,7 @@ def create_app(settings: BridgeSettings) -> FastAPI:  # noqa: PLR0915 - routes a
         tags=["jobs"],
         dependencies=_BEARER,
     )
-    async def get_job(job_id: str) -> JobState:
+    async def get_job(job_id: JobId) -> JobState:
         """One job (finished ones too, while Slurm remembers them)."""
         return await backend.get_job(validate_job_id(job_id))
 
@@ -551,11 +676,16 @@ def create_app(settings: BridgeSettings) -> FastAPI:  # noqa: PLR0915 - routes a
         dependencies=_BEARER,
     )
     async def requeue_job(
-        job_id: str, body: JobRequeueRequest, request: Request, idempotency_key: IdemKey = None
+        job_id: JobId, body: JobRequeueRequest, request: Request, idempotency_key: IdemKey = None
     ) -> JSONResponse:
         """Requeue one running batch job (see RequeueOptions); never revives a finished job."""
-        jid = validate_job_id(job_id)
-        from_node = mapper.to_slurm(body.from_node) if body.from_node else None
+        try:
+            jid = validate_job_id(job_id)
+            from_node = mapper.to_slurm(body.from_node) if body.from_node else None
+        except (InvalidName, NotMapped) as exc:
+            refusal = map_exception(exc, settings.retry_after)
+            payload = body.model_dump(mode="json")
+            return refuse(request, refusal, payload=payload, key=idempotency_key)
         return await mutate(
             request,
             target=str(jid),
@@ -565,6 +695,19 @@ def create_app(settings: BridgeSettings) -> FastAPI:  # noqa: PLR0915 - routes a
         )
 
     return app
+
+
+_AUDIT_TEXT_MAX = 2048
+
+
+def _bounded(value: Any) -> Any:
+    """``value``, or the start of its JSON text when that is long (a hostile body or name)."""
+    if value is None:
+        return None
+    text = value if isinstance(value, str) else json.dumps(value, default=str)
+    if len(text) <= _AUDIT_TEXT_MAX:
+        return value
+    return f"{text[:_AUDIT_TEXT_MAX]}... ({len(text)} characters)"
 
 
 def _summary(out: Any) -> Any:

@@ -149,8 +149,13 @@ def test_drain_admin_drained_reports_owner(client: TestClient, slurm: FakeSlurm)
 
 
 def test_resume_without_body(client: TestClient) -> None:
+    resp = client.post("/v1/nodes/node3/resume", headers=AUTH)
+    assert resp.status_code == 200
+    assert resp.json()["outcome"] == "not_drained"
+    # a drain of gpuheal's is lifted only for its incident (or with force)
     client.post("/v1/nodes/node1/drain", headers=AUTH, json={"incident": "i"})
-    resp = client.post("/v1/nodes/node1/resume", headers=AUTH)
+    assert client.post("/v1/nodes/node1/resume", headers=AUTH).status_code == 409
+    resp = client.post("/v1/nodes/node1/resume", headers=AUTH, json={"incident": "i"})
     assert resp.status_code == 200
     assert resp.json()["outcome"] == "resumed"
 
