@@ -122,7 +122,7 @@ def _blocked_on_bridge(status: dict[str, Any]) -> bool:
     )
 
 
-def _setup(  # noqa: PLR0913, PLR0917
+def _setup(  # noqa: PLR0917
     sandbox: Sandbox,
     own_gpu_nodes: Callable[..., list[str]],
     make_slurm_cluster: Callable[..., SlurmCluster],
@@ -144,10 +144,13 @@ def _setup(  # noqa: PLR0913, PLR0917
     script.write_text(JOB)
     job = cluster.run("sbatch", "--parsable", "-o", str(out), str(script)).stdout.strip()
     url, token_file, proc = bridge(cluster)
+    op = OperatorProcess(
+        Path(sandbox.kubeconfig), tmp_path,
+        ["--bridge-url", url, "--bridge-token-file", str(token_file)],
+    )  # fmt: skip
+    audit = tmp_path / "bridge-state" / "audit.jsonl"
     scene = Scene(sandbox, objects, cluster, broken, other, spare, job, out, url, token_file,
-                  proc, tmp_path / "bridge-state" / "audit.jsonl",
-                  OperatorProcess(Path(sandbox.kubeconfig), tmp_path,
-                                  ["--bridge-url", url, "--bridge-token-file", str(token_file)]))  # fmt: skip
+                  proc, audit, op)  # fmt: skip
     wait_for(lambda: scene.job_state() == ("RUNNING", broken), f"job {job} RUNNING on {broken}")
     wait_for(lambda: "START" in scene.output(), "the job's first START")
     cluster.run("scontrol", "update", f"NodeName={other}", "State=RESUME")
@@ -247,8 +250,10 @@ def test_apiserver_and_etcd_restarted_while_the_requeue_is_under_way(  # noqa: P
         assert code == 70, s.op.log()[-3000:]
         assert "lost Lease" in s.op.log()
         # Slurm acts while the API server is away: the job leaves the node (grace 12 s).
-        wait_for(lambda: s.job_state()[0] in ("PENDING", "RUNNING") and s.job_state()[1]
-                 != s.broken, "job requeued by the bridge during the outage", timeout=40)  # fmt: skip
+        wait_for(
+            lambda: (j := s.job_state())[0] in ("PENDING", "RUNNING") and j[1] != s.broken,
+            "job requeued by the bridge during the outage", timeout=40,
+        )  # fmt: skip
         slurm_acted = dt.datetime.now(dt.UTC)
         cp.start_component("etcd")
         cp.start_component("kube-apiserver")
@@ -259,10 +264,8 @@ def test_apiserver_and_etcd_restarted_while_the_requeue_is_under_way(  # noqa: P
         requeued_at = _rfc(done["status"]["requeuedJobs"][0]["requeuedAt"])
         drained_at = _rfc(condition(done, "SlurmDrained")["lastTransitionTime"])
         # the times Slurm acted (during the outage), not when the new process wrote them
-        assert t_down - dt.timedelta(seconds=1) <= requeued_at <= slurm_acted, (requeued_at,
-                                                                                t_down, t_up)
+        assert t_down - dt.timedelta(seconds=1) <= requeued_at <= slurm_acted, (t_down, t_up)
         assert drained_at <= slurm_acted, (drained_at, t_up)
-        assert "Too Many Requests" not in s.op.log()
         _result("apiserver_etcd_restart", down_s=f"{down_s:.1f}",
                 operator_exit=code, exit_after_s=f"{exited_after:.1f}",
                 requeued_before_up_s=f"{(t_up - requeued_at).total_seconds():.1f}",
@@ -302,7 +305,8 @@ def test_slurmctld_stopped_for_60s_in_the_middle_of_the_drain(  # noqa: PLR0917
         # from the first failed attempt on (the grace ends ~5 s after the stop), to the end
         assert first < 30, first
         assert all(_blocked_on_bridge(st) for t, st in samples if t >= blocked[0]), dump(
-            [st.get("conditions") for _, st in samples])
+            [st.get("conditions") for _, st in samples]
+        )
         msg = _cond(samples[-1][1], "SlurmDrained")["message"]
         assert "slurmctld" in msg, msg
         assert not any(completed({"status": st}) for _, st in samples)
@@ -374,7 +378,7 @@ def test_operator_cut_off_from_the_bridge_for_60s(  # noqa: PLR0917
         s.bridge_proc.wait(timeout=10)
         t0 = time.monotonic()
         simulate_xid(sandbox.core_v1(), s.broken, 79)
-        wait_for(lambda: s.incident(), "NodeRemediation")
+        wait_for(s.incident, "NodeRemediation")
         samples = s.sample(60)
         state_during = s.job_state()
         node_during = s.cluster.run("scontrol", "show", "node", s.broken, "-o").stdout
@@ -385,8 +389,8 @@ def test_operator_cut_off_from_the_bridge_for_60s(  # noqa: PLR0917
         assert first < 5, first
         assert all(_blocked_on_bridge(st) for t, st in samples if t >= blocked[0])
         assert _cond(samples[-1][1], "Cordoned").get("status") == "True"
-        assert "bridge" in _cond(samples[-1][1], "Blocked")["message"].lower() or "127.0.0.1" in \
-            _cond(samples[-1][1], "Blocked")["message"]
+        why = _cond(samples[-1][1], "Blocked")["message"]
+        assert f"Slurm bridge {s.url}" in why, why
         assert state_during == ("RUNNING", s.broken)
         assert "DRAIN" not in node_during, node_during
         done = _check_end(s)
