@@ -266,6 +266,8 @@ def test_apiserver_and_etcd_restarted_while_the_requeue_is_under_way(  # noqa: P
         # the times Slurm acted (during the outage), not when the new process wrote them
         assert t_down - dt.timedelta(seconds=1) <= requeued_at <= slurm_acted, (t_down, t_up)
         assert drained_at <= slurm_acted, (drained_at, t_up)
+        [entry] = [e for e in done["status"]["timeline"] if e["step"] == "replace/slurmDrain"]
+        assert _rfc(entry["time"]) <= slurm_acted, (entry, t_up)
         _result("apiserver_etcd_restart", down_s=f"{down_s:.1f}",
                 operator_exit=code, exit_after_s=f"{exited_after:.1f}",
                 requeued_before_up_s=f"{(t_up - requeued_at).total_seconds():.1f}",
@@ -311,8 +313,9 @@ def test_slurmctld_stopped_for_60s_in_the_middle_of_the_drain(  # noqa: PLR0917
         assert "slurmctld" in msg, msg
         assert not any(completed({"status": st}) for _, st in samples)
         done = _check_end(s)
+        why = msg.split("; ", 1)[-1][:160]
         _result("slurmctld_down_60s", blocked_after_s=f"{first:.1f}",
-                samples=len(samples), blocked_samples=len(blocked), message=repr(msg[:80]),
+                samples=len(samples), blocked_samples=len(blocked), message=repr(why),
                 incidents_completed=1 if done else 0, duplicates=0, losses=0)  # fmt: skip
     finally:
         if "is UP" not in s.cluster.run("scontrol", "ping", check=False).stdout:
