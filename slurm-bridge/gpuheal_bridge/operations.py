@@ -124,8 +124,10 @@ class Operations:
         background: int = 4,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        wall_clock: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.UTC),
     ) -> None:
         self.backend = backend
+        self._wall = wall_clock  # the times an answer reports (requeued_at, at)
         self.poll_interval = poll_interval
         self.settle_timeout = settle_timeout
         self.expedite_timeout = expedite_timeout
@@ -171,6 +173,7 @@ class Operations:
         async with self.lock(f"node:{slurm_name}"):
             previous = node_state(k8s_name, await self.backend.get_node(slurm_name))
             current = previous
+            at = None
             results: list[JobResult] = []
             if previous.owner is Owner.OTHER:
                 # Someone else's drain or DOWN: their reason stays (and so does the right to
@@ -180,6 +183,7 @@ class Operations:
                 outcome = DrainOutcome.ALREADY_DRAINED
             else:
                 await self.backend.drain(slurm_name, build_reason(req.incident, req.xid))
+                at = self._wall()
                 current = node_state(k8s_name, await self.backend.get_node(slurm_name))
                 outcome = DrainOutcome.DRAINED
             if req.requeue is not None:
@@ -192,6 +196,7 @@ class Operations:
                 previous=previous,
                 current=current,
                 jobs=results,
+                at=at,
             )
 
     async def _requeue_all(self, slurm_name: str, opts: RequeueOptions) -> list[JobResult]:
@@ -257,12 +262,21 @@ class Operations:
     async def requeue_job(
         self, job_id: int, opts: RequeueOptions, from_node: str | None = None
     ) -> JobResult:
-        """Requeue one job (raises NotFound/Unavailable only before anything was done)."""
+        """Requeue one job. Raises NotFound before anything was done, and Unavailable
+        (slurmctld gone, e.g. in the checkpoint grace) whenever the job was not requeued yet:
+        a 503, not stored under the idempotency key, so the caller's retry with the same key
+        carries on (a second signal and grace) instead of being answered "failed" for good.
+        Once Slurm accepted the requeue, the answer says requeued whatever comes after."""
         await self.backend.get_job(job_id)  # NotFound/Unavailable -> 404/503 before acting
-        return await self._requeue_locked(job_id, opts, from_node)
+        return await self._requeue_locked(job_id, opts, from_node, unavailable_raises=True)
 
     async def _requeue_locked(
-        self, job_id: int, opts: RequeueOptions, from_node: str | None
+        self,
+        job_id: int,
+        opts: RequeueOptions,
+        from_node: str | None,
+        *,
+        unavailable_raises: bool = False,
     ) -> JobResult:
         async with self.lock(f"job:{job_id}"):
             try:
@@ -270,6 +284,8 @@ class Operations:
             except NotFound as exc:
                 return JobResult(job_id=job_id, outcome=JobOutcome.GONE, detail=str(exc))
             except BackendError as exc:
+                if unavailable_raises and isinstance(exc, Unavailable):
+                    raise
                 kind = "slurmctld unavailable" if isinstance(exc, Unavailable) else "slurm"
                 return JobResult(job_id=job_id, outcome=JobOutcome.FAILED, detail=f"{kind}: {exc}")
 
@@ -325,6 +341,7 @@ class Operations:
                         JobOutcome.REQUEUED_BY_JOB,
                         signalled,
                         t0=self._clock(),
+                        requeued_at=self._wall(),
                         already_pending=True,
                     )
                 if opts.requeue_ended and after.ended in GRACE_ENDS:
@@ -359,7 +376,9 @@ class Operations:
                 detail=f"slurm: {exc}",
             )
         outcome = JobOutcome.REQUEUED_HELD if hold else JobOutcome.REQUEUED
-        return await self._after_requeue(job, opts, from_node, outcome, signalled, t0=t0)
+        return await self._after_requeue(
+            job, opts, from_node, outcome, signalled, t0=t0, requeued_at=self._wall()
+        )
 
     async def _after_requeue(
         self,
@@ -370,6 +389,7 @@ class Operations:
         signalled: bool,
         *,
         t0: float,
+        requeued_at: dt.datetime,
         already_pending: bool = False,
     ) -> JobResult:
         # A plain requeue of a running job, where the caller asked for nothing the answer must
@@ -389,12 +409,28 @@ class Operations:
                 outcome=outcome,
                 state_before=job.state,
                 signalled=signalled,
+                requeued_at=requeued_at,
                 detail="requeue accepted; the wait for PENDING, the exclusion and the "
                 "expedite go on in the bridge",
             )
-        return await self._settle(
-            job, opts, from_node, outcome, signalled, t0=t0, already_pending=already_pending
-        )
+        try:
+            result = await self._settle(
+                job, opts, from_node, outcome, signalled, t0=t0, already_pending=already_pending
+            )
+        except Unavailable as exc:
+            # Requeued: that is the answer (a retry must not find a PENDING job and say
+            # "left alone"); what followed is missing and said so.
+            return JobResult(
+                job_id=job.job_id,
+                outcome=outcome,
+                state_before=job.state,
+                signalled=signalled,
+                ended_before=job.ended,
+                requeued_at=requeued_at,
+                detail=f"requeued; then slurmctld unavailable, the exclusion/expedite may be "
+                f"missing: {exc}",
+            )
+        return result.model_copy(update={"requeued_at": requeued_at})
 
     def _in_background(self, job_id: int, settle: Awaitable[JobResult]) -> None:
         async def run() -> JobResult | None:

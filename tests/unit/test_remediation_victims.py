@@ -13,6 +13,7 @@ import httpx
 import pytest
 
 from gpuheal.adapters.slurm import BridgeSlurm
+from gpuheal.api.meta import rfc3339
 from gpuheal.api.names import JobOutcome, JobReason
 from gpuheal.api.noderemediation import JobRecord
 from gpuheal.api.remediationpolicy import SlurmDrainOptions
@@ -26,6 +27,7 @@ from tests.unit.bridge.fakes import FakeClock, FakeJob, FakeSlurm
 TOKEN = "t0ken-for-the-operator-0123456789"
 FAULT = dt.datetime(2026, 11, 23, 12, 0, tzinfo=dt.UTC)
 NOW = FAULT + dt.timedelta(seconds=1)
+ACTED = FAULT + dt.timedelta(seconds=0.5)  # the bridge's clock when Slurm acted
 NODE = "gpu-7"
 
 
@@ -41,7 +43,9 @@ class World:
                 tokens={"operator": TOKEN},
                 state_dir=tmp_path / "state",
                 audit_log=tmp_path / "audit.jsonl",
-                operations=Operations(self.slurm, clock=clock, sleep=clock.sleep),
+                operations=Operations(
+                    self.slurm, clock=clock, sleep=clock.sleep, wall_clock=lambda: ACTED
+                ),
             )
         )
         transport = httpx.ASGITransport(app=app)
@@ -225,3 +229,25 @@ async def test_slurmctld_down_while_requeueing_waits_with_the_plan_kept(world: W
     assert again.kind == "done"
     assert jobs_of(again)["1"]["outcome"] == "Requeued"
     assert world.slurm.jobs[1].restart_count == 1
+
+
+async def test_slurmctld_gone_in_the_grace_waits_then_requeues_once_at_slurms_time(
+    world: World,
+) -> None:
+    """slurmctld goes away after the checkpoint signal, before `scontrol requeue`: the bridge
+    answers 503 (not "failed", which it would store under the key for good), the step waits
+    with the plan kept; once Slurm is back the same key requeues the job, once. The step's
+    time and requeuedAt are the bridge's (when Slurm acted), not the recording's."""
+    world.slurm.add_job(FakeJob(1, [NODE]))
+    world.slurm.fail_ops = {"requeue"}
+    result = await world.step(checkpoint_signal="USR1", grace_period="2s")
+    assert (result.kind, result.reason) == ("wait", "BridgeUnavailable")
+    assert jobs_of(result)["1"]["outcome"] == "Planned"
+    assert world.slurm.jobs[1].restart_count == 0
+    [plan] = world.plans
+    world.slurm.fail_ops = set()
+    again = await world.step(recorded=plan, checkpoint_signal="USR1", grace_period="2s")
+    assert (again.kind, jobs_of(again)["1"]["outcome"]) == ("done", "Requeued")
+    assert world.slurm.jobs[1].restart_count == 1
+    assert again.at == ACTED
+    assert again.status["requeuedJobs"][0]["requeuedAt"] == rfc3339(ACTED)

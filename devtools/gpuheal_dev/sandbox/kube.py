@@ -156,6 +156,24 @@ class ControlPlane:
         if self.state_file.exists():
             self._save()
 
+    def stop_component(self, name: str) -> None:
+        """Stop one component (SIGTERM, then SIGKILL after 10 s); the others keep running.
+        A fault for tests: `start_component` brings it back on the same port."""
+        pid = self.pids.pop(name, None)
+        if pid is not None:
+            stop_pid(pid, {name})
+            self._save()
+
+    def start_component(self, name: str) -> None:
+        """Start a component stopped by `stop_component` again, with the same ports,
+        certificates and (for etcd) the data it had: a restart, not a new cluster."""
+        if name == "etcd":
+            self._start_etcd(keep_data=True)
+        elif name == "kube-apiserver":
+            self._start_apiserver(self.pki)
+        else:
+            raise SandboxError(f"start_component: {name} is not etcd or kube-apiserver")
+
     # ---- components -------------------------------------------------------------------
     def _launch(self, name: str, argv: list[str]) -> int:
         proc = spawn(argv, self.log_path(name))
@@ -163,9 +181,10 @@ class ControlPlane:
         self._save()
         return proc.pid
 
-    def _start_etcd(self) -> None:
+    def _start_etcd(self, *, keep_data: bool = False) -> None:
         data = self.root / "etcd-data"
-        shutil.rmtree(data, ignore_errors=True)
+        if not keep_data:
+            shutil.rmtree(data, ignore_errors=True)
         client = f"http://127.0.0.1:{self.ports['etcd']}"
         peer = f"http://127.0.0.1:{self.ports['etcd-peer']}"
         pid = self._launch(

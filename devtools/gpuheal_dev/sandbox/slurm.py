@@ -770,6 +770,28 @@ class SlurmCluster:
                 f"slurmrestd up (pid {self._popens['slurmrestd'].pid}) on unix:{lay.restd_socket}"
             )
 
+    def stop_daemon(self, name: str) -> None:
+        """Stop one daemon (``slurmctld`` or ``slurmd@NODE``) and leave the rest running: a
+        fault for tests. Jobs keep running under their slurmstepd; `start_daemon` brings it
+        back."""
+        if name != "slurmctld" and not name.startswith("slurmd@"):
+            raise SlurmSandboxError(f"stop_daemon: {name} is not slurmctld or slurmd@NODE")
+        self._stop_daemon(name, self._recorded_pids())
+        self._reap_popens()
+
+    def start_daemon(self, name: str) -> None:
+        """Start a daemon stopped by `stop_daemon` again on its port; slurmctld recovers its
+        state (jobs, node drains) from StateSaveLocation, as after a real restart."""
+        conf = str(self.layout.conf)
+        if name == "slurmctld":
+            self._spawn(name, [_sbin("slurmctld"), "-D", "-f", conf])
+            self._wait(name, self._ctld_up, "slurmctld to answer ping", logs=[name])
+        elif name.startswith("slurmd@"):
+            node = name.split("@", 1)[1]
+            self._spawn(name, [_sbin("slurmd"), "-D", "-f", conf, "-N", node])
+        else:
+            raise SlurmSandboxError(f"start_daemon: {name} is not slurmctld or slurmd@NODE")
+
     def _check_ports_free(self) -> None:
         taken = [
             p for p in (self.ctld_port, *self.node_ports.values()) if p and not _proc.port_free(p)

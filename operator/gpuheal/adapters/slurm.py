@@ -118,7 +118,8 @@ class BridgeSlurm:
             return value
         except BridgeUnavailable as exc:
             result = "unavailable"
-            raise SlurmUnavailable(str(exc), exc.retry_after) from exc
+            where = f"Slurm bridge {self.client.base_url}"
+            raise SlurmUnavailable(f"{where}: {exc}", exc.retry_after) from exc
         except BridgeNotFound as exc:
             raise SlurmNotFound(str(exc)) from exc
         except BridgeConflict as exc:
@@ -127,7 +128,7 @@ class BridgeSlurm:
             raise SlurmError(str(exc)) from exc
         except httpx.HTTPError as exc:  # transport errors the client did not wrap
             result = "unavailable"
-            raise SlurmUnavailable(f"bridge unreachable: {exc}") from exc
+            raise SlurmUnavailable(f"Slurm bridge {self.client.base_url}: {exc}") from exc
         finally:
             self.on_call(operation, result)
 

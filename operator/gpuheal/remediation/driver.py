@@ -451,11 +451,11 @@ async def _run_step(
     for type_, status, reason, message in result.extra_conditions:
         rec.condition(type_, status, reason, message)
     if result.kind == "done":
-        rec.condition(result.condition, "True", result.reason, result.message)
+        rec.condition(result.condition, "True", result.reason, result.message, at=result.at)
         rec.clear_blocked()
         rec.merge(result.status)
         rec.set(rung=rung, next_step=index + 1)
-        rec.event(label, result.message)
+        rec.event(label, result.message, at=result.at)
         await rec.write(kube)
         history.step(rt, nrem, action.value, rung, result.message)
         _observe_latency(rt, nrem, rec, action)

@@ -55,8 +55,11 @@ class Recorder:
         return cond is not None and cond.status is ConditionStatus.TRUE
 
     # ---- changing -----------------------------------------------------------------------
-    def condition(self, type_: str, status: str, reason: str, message: str) -> None:
-        """Set a condition; setting it to what it says already changes nothing (no write)."""
+    def condition(
+        self, type_: str, status: str, reason: str, message: str, at: dt.datetime | None = None
+    ) -> None:
+        """Set a condition; setting it to what it says already changes nothing (no write).
+        ``at``: when it happened, if not now (e.g. when Slurm acted, as the bridge says)."""
         old = find_condition(self.status.conditions, type_)
         if old is not None and (old.status.value, old.reason, old.message) == (
             status,
@@ -70,7 +73,7 @@ class Recorder:
             status=ConditionStatus(status),
             reason=reason,
             message=message,
-            now=self.now,
+            now=at or self.now,
             observed_generation=self.generation,
         )
         self.dirty = True
@@ -79,9 +82,10 @@ class Recorder:
         if self.holds(NremCondition.BLOCKED):
             self.condition(NremCondition.BLOCKED, "False", "NotBlocked", "")
 
-    def event(self, step: str, message: str) -> None:
-        """A timeline entry, stamped with the wall clock (steps often take milliseconds)."""
-        entry = TimelineEntry(time=_now(), step=step[:64], message=message[:1024])
+    def event(self, step: str, message: str, at: dt.datetime | None = None) -> None:
+        """A timeline entry, stamped with the wall clock (steps often take milliseconds), or
+        with ``at``: when it happened, if that was earlier than its recording."""
+        entry = TimelineEntry(time=at or _now(), step=step[:64], message=message[:1024])
         self.status.timeline = [*self.status.timeline, entry][-TIMELINE_KEEP:]
         self.dirty = True
 

@@ -54,6 +54,10 @@ async def start(rt: Runtime, *, serve_metrics: bool) -> None:
                 target.url,
                 target.token_file,
                 target.ca_file,
+                # One attempt per call: the driver retries (same idempotency key, its own
+                # backoff or the bridge's Retry-After) and says Blocked=BridgeUnavailable
+                # from the first failure; retries inside the client hid it for ~25 s.
+                retries=0,
                 on_call=lambda operation, result: calls.labels(operation, result).inc(),
             )
         rt.slurm = rt.bridges.get(cfg.bridge_cluster)
@@ -148,7 +152,15 @@ async def _list_retrying(rt: Runtime, plural: str) -> list[dict[str, Any]]:
 
     def say(state: RetryCallState) -> None:
         exc = state.outcome.exception() if state.outcome else None
-        log.info("listing %s: %s; retrying", plural, getattr(exc, "reason", exc))
+        wait = state.next_action.sleep if state.next_action else 0.0
+        if isinstance(exc, ApiError) and exc.status == 429:
+            # Not load: kube-apiserver answers 429 "storage is (re)initializing" for a custom
+            # resource until its storage is ready, i.e. just after the CRD was created or
+            # changed, or the API server (re)started. Expected; worth a line, not a warning.
+            log.info("listing %s: the API server is still initializing its storage for them "
+                     "(429); retrying in %.1fs", plural, wait)  # fmt: skip
+            return
+        log.info("listing %s: %s; retrying in %.1fs", plural, getattr(exc, "reason", exc), wait)
 
     async for attempt in AsyncRetrying(
         retry=retry_if_exception(transient),

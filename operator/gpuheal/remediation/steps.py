@@ -84,6 +84,9 @@ class StepResult:
     retry_after: float = 0.0
     status: dict[str, Any] = field(default_factory=dict)  # extra status fields to merge
     extra_conditions: list[tuple[str, str, str, str]] = field(default_factory=list)
+    #: when the step's effect happened, if the world says so and it was before its recording
+    #: (the bridge's time of the drain/requeue, e.g. during an API server outage)
+    at: dt.datetime | None = None
 
     @classmethod
     def done(cls, condition: str, reason: str, message: str, **status: Any) -> StepResult:
@@ -177,6 +180,7 @@ async def slurm_drain(  # noqa: PLR0911 - one return per outcome
     }[resp.outcome]
     if opts.requeue is PolicyRequeue.NONE:
         result = StepResult.done(C.SLURM_DRAINED, reason, drained, ownership={"slurmDrained": ours})
+        result.at = _acted_at(now, resp.at)
         result.extra_conditions.append(
             (C.JOBS_REQUEUED, "False", "NotRequested", "requeue: none: jobs left running")
         )
@@ -208,6 +212,7 @@ async def slurm_drain(  # noqa: PLR0911 - one return per outcome
         result = StepResult.done(
             C.SLURM_DRAINED, reason, drained + requeued, ownership={"slurmDrained": ours}
         )
+        result.at = _acted_at(now, resp.at, *(r.at for r in moved))
         if moved:
             result.status["requeuedJobs"] = [
                 {"jobId": r.job_id, "name": r.name, "requeuedAt": rfc3339(r.at or now)}
@@ -216,6 +221,16 @@ async def slurm_drain(  # noqa: PLR0911 - one return per outcome
     result.status["jobs"] = jobs_status
     result.extra_conditions.append((C.JOBS_REQUEUED, *victims.condition))
     return result
+
+
+def _acted_at(now: dt.datetime, *times: dt.datetime | None) -> dt.datetime | None:
+    """When Slurm last acted for the step, as the bridge said (None: not before ``now``, or
+    the bridge did not say): the time the step's condition and timeline entry carry."""
+    known = [t for t in times if t is not None]
+    if not known:
+        return None
+    last = max(known)
+    return last if last < now else None
 
 
 async def _no_plan_record(_: list[JobRecord]) -> None:

@@ -118,7 +118,11 @@ async def requeue_victims(
             await record_plan(records)
     base = base_options(opts)
     todo = [r for r in records if r.outcome is JobOutcome.PLANNED]
-    done = await asyncio.gather(*(_requeue_one(slurm, node, incident, r, base, now) for r in todo))
+    answers = await asyncio.gather(
+        *(_requeue_one(slurm, node, incident, r, base, now) for r in todo)
+    )
+    done = [record for record, _ in answers]
+    why = next((error for _, error in answers if error), None)
     by_id = {r.job_id: r for r in done}
     final = [by_id.get(r.job_id, r) for r in records]
     for before, after in zip(todo, done, strict=True):
@@ -131,6 +135,8 @@ async def requeue_victims(
     retry = None
     if waiting:
         retry = f"bridge unavailable for job(s) {', '.join(r.job_id for r in waiting)}"
+        if why:
+            retry += f": {why}"
     return Victims(final, _condition(node, final, signal_at, opts), retry)
 
 
@@ -156,7 +162,9 @@ async def _requeue_one(  # noqa: PLR0917
     record: JobRecord,
     base: RequeueOptions,
     now: dt.datetime,
-) -> JobRecord:
+) -> tuple[JobRecord, str | None]:
+    """The job's record after one bridge call, and why the bridge could not answer (the
+    record then stays Planned: the step waits and asks again with the same key)."""
     try:
         result = await slurm.requeue_job(
             int(record.job_id),
@@ -165,12 +173,13 @@ async def _requeue_one(  # noqa: PLR0917
             idempotency_key=f"{incident}-requeue-{record.job_id}",
         )
     except SlurmNotFound:
-        return _update(record, JobOutcome.LEFT, JobReason.GONE, "Slurm no longer knows it", now)
-    except SlurmUnavailable:
-        return record  # still Planned: the step waits and asks again with the same key
+        gone = _update(record, JobOutcome.LEFT, JobReason.GONE, "Slurm no longer knows it", now)
+        return gone, None
+    except SlurmUnavailable as exc:
+        return record, str(exc)
     except SlurmError as exc:
-        return _update(record, JobOutcome.FAILED, JobReason.SLURM_REFUSED, str(exc), now)
-    return _from_result(record, result, now)
+        return _update(record, JobOutcome.FAILED, JobReason.SLURM_REFUSED, str(exc), now), None
+    return _from_result(record, result, now), None
 
 
 def _from_result(record: JobRecord, result: JobResult, now: dt.datetime) -> JobRecord:
@@ -193,7 +202,9 @@ def _from_result(record: JobRecord, result: JobResult, now: dt.datetime) -> JobR
                 "message": f"{record.message}; requeued"
                 + (" held" if held else f": {_left(result)}; {result.state_after} ({where})")
                 + detail,
-                "at": now,
+                # when Slurm accepted the requeue (the bridge's clock; a replayed answer keeps
+                # it), not when it is recorded: after an API server outage these differ
+                "at": result.requeued_at or now,
                 "nodes_after": list(result.nodes_after or []),
                 "node_down": result.node_down,
             }

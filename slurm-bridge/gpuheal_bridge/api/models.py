@@ -263,6 +263,12 @@ class JobResult(_Model):
     required_nodes_after: list[str] | None = Field(
         default=None, description="The job's required nodes after the update (when changed)."
     )
+    requeued_at: dt.datetime | None = Field(
+        default=None,
+        description="When Slurm accepted the requeue (or the job was seen requeued by "
+        "itself), by the bridge's clock, UTC. A replayed answer keeps it: the caller records "
+        "when Slurm acted, not when it heard.",
+    )
 
 
 class DrainRequest(_Model):
@@ -293,6 +299,11 @@ class DrainResponse(_Model):
     jobs: list[JobResult] = Field(default_factory=list)
     jobs_skipped_reason: str | None = Field(
         default=None, description="Why requeue was asked for but not done."
+    )
+    at: dt.datetime | None = Field(
+        default=None,
+        description="When this call drained the node (outcome drained), by the bridge's "
+        "clock, UTC; a replayed answer keeps it.",
     )
 
 

@@ -278,6 +278,44 @@ async def test_slurmctld_down_midway_is_reported_per_job(ops: Operations, slurm:
         await ops.drain("node1", "node1", DrainRequest(incident="i1", requeue=RequeueOptions()))
 
 
+async def test_slurmctld_gone_before_the_requeue_raises_and_nothing_is_done(
+    ops: Operations, slurm: FakeSlurm
+) -> None:
+    """503 for the caller (not a stored "failed"): its retry with the same key carries on."""
+    slurm.add_job(FakeJob(7, ["node1"]))
+    slurm.fail_ops = {"requeue"}
+    opts = RequeueOptions(checkpoint=CheckpointSignal(signal="USR1", grace_seconds=1))
+    with pytest.raises(Unavailable):
+        await ops.requeue_job(7, opts, from_node="node1")
+    assert slurm.jobs[7].restart_count == 0
+
+
+async def test_slurmctld_gone_after_the_requeue_still_answers_requeued(
+    ops: Operations, slurm: FakeSlurm
+) -> None:
+    at = dt.datetime(2026, 11, 23, 12, 0, tzinfo=dt.UTC)
+    ops._wall = lambda: at
+    slurm.add_job(FakeJob(7, ["node1"]))
+    slurm.fail_ops = {"probe_job"}  # scontrol requeue accepted, then slurmctld gone
+    result = await ops.requeue_job(7, RequeueOptions(requeue_ended=True), from_node="node1")
+    assert result.outcome is JobOutcome.REQUEUED
+    assert result.requeued_at == at
+    assert "slurmctld unavailable" in (result.detail or "")
+    assert slurm.jobs[7].restart_count == 1
+
+
+async def test_answers_carry_the_time_slurm_acted(ops: Operations, slurm: FakeSlurm) -> None:
+    at = dt.datetime(2026, 11, 23, 12, 0, tzinfo=dt.UTC)
+    ops._wall = lambda: at
+    slurm.add_job(FakeJob(7, ["node1"]))
+    drained = await ops.drain("node1", "node1", DrainRequest(incident="i1"))
+    assert drained.at == at
+    again = await ops.drain("node1", "node1", DrainRequest(incident="i1"))
+    assert again.at is None  # drained before: this call did not do it
+    result = await ops.requeue_job(7, RequeueOptions(requeue_ended=True), from_node="node1")
+    assert result.requeued_at == at
+
+
 async def test_wait_is_bounded(slurm: FakeSlurm, clock: FakeClock) -> None:
     ops = Operations(slurm, clock=clock, sleep=clock.sleep, settle_timeout=2)
     slurm.add_job(FakeJob(7, ["node1"], script=[("COMPLETING", None, ["node1"])] * 1000))
