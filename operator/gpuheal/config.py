@@ -22,6 +22,8 @@ from pydantic import (
 from pydantic.alias_generators import to_camel
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from gpuheal import crashpoints
+
 if TYPE_CHECKING:
     from gpuheal.api.remediationpolicy import NotifyEvent, NotifyFormat
 
@@ -126,6 +128,11 @@ class OperatorConfig(BaseSettings):
         description="seconds of the Lease that keeps a second copy standing by (0: no Lease, "
         "for a one-off local run)",
     )
+    crash_at: str | None = Field(
+        None,
+        description="TEST ONLY, never in production: exit hard (code 86) at this crash point, "
+        "e.g. cordon.after or status.before:3 (docs/reliability.md)",
+    )
 
     @field_validator("notify_webhooks")
     @classmethod
@@ -139,6 +146,13 @@ class OperatorConfig(BaseSettings):
     def _events(cls, value: str) -> str:
         parse_events(value)
         return value
+
+    @field_validator("crash_at")
+    @classmethod
+    def _crash_at(cls, value: str | None) -> str | None:
+        if value:
+            crashpoints.parse(value)
+        return value or None
 
     @field_validator("sources", mode="before")
     @classmethod

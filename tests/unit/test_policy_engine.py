@@ -305,6 +305,25 @@ def test_the_first_disruptive_step_takes_a_slot_and_later_ones_pass_a_full_break
     assert (later.operation, later.takes_slot) == (Action.SLURM_DRAIN, False)
 
 
+def test_a_crash_between_the_cordon_and_its_record_does_not_block_the_incident_behind_itself() -> (
+    None
+):
+    """Found by the crash points (`cordon.after`): the restarted operator counted the node's
+    mark as a slot taken and blocked the incident that had taken it (1 of 1 out, 1 allowed)."""
+    spec = default_spec(maxUnhealthy=1)
+    counts = ClusterCounts(selected=1, unhealthy=1, remediating=1)  # its own mark, counted
+    own = dataclasses.replace(NODE, unschedulable=True, cordoned_by="nrem-gpu-0-abc")
+    incident = first_step_of(spec, name="nrem-gpu-0-abc")
+    resumed = decide(spec, own, History(incident=incident), counts, T0)
+    assert isinstance(resumed, Act), resumed
+    assert (resumed.operation, resumed.takes_slot) == (Action.CORDON, True)
+    # Another incident's mark, or a person's cordon, still counts against this one.
+    other = dataclasses.replace(own, cordoned_by="nrem-gpu-0-old")
+    blocked = decide(spec, other, History(incident=incident), counts, T0)
+    assert isinstance(blocked, Blocked)
+    assert blocked.reason == Reason.BREAKER_OPEN
+
+
 def test_the_breaker_opens_when_full_and_closes_into_its_cooldown() -> None:
     full = ClusterCounts(selected=100, unhealthy=40, remediating=10)
     blocked = decide(SPEC, NODE, History(incident=first_step_of(SPEC)), full, T0)

@@ -29,6 +29,7 @@ from urllib.parse import quote
 import aiohttp
 import kopf
 
+from gpuheal import crashpoints
 from gpuheal.api import names
 from gpuheal.api.meta import rfc3339
 
@@ -285,7 +286,7 @@ class Kube:
         )
 
     async def _look_then_write(
-        self, node: str, change: Callable[[JSON | None], tuple[JSON | None, R]]
+        self, node: str, effect: str, change: Callable[[JSON | None], tuple[JSON | None, R]]
     ) -> R:
         """Read the Node, let ``change`` say what to write (None: nothing) and what that
         means, write it under the resourceVersion it read. A 409 (someone wrote between our
@@ -298,12 +299,14 @@ class Kube:
             patch.setdefault("metadata", {})["resourceVersion"] = body["metadata"][
                 "resourceVersion"
             ]
+            crashpoints.at(effect, "before")
             try:
                 await self._patch_node(node, patch)
             except ApiError as exc:
                 if exc.status == 409:
                     continue
                 raise
+            crashpoints.at(effect, "after")
             return outcome
         raise KubeError(f"node {node} kept changing while gpuheal wrote to it")
 
@@ -327,7 +330,7 @@ class Kube:
             patch = {"metadata": {"annotations": marks}, "spec": {"unschedulable": True}}
             return patch, CordonOutcome.CORDONED
 
-        return await self._look_then_write(node, change)
+        return await self._look_then_write(node, "cordon", change)
 
     async def uncordon(
         self, node: str, incident: str, *, any_gpuheal: bool = False
@@ -348,7 +351,7 @@ class Kube:
             patch["spec"] = {"unschedulable": None}
             return patch, UncordonOutcome.UNCORDONED
 
-        return await self._look_then_write(node, change)
+        return await self._look_then_write(node, "uncordon", change)
 
     async def patch_node_metadata(
         self,
@@ -396,6 +399,7 @@ class Kube:
             meta = cand["metadata"]
             if (meta.get("labels") or {}).get(names.CLAIMED_BY_LABEL):
                 continue
+            crashpoints.at("claim", "before")
             try:
                 await self.patch_node_metadata(
                     meta["name"],
@@ -407,6 +411,7 @@ class Kube:
                 if exc.status in (404, 409):
                     continue
                 raise
+            crashpoints.at("claim", "after")
             return ClaimResult(node=meta["name"], already=False)
         return None
 
@@ -432,6 +437,7 @@ class Kube:
         if grace_seconds is not None:
             body["deleteOptions"] = {"gracePeriodSeconds": grace_seconds}
         path = f"{CORE}/namespaces/{_q(meta['namespace'])}/pods/{_q(meta['name'])}/eviction"
+        crashpoints.at("evict", "before")
         try:
             await self.http.request("POST", path, body=body)
         except ApiError as exc:
@@ -440,18 +446,21 @@ class Kube:
             if exc.status == 404:
                 return EvictOutcome.GONE
             raise
+        crashpoints.at("evict", "after")
         return EvictOutcome.EVICTED
 
     async def delete_pod(self, pod: JSON, *, grace_seconds: int | None = None) -> EvictOutcome:
         meta = pod["metadata"]
         params = {"gracePeriodSeconds": grace_seconds} if grace_seconds is not None else None
         path = f"{CORE}/namespaces/{_q(meta['namespace'])}/pods/{_q(meta['name'])}"
+        crashpoints.at("evict", "before")
         try:
             await self.http.request("DELETE", path, params=params)
         except ApiError as exc:
             if exc.status == 404:
                 return EvictOutcome.GONE
             raise
+        crashpoints.at("evict", "after")
         return EvictOutcome.FORCED
 
     # ---- events ------------------------------------------------------------------------
@@ -524,7 +533,9 @@ class Kube:
             "lastTimestamp": when,
             "count": 1,
         }
+        crashpoints.at("event", "before")
         await self.http.request("POST", f"{CORE}/namespaces/{_q(namespace)}/events", body=event)
+        crashpoints.at("event", "after")
 
     async def list_watch(
         self,

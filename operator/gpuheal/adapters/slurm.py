@@ -14,6 +14,7 @@ from typing import TypeVar
 
 import httpx
 
+from gpuheal import crashpoints
 from gpuheal_bridge.api.models import (
     DrainResponse,
     JobResult,
@@ -112,9 +113,14 @@ class BridgeSlurm:
 
     async def _guard(self, operation: str, call: Awaitable[T]) -> T:
         result = "error"
+        effect = f"bridge-{operation}" if operation != "node" else None  # node: a read
         try:
+            if effect:
+                crashpoints.at(effect, "before")
             value = await call
             result = "ok"
+            if effect:
+                crashpoints.at(effect, "after")
             return value
         except BridgeUnavailable as exc:
             result = "unavailable"

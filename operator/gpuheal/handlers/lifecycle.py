@@ -10,6 +10,7 @@ from typing import Any
 import kopf
 from prometheus_client import CollectorRegistry
 
+from gpuheal import crashpoints
 from gpuheal.adapters.kube import connection
 from gpuheal.config import OperatorConfig
 from gpuheal.handlers import objects as _objects  # noqa: F401 - registers its handlers
@@ -78,6 +79,7 @@ def run(
     (the Lease; see docs/operator.md)."""
     if cfg.kubeconfig:
         os.environ["KUBECONFIG"] = cfg.kubeconfig
+    crashpoints.arm(cfg.crash_at)  # tests only
     rt = Runtime(config=cfg, metrics=Metrics(registry) if registry is not None else Metrics())
     memo = kopf.Memo(runtime=rt, serve_metrics=serve_metrics)
     liveness = f"http://0.0.0.0:{cfg.health_port}/healthz" if cfg.health_port else None

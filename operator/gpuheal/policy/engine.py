@@ -464,6 +464,11 @@ def _continue_incident(  # noqa: PLR0911 - one exit per documented outcome reads
     if incident.dry_run:
         return Blocked(Reason.DRY_RUN, f"dry run: would {action}", would=act)
     spare = spare_to_claim(policy, observations, incident, act, now)
+    if action in DISRUPTIVE_ACTIONS and not incident.holds_slot and _own_cordon(node, incident):
+        # Its cordon took the slot, and a crash came before the status said so: the mark
+        # counts in `counts` already; admitting the incident again would block it behind
+        # itself for good. The slot is recorded with this step.
+        return dataclasses.replace(act, takes_slot=True, reserve=spare)
     if action in DISRUPTIVE_ACTIONS and not incident.holds_slot:
         gate = admit(safety, counts, now)
         if gate.blocked is not None:
@@ -471,6 +476,11 @@ def _continue_incident(  # noqa: PLR0911 - one exit per documented outcome reads
             return Blocked(reason, message, retry_at=retry, would=act, breaker=gate.breaker)
         return dataclasses.replace(act, takes_slot=True, breaker=gate.breaker, reserve=spare)
     return dataclasses.replace(act, reserve=spare) if incident.holds_slot else act
+
+
+def _own_cordon(node: NodeView, incident: IncidentView) -> bool:
+    """The node is kept out under this incident's own mark (gpuheal.io/cordoned-by)."""
+    return bool(incident.name) and node.kept_out_by == incident.name
 
 
 def spare_to_claim(

@@ -15,6 +15,7 @@ import logging
 from collections.abc import Coroutine
 from typing import Any
 
+from gpuheal import crashpoints
 from gpuheal.api.meta import ObjectMeta, ObjectRef
 from gpuheal.api.names import (
     INITIAL_RUNG_ANNOTATION,
@@ -180,7 +181,9 @@ async def _open(rt: Runtime, policy: RemediationPolicy, view: NodeView, trigger:
             dry_run=policy.spec.safety.dry_run,
         ),
     )
+    crashpoints.at("nrem-create", "before")
     created = await rt.require_kube().create_custom(NREM_PLURAL, _wire(nrem))
+    crashpoints.at("nrem-create", "after")
     if created is None:
         return "duplicate"
     rt.incident_seen(NodeRemediation.model_validate(created), ours=True)

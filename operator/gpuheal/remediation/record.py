@@ -7,6 +7,7 @@ import datetime as dt
 from collections.abc import Callable
 from typing import Any
 
+from gpuheal import crashpoints
 from gpuheal.adapters.kube import Kube
 from gpuheal.api.meta import ConditionStatus, find_condition, set_condition
 from gpuheal.api.names import NREM_PLURAL, NremCondition
@@ -119,9 +120,11 @@ class Recorder:
         if not self.dirty:
             return
         self.status.observed_generation = self.generation
+        crashpoints.at("status", "before")
         updated = await kube.patch_custom_status(
             NREM_PLURAL, self.name, self.status.to_k8s(), resource_version=self.resource_version
         )
+        crashpoints.at("status", "after")
         self.resource_version = (updated.get("metadata") or {}).get("resourceVersion")
         self.dirty = False
         self.written(updated)

@@ -18,6 +18,7 @@ from typing import Any
 
 import yaml
 
+from gpuheal import crashpoints
 from gpuheal.adapters.hooks import HookUnreachable, post_webhook
 from gpuheal.adapters.kube import CordonOutcome, Kube, UncordonOutcome
 from gpuheal.adapters.slurm import (
@@ -526,6 +527,7 @@ async def replace(
     current = await kube.get_node(claim.node)
     labels: dict[str, str | None] = dict(promo.set_labels)
     labels.update({k: None for k in promo.remove_labels})
+    crashpoints.at("promote", "before")
     await kube.patch_node_metadata(
         claim.node,
         labels=labels,
@@ -533,6 +535,7 @@ async def replace(
         remove_taints=frozenset(t.key for t in promo.remove_taints),
         current=current,
     )
+    crashpoints.at("promote", "after")
     slurm_msg = ""
     if promo.slurm is not None and promo.slurm.resume:
         try:
