@@ -47,6 +47,7 @@ from gpuheal.api.meta import (
 from gpuheal.api.names import OPT_OUT_LABEL
 from gpuheal.xid.catalogue import CATALOGUE
 from gpuheal.xid.types import FirstSight, RecoveryAction, XidClass
+from gpuheal_bridge.api.names import CATCHABLE_SIGNALS
 
 
 class Action(enum.StrEnum):
@@ -385,21 +386,10 @@ class SignalSelector(Model):
         ]
 
 
-# The signals the Slurm bridge sends (gpuheal_bridge.api.names.SIGNAL_PATTERN, names only):
-# a job can catch each of them and checkpoint. KILL and STOP cannot be caught.
-CHECKPOINT_SIGNALS = (
-    "USR1",
-    "USR2",
-    "TERM",
-    "INT",
-    "HUP",
-    "QUIT",
-    "CONT",
-    "URG",
-    "ALRM",
-    "PWR",
-    "XCPU",
-)
+# The signals the Slurm bridge sends, by name (its numbers are for callers of the bridge's
+# API; a policy names them): a job can catch each of them and checkpoint. KILL and STOP
+# cannot be caught. One list, the bridge's own, so the two never disagree.
+CHECKPOINT_SIGNALS = CATCHABLE_SIGNALS
 _UNCATCHABLE = ("KILL", "SIGKILL", "STOP", "SIGSTOP", "9", "19")
 _CHECKPOINT_PATTERN = f"^(SIG)?({'|'.join(CHECKPOINT_SIGNALS)})$"
 UNCATCHABLE_MESSAGE = (
