@@ -491,6 +491,7 @@ class Operations:
             bad=bad,
             wanted=wanted,
             required=required,
+            reused=[n for n in job.nodes if n not in bad],
             notes=notes,
         )
 
@@ -603,16 +604,28 @@ class Operations:
         bad: list[str],
         wanted: list[str] | None,
         required: list[str] | None,
+        reused: list[str],
         notes: list[str],
     ) -> tuple[bool, list[str] | None, list[str] | None]:
         """Returns (expedited, excluded nodes after the update or None, required nodes after
-        the update or None)."""
+        the update or None).
+
+        ``reused``: nodes of the job's last allocation it may run on again (a multi-node job's
+        healthy nodes). On those slurmd refuses the job until the credential revoked by the
+        requeue expires ("Job credential revoked": the job ends FAILED, not requeued), which
+        is what Slurm's own BeginTime hold (munge's cred_expire) waits for: such a job is not
+        expedited."""
         # Expedite: once Slurm shows PENDING/BeginTime, one `scontrol update` sets StartTime=now
         # and ExcNodeList together. Measured: updating ExcNodeList first, while the job is still
         # PENDING/None, pushes BeginTime back and costs ~1 s (0.7 s vs 1.7 s to RUNNING).
         expedited = False
         updated = False
-        if opts.expedite and outcome is not JobOutcome.REQUEUED_HELD:
+        if opts.expedite and outcome is not JobOutcome.REQUEUED_HELD and reused:
+            notes.append(
+                f"not expedited: it may run on {','.join(reused)} again, where slurmd refuses "
+                "it until the credential the requeue revoked expires (cred_expire)"
+            )
+        elif opts.expedite and outcome is not JobOutcome.REQUEUED_HELD:
             probe = await self._wait(
                 job_id,
                 lambda p: p.state not in PENDING_STATES or p.reason == "BeginTime",

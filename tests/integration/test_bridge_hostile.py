@@ -112,13 +112,14 @@ def _argv(calls: Path) -> list[list[str]]:
     return [rec.split(SEP) for rec in calls.read_text(errors="replace").split(END) if rec]
 
 
-def _check_slurm_commands(calls: Path, allowed_nodes: set[str]) -> int:
-    """No attacker text and no foreign flag on any Slurm command; node updates only on
-    ``allowed_nodes``. Returns the number of commands run."""
+def _check_slurm_commands(calls: Path, allowed_nodes: set[str], *, marked: bool = True) -> int:
+    """No attacker text (``marked``: the hand-made values carry MARKER; schemathesis's random
+    ones may spell it by chance) and no foreign flag on any Slurm command; node updates only
+    on ``allowed_nodes``. Returns the number of commands run."""
     argvs = _argv(calls)
     for argv in argvs:
         for arg in argv[1:]:
-            assert MARKER not in arg.lower(), argv
+            assert not marked or MARKER not in arg.lower(), argv
             flag = arg.split("=", 1)[0]
             assert not arg.startswith("-") or flag in BRIDGE_FLAGS | {"--signal"}, argv
         if argv[:2] == ["scontrol", "update"] and argv[2].startswith("NodeName="):
@@ -194,7 +195,7 @@ def test_schemathesis_over_the_live_openapi_with_and_without_a_token(
                 fuzz(result.ok(), mode, headers, examples)
     assert tally.problems == []
     assert tally.statuses[401] > 0
-    n_cmds = _check_slurm_commands(calls, allowed_nodes=set())
+    n_cmds = _check_slurm_commands(calls, allowed_nodes=set(), marked=False)
     assert cluster.node_states() == dict.fromkeys(NODES, "idle")
     assert _slurmctld_node_updates(cluster) == set()
     print(

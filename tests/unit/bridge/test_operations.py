@@ -457,3 +457,20 @@ async def test_a_pinned_job_not_released_says_it_cannot_start(
     result = await ops.requeue_job(7, RequeueOptions(), from_node="node1")
     assert not result.released_node
     assert "cannot start" in (result.detail or "")
+
+
+async def test_a_multi_node_job_is_not_expedited_onto_its_own_healthy_nodes(
+    ops: Operations, slurm: FakeSlurm
+) -> None:
+    """slurmd refuses a requeued job on a node of its last allocation until the revoked
+    credential expires (seen: "Killing non-startable batch JobId=1: Job credential revoked",
+    the job FAILED); Slurm's BeginTime hold waits exactly that long, so it is kept."""
+    slurm.add_job(FakeJob(8, ["node1", "node2"]))
+    result = await ops.requeue_job(8, RequeueOptions(expedite=True), from_node="node1")
+    await ops.settled()
+    assert result.outcome is JobOutcome.REQUEUED
+    assert "start_now" not in slurm.mutating_calls()
+    single = FakeJob(9, ["node3"])
+    slurm.add_job(single)
+    await ops.requeue_job(9, RequeueOptions(expedite=True, requeue_ended=True), from_node="node3")
+    assert "start_now" in slurm.mutating_calls()  # nothing of its last allocation is reused
