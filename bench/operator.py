@@ -696,9 +696,12 @@ def _kopf_cordon_baseline(
 def xid_latency(ctx: Context) -> Result:
     """Per fault (XID 79 Event on a distinct node, one kwok pod and one running Slurm job on
     it): from just before the Event is POSTed to (a) spec.unschedulable seen in our own node
-    watch, (b) the operator's timeline entry for the Slurm drain + requeue (recorded when the
-    bridge answered: node DRAIN with gpuheal's reason, job requeued in the real Slurm), (c) the
-    pod's deletionTimestamp (eviction accepted) seen in our pod watch. 1,000 kwok GPU nodes,
+    watch, (b) the Slurm drain + requeue issued: the operator's timeline entry for the
+    slurmDrain step, which carries the time Slurm accepted the job's requeue (the bridge's
+    clock, after the node's drain), (c) the step recorded: SlurmDrained=True seen in our
+    NodeRemediation watch (the bridge answers once the job is off its node, PENDING and
+    expedited), (d) the pod's deletionTimestamp (eviction accepted) seen in our pod watch.
+    1,000 kwok GPU nodes,
     background churn (annotation patches on random nodes), faults spaced so that several
     overlap; policy breaker/rate limit generous so that none is held back."""
     from gpuheal_dev.sandbox.slurm import SlurmCluster
@@ -760,6 +763,7 @@ def xid_latency(ctx: Context) -> Result:
 
         cordoned: dict[str, float] = {}
         evicted: dict[str, float] = {}
+        recorded: dict[str, float] = {}
         faulted_set = set(faulted)
 
         def on_node(_type: str, obj: dict[str, Any], t: float) -> None:
@@ -770,6 +774,18 @@ def xid_latency(ctx: Context) -> Result:
                 and (obj.get("spec") or {}).get("unschedulable")
             ):
                 cordoned[name] = t
+
+        def on_nrem(_type: str, obj: dict[str, Any], t: float) -> None:
+            node = (obj.get("spec") or {}).get("nodeName")
+            conds = (obj.get("status") or {}).get("conditions") or []
+            if (
+                node
+                and node not in recorded
+                and any(
+                    c.get("type") == "SlurmDrained" and c.get("status") == "True" for c in conds
+                )
+            ):
+                recorded[node] = t
 
         def on_pod(_type: str, obj: dict[str, Any], t: float) -> None:
             node = (obj.get("spec") or {}).get("nodeName")
@@ -794,6 +810,7 @@ def xid_latency(ctx: Context) -> Result:
         with (
             Watcher(access, "/api/v1/nodes", on_node),
             Watcher(access, f"/api/v1/namespaces/{NS}/pods", on_pod),
+            Watcher(access, "/apis/gpuheal.io/v1alpha1/noderemediations", on_nrem),
             Churn(access, names[len(faulted) :], churn_rate) as churn,
             access.client() as http,
         ):
@@ -842,6 +859,10 @@ def xid_latency(ctx: Context) -> Result:
                 items = wait_until(slurm_done, "SlurmDrained everywhere", CATCH_UP_S, every=1.0)
             except TimeoutError:
                 items = list_custom(http, "noderemediations")
+            try:  # our watch sees the last SlurmDrained=True a moment after the listing does
+                wait_until(lambda: len(recorded) >= len(faulted), "watch caught up", 10, every=0.2)
+            except TimeoutError:
+                ctx.progress(f"SlurmDrained=True seen in the watch for {len(recorded)} nodes")
             churned = churn.sent
         api1 = _api_requests(op)
         cpu1 = op.sample()["cpu_s"]
@@ -863,6 +884,9 @@ def xid_latency(ctx: Context) -> Result:
                     "phase": phase_of.get(node),
                     "cordon_s": round(cordoned[node] - t0_, 4) if node in cordoned else None,
                     "slurm_drain_requeue_s": round(drain_t - t0_, 4) if drain_t else None,
+                    "slurm_step_recorded_s": (
+                        round(recorded[node] - t0_, 4) if node in recorded else None
+                    ),
                     "evicted_s": round(evicted[node] - t0_, 4) if node in evicted else None,
                     "slurm_reason": conds.get("SlurmDrained", {}).get("reason"),
                     "jobs_requeued": conds.get("JobsRequeued", {}).get("reason"),
@@ -904,7 +928,8 @@ def xid_latency(ctx: Context) -> Result:
         for phase in (ISOLATED, PACED)
         for what, key in (
             ("cordon", "cordon_s"),
-            ("Slurm drain+requeue", "slurm_drain_requeue_s"),
+            ("Slurm drain+requeue issued", "slurm_drain_requeue_s"),
+            ("Slurm step recorded", "slurm_step_recorded_s"),
             ("pod evicted", "evicted_s"),
         )
     }
@@ -947,16 +972,18 @@ def xid_latency(ctx: Context) -> Result:
         runs=rows,
         notes=[
             "Start of every interval: just before the Event POST (includes the POST itself).",
-            "Cordon and eviction are seen in this benchmark's own watches (receive time); the "
-            "Slurm drain + requeue time is the operator's timeline entry for the slurmDrain step "
-            "(written when the bridge answered that the node is DRAIN with gpuheal's reason and "
-            "the job was requeued and is PENDING), ms precision, same machine clock.",
+            "Cordon, eviction and the Slurm step recorded are seen in this benchmark's own "
+            "watches (receive time). Slurm drain + requeue issued is the operator's timeline "
+            "entry for the slurmDrain step: the time Slurm accepted the job's requeue, after the "
+            "node's drain (the bridge's clock, ms precision, same machine). The step is recorded "
+            "later, when the bridge answers: the job is off its node (Slurm's SIGTERM, KillWait, "
+            "epilog), PENDING and expedited.",
             f"{requeued}/{len(faulted)} incidents report JobsRequeued=Requeued; Slurm shows "
             f"{ours} nodes drained with a gpuheal reason.",
             f"Missing samples (not seen within {CATCH_UP_S:.0f} s of the last XID): "
             + ", ".join(
                 f"{k} {len(faulted) - len(col(k))}"
-                for k in ("cordon_s", "evicted_s", "slurm_drain_requeue_s")
+                for k in ("cordon_s", "evicted_s", "slurm_drain_requeue_s", "slurm_step_recorded_s")
             ),
             f"{ISOLATED}: faults far enough apart not to queue; {PACED}: {n} faults at 2/s, "
             "more than the operator takes in on this machine, so later faults queue behind "

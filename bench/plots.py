@@ -154,9 +154,9 @@ def latency_plot(doc: dict[str, Any], path: Path) -> None:
     ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:g}"))
     ax.yaxis.set_minor_formatter(NullFormatter())
     _target(ax, 0.1, "isolated targets: cordon p99 <= 0.1 s")
-    _target(ax, 0.5, "Slurm drain + requeue p99 <= 0.5 s")
+    _target(ax, 0.5, "Slurm drain + requeue issued p99 <= 0.5 s")
     _target(ax, 1.0, "paced (burst) targets: cordon p99 <= 1 s")
-    _target(ax, 2.0, "Slurm drain + requeue p99 <= 2 s")
+    _target(ax, 2.0, "Slurm drain + requeue issued p99 <= 2 s")
     labels = [
         n.replace(", ", "\n") + f"\n(n={series[n]['n']}, p50 {series[n].get('median', 0):.2f} s)"
         for n in names

@@ -159,14 +159,23 @@ class Operations:
         self, k8s_name: str, slurm_name: str, ended_since: dt.datetime | None = None
     ) -> JobsResponse:
         """The node's unfinished jobs, and with ``ended_since`` the jobs that ended there
-        since then (``ended`` says how), as long as slurmctld remembers them."""
-        await self.backend.get_node(slurm_name)  # 404 for an unknown node, not an empty list
-        jobs = await self.backend.jobs_on_node(slurm_name)
-        if ended_since is not None:
-            if ended_since.tzinfo is None:
-                ended_since = ended_since.replace(tzinfo=dt.UTC)
-            jobs += await self.backend.ended_jobs_on_node(slurm_name, ended_since)
-        return JobsResponse(node=k8s_name, slurm_node=slurm_name, jobs=jobs)
+        since then (``ended`` says how), as long as slurmctld remembers them.
+
+        The three reads go out together: this listing sits between the drain and the first
+        requeue of a fault, where every round trip to slurmctld delays the job's move."""
+        if ended_since is not None and ended_since.tzinfo is None:
+            ended_since = ended_since.replace(tzinfo=dt.UTC)
+
+        async def ended() -> list[JobState]:
+            if ended_since is None:
+                return []
+            return await self.backend.ended_jobs_on_node(slurm_name, ended_since)
+
+        # get_node: a 404 for an unknown node, not an empty list
+        _, running, gone = await asyncio.gather(
+            self.backend.get_node(slurm_name), self.backend.jobs_on_node(slurm_name), ended()
+        )
+        return JobsResponse(node=k8s_name, slurm_node=slurm_name, jobs=running + gone)
 
     # ---- drain / resume ------------------------------------------------------------------
     async def drain(self, k8s_name: str, slurm_name: str, req: DrainRequest) -> DrainResponse:
@@ -267,7 +276,6 @@ class Operations:
         a 503, not stored under the idempotency key, so the caller's retry with the same key
         carries on (a second signal and grace) instead of being answered "failed" for good.
         Once Slurm accepted the requeue, the answer says requeued whatever comes after."""
-        await self.backend.get_job(job_id)  # NotFound/Unavailable -> 404/503 before acting
         return await self._requeue_locked(job_id, opts, from_node, unavailable_raises=True)
 
     async def _requeue_locked(
@@ -278,10 +286,16 @@ class Operations:
         *,
         unavailable_raises: bool = False,
     ) -> JobResult:
+        """``unavailable_raises``: one job's own call, where a job Slurm does not know is a 404
+        (the node's sweep reports it GONE) and slurmctld gone before the requeue a 503."""
         async with self.lock(f"job:{job_id}"):
+            job: JobState | None = None
             try:
-                return await self._requeue(job_id, opts, from_node)
+                job = await self.backend.get_job(job_id)  # under the lock: fresh after a peer
+                return await self._requeue(job, opts, from_node)
             except NotFound as exc:
+                if unavailable_raises and job is None:
+                    raise
                 return JobResult(job_id=job_id, outcome=JobOutcome.GONE, detail=str(exc))
             except BackendError as exc:
                 if unavailable_raises and isinstance(exc, Unavailable):
@@ -290,9 +304,9 @@ class Operations:
                 return JobResult(job_id=job_id, outcome=JobOutcome.FAILED, detail=f"{kind}: {exc}")
 
     async def _requeue(  # noqa: PLR0911 - one return per outcome
-        self, job_id: int, opts: RequeueOptions, from_node: str | None
+        self, job: JobState, opts: RequeueOptions, from_node: str | None
     ) -> JobResult:
-        job = await self.backend.get_job(job_id)
+        job_id = job.job_id
         if opts.requeue_ended and job.state in TRANSIENT_STATES - REQUEUEABLE_STATES:
             # Ending right now (COMPLETING): see how it ends before deciding.
             await self._wait(job_id, lambda p: p.state not in TRANSIENT_STATES, self.settle_timeout)

@@ -15,9 +15,10 @@ import pytest
 from gpuheal.adapters.slurm import BridgeSlurm
 from gpuheal.api.meta import rfc3339
 from gpuheal.api.names import JobOutcome, JobReason
-from gpuheal.api.noderemediation import JobRecord
+from gpuheal.api.noderemediation import JobRecord, NodeRemediation
 from gpuheal.api.remediationpolicy import SlurmDrainOptions
 from gpuheal.remediation import steps
+from gpuheal.remediation.record import Recorder
 from gpuheal_bridge.api.models import JobEnd
 from gpuheal_bridge.client import BridgeClient
 from gpuheal_bridge.operations import Operations
@@ -60,7 +61,9 @@ class World:
         at = FAULT + dt.timedelta(seconds=seconds)
         self.slurm.add_job(FakeJob(job_id, [NODE], state=state, ended=end, end_time=at, **kw))
 
-    async def step(self, recorded: list[JobRecord] | None = None, **opts: Any) -> steps.StepResult:
+    async def step(
+        self, recorded: list[JobRecord] | None = None, now: dt.datetime = NOW, **opts: Any
+    ) -> steps.StepResult:
         async def record_plan(records: list[JobRecord]) -> None:
             self.plans.append(records)
 
@@ -73,7 +76,7 @@ class World:
             "nrem-1",
             79,
             SlurmDrainOptions(**opts),
-            now=NOW,
+            now=now,
             attempt=0,
             signal_at=FAULT,
             recorded=recorded or [],
@@ -251,3 +254,41 @@ async def test_slurmctld_gone_in_the_grace_waits_then_requeues_once_at_slurms_ti
     assert world.slurm.jobs[1].restart_count == 1
     assert again.at == ACTED
     assert again.status["requeuedJobs"][0]["requeuedAt"] == rfc3339(ACTED)
+
+
+async def test_the_step_is_dated_when_slurm_requeued_the_job_not_when_it_answered(
+    world: World,
+) -> None:
+    """The bridge answers once the job is off its node and PENDING (Slurm's SIGTERM, KillWait
+    and epilog: ~1.8 s on a quiet cluster), after the pass that began before Slurm acted:
+    the step carries the time Slurm accepted the requeue."""
+    world.slurm.add_job(FakeJob(1, [NODE]))
+    result = await world.step(now=FAULT)
+    assert result.kind == "done"
+    assert result.at == ACTED
+    assert result.status["requeuedJobs"][0]["requeuedAt"] == rfc3339(ACTED)
+
+
+def test_a_bridge_clock_ahead_of_ours_never_dates_a_step_in_the_future() -> None:
+    nrem = NodeRemediation.model_validate(
+        {
+            "metadata": {"name": "nrem-1"},
+            "spec": {
+                "nodeName": NODE,
+                "policyRef": {"name": "p"},
+                "rule": "xid",
+                "signals": [{"source": "Manual", "observedAt": "2026-11-23T12:00:00Z"}],
+                "ladder": [{"name": "isolate", "steps": [{"action": "slurmDrain"}]}],
+            },
+        }
+    )
+    rec = Recorder(nrem, FAULT)
+    ahead = dt.datetime.now(dt.UTC) + dt.timedelta(hours=1)
+    rec.condition("SlurmDrained", "True", "Drained", "ok", at=ahead)
+    rec.event("remediate/slurmDrain", "ok", at=ahead)
+    rec.event("remediate/drain", "ok", at=ACTED)
+    [cond] = rec.status.conditions
+    first, second = rec.status.timeline
+    assert cond.last_transition_time < ahead
+    assert first.time < ahead
+    assert second.time == ACTED  # a time in the past is kept as the bridge said

@@ -20,6 +20,12 @@ def _now() -> dt.datetime:
     return dt.datetime.now(dt.UTC)
 
 
+def _no_later(at: dt.datetime) -> dt.datetime:
+    """A time another clock gave (the bridge's, when Slurm acted), never after ours: a bridge
+    whose clock runs ahead must not date a step in the future."""
+    return min(at, _now())
+
+
 class Recorder:
     """One pass's changes to a NodeRemediation's status.
 
@@ -74,7 +80,7 @@ class Recorder:
             status=ConditionStatus(status),
             reason=reason,
             message=message,
-            now=at or self.now,
+            now=_no_later(at) if at else self.now,
             observed_generation=self.generation,
         )
         self.dirty = True
@@ -85,8 +91,9 @@ class Recorder:
 
     def event(self, step: str, message: str, at: dt.datetime | None = None) -> None:
         """A timeline entry, stamped with the wall clock (steps often take milliseconds), or
-        with ``at``: when it happened, if that was earlier than its recording."""
-        entry = TimelineEntry(time=at or _now(), step=step[:64], message=message[:1024])
+        with ``at``: when it happened (e.g. when Slurm acted, as the bridge says)."""
+        when = _no_later(at) if at else _now()
+        entry = TimelineEntry(time=when, step=step[:64], message=message[:1024])
         self.status.timeline = [*self.status.timeline, entry][-TIMELINE_KEEP:]
         self.dirty = True
 

@@ -85,8 +85,9 @@ class StepResult:
     retry_after: float = 0.0
     status: dict[str, Any] = field(default_factory=dict)  # extra status fields to merge
     extra_conditions: list[tuple[str, str, str, str]] = field(default_factory=list)
-    #: when the step's effect happened, if the world says so and it was before its recording
-    #: (the bridge's time of the drain/requeue, e.g. during an API server outage)
+    #: when the step's effect happened, if the world says so (the bridge's time of the drain
+    #: or requeue), not when it is recorded: the step may wait on afterwards, or be recorded
+    #: only after an API server outage
     at: dt.datetime | None = None
 
     @classmethod
@@ -181,7 +182,7 @@ async def slurm_drain(  # noqa: PLR0911 - one return per outcome
     }[resp.outcome]
     if opts.requeue is PolicyRequeue.NONE:
         result = StepResult.done(C.SLURM_DRAINED, reason, drained, ownership={"slurmDrained": ours})
-        result.at = _acted_at(now, resp.at)
+        result.at = _acted_at(resp.at)
         result.extra_conditions.append(
             (C.JOBS_REQUEUED, "False", "NotRequested", "requeue: none: jobs left running")
         )
@@ -213,7 +214,7 @@ async def slurm_drain(  # noqa: PLR0911 - one return per outcome
         result = StepResult.done(
             C.SLURM_DRAINED, reason, drained + requeued, ownership={"slurmDrained": ours}
         )
-        result.at = _acted_at(now, resp.at, *(r.at for r in moved))
+        result.at = _acted_at(resp.at, *(r.at for r in moved))
         if moved:
             result.status["requeuedJobs"] = [
                 {"jobId": r.job_id, "name": r.name, "requeuedAt": rfc3339(r.at or now)}
@@ -224,14 +225,15 @@ async def slurm_drain(  # noqa: PLR0911 - one return per outcome
     return result
 
 
-def _acted_at(now: dt.datetime, *times: dt.datetime | None) -> dt.datetime | None:
-    """When Slurm last acted for the step, as the bridge said (None: not before ``now``, or
-    the bridge did not say): the time the step's condition and timeline entry carry."""
+def _acted_at(*times: dt.datetime | None) -> dt.datetime | None:
+    """When Slurm last acted for the step, as the bridge said (None: the bridge did not say):
+    the time the step's condition and timeline entry carry. It is when the requeue was
+    accepted, not when the bridge had seen the job off its node and PENDING (about 1.8 s
+    later on a quiet cluster: Slurm's SIGTERM, KillWait and epilog), nor when it was
+    recorded (later still after an API server outage). The recorder keeps it no later than
+    its own clock."""
     known = [t for t in times if t is not None]
-    if not known:
-        return None
-    last = max(known)
-    return last if last < now else None
+    return max(known) if known else None
 
 
 async def _no_plan_record(_: list[JobRecord]) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+from typing import Any
 
 import pytest
 
@@ -328,6 +329,48 @@ async def test_wait_is_bounded(slurm: FakeSlurm, clock: FakeClock) -> None:
 # ---- the fault's victims: jobs that died, hung, or were pinned to the node ------------------
 
 ENDED_AT = dt.datetime(2026, 11, 23, 12, 0, tzinfo=dt.UTC)
+
+
+async def test_a_requeue_reads_the_job_once_before_slurm_acts(
+    ops: Operations, slurm: FakeSlurm
+) -> None:
+    """Between the fault and `scontrol requeue` every slurmctld round trip delays the job's
+    move: one read of the job, then the requeue."""
+    slurm.add_job(FakeJob(7, ["node1"]))
+    await ops.requeue_job(7, RequeueOptions(requeue_ended=True), from_node="node1")
+    calls = [c for c, _ in slurm.calls]
+    assert calls[: calls.index("requeue") + 1] == ["get_job", "requeue"]
+
+
+async def test_the_job_listing_asks_slurm_once_per_kind_all_at_once(slurm: FakeSlurm) -> None:
+    """The node read and both job listings go out together (a sequential listing would wait
+    here for ever: each read waits until all three have been asked)."""
+    slurm.add_job(FakeJob(1, ["node1"]))
+    asked: list[str] = []
+    everyone = asyncio.Event()
+
+    def together(name: str, read: Any) -> Any:
+        async def call(*args: Any) -> Any:
+            asked.append(name)
+            if len(asked) == 3:
+                everyone.set()
+            await everyone.wait()
+            return await read(*args)
+
+        return call
+
+    for name in ("get_node", "jobs_on_node", "ended_jobs_on_node"):
+        setattr(slurm, name, together(name, getattr(slurm, name)))
+    listing = await asyncio.wait_for(
+        Operations(slurm).jobs("node1", "node1", ended_since=ENDED_AT), timeout=5
+    )
+    assert [j.job_id for j in listing.jobs] == [1]
+    assert sorted(asked) == ["ended_jobs_on_node", "get_node", "jobs_on_node"]
+
+
+async def test_the_job_listing_of_an_unknown_node_is_not_found(ops: Operations) -> None:
+    with pytest.raises(NotFound):
+        await ops.jobs("nope", "nope", ended_since=ENDED_AT)
 
 
 async def test_jobs_lists_ended_ones_since_a_time(ops: Operations, slurm: FakeSlurm) -> None:
