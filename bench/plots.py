@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import statistics
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -158,7 +159,8 @@ def latency_plot(doc: dict[str, Any], path: Path) -> None:
     _target(ax, 1.0, "paced (burst) targets: cordon p99 <= 1 s")
     _target(ax, 2.0, "Slurm drain + requeue issued p99 <= 2 s")
     labels = [
-        n.replace(", ", "\n") + f"\n(n={series[n]['n']}, p50 {series[n].get('median', 0):.2f} s)"
+        "\n".join(textwrap.fill(part, 20) for part in n.split(", "))
+        + f"\n(n={series[n]['n']}, p50 {series[n].get('median', 0):.2f} s)"
         for n in names
     ]
     ax.set_xticks(range(len(names)), labels, fontsize=8.5)
