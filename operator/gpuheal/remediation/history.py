@@ -73,56 +73,39 @@ def opened(rt: Runtime, node: str, incident: str, *, rule: str, rung: int, why: 
 
 
 def step(rt: Runtime, nrem: NodeRemediation, action: str, rung: int, message: str) -> None:
-    record(
-        rt,
-        nrem.spec.node_name,
-        [
-            fh.event_entry(
-                EntryKind.ACTION,
-                _now(),
-                nrem.metadata.name,
-                message=message,
-                rule=nrem.spec.rule,
-                rung=rung,
-                action=action,
-            )
-        ],
-    )
+    _about(rt, nrem, EntryKind.ACTION, message, rung=rung, action=action)
 
 
 def escalated(rt: Runtime, nrem: NodeRemediation, rung: int, why: str) -> None:
-    record(
-        rt,
-        nrem.spec.node_name,
-        [
-            fh.event_entry(
-                EntryKind.INCIDENT,
-                _now(),
-                nrem.metadata.name,
-                message=why,
-                rule=nrem.spec.rule,
-                rung=rung,
-            )
-        ],
-    )
+    _about(rt, nrem, EntryKind.INCIDENT, why, rung=rung)
 
 
 def outcome(rt: Runtime, nrem: NodeRemediation, result: str, message: str) -> None:
-    record(
-        rt,
-        nrem.spec.node_name,
-        [
-            fh.event_entry(
-                EntryKind.OUTCOME,
-                _now(),
-                nrem.metadata.name,
-                message=message,
-                rule=nrem.spec.rule,
-                rung=nrem.status.rung,
-                outcome=result,
-            )
-        ],
+    _about(rt, nrem, EntryKind.OUTCOME, message, rung=nrem.status.rung, outcome=result)
+
+
+def _about(
+    rt: Runtime,
+    nrem: NodeRemediation,
+    kind: EntryKind,
+    message: str,
+    *,
+    rung: int,
+    action: str | None = None,
+    outcome: str | None = None,
+) -> None:
+    """An entry about one incident (its rule and rung), queued for its node's history."""
+    entry = fh.event_entry(
+        kind,
+        _now(),
+        nrem.metadata.name,
+        message=message,
+        rule=nrem.spec.rule,
+        rung=rung,
+        action=action,
+        outcome=outcome,
     )
+    record(rt, nrem.spec.node_name, [entry])
 
 
 # ---- the writer -------------------------------------------------------------------------------
