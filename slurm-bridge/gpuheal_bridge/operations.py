@@ -32,7 +32,6 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from gpuheal_bridge.api.models import (
-    REASON_PREFIX,
     DrainOutcome,
     DrainRequest,
     DrainResponse,
@@ -49,6 +48,7 @@ from gpuheal_bridge.api.models import (
     ResumeRequest,
     ResumeResponse,
 )
+from gpuheal_bridge.api.names import REASON_PREFIX
 from gpuheal_bridge.backends.base import (
     Backend,
     BackendError,

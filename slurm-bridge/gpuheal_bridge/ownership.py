@@ -10,7 +10,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from gpuheal_bridge.api.models import REASON_PREFIX, Owner
+from gpuheal_bridge.api.models import Owner
+from gpuheal_bridge.api.names import REASON_PREFIX
 
 _OURS = re.compile(r"gpuheal:\s*(?P<incident>\S+)?(?:.*?\bxid=(?P<xid>\d+))?")
 # `scontrol show node` appends "[user@2026-11-22T05:37:58]" to the reason.

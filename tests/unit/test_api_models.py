@@ -21,6 +21,7 @@ from gpuheal.api import (
     set_condition,
 )
 from gpuheal.api.meta import ConditionStatus, DurationError
+from gpuheal.api.reservepool import SlurmPromotion
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
@@ -165,3 +166,17 @@ def test_set_condition_keeps_transition_time_when_status_unchanged() -> None:
     )
     assert conds[0].last_transition_time == t1
     assert len(conds) == 1
+
+
+@pytest.mark.parametrize(
+    ("reason", "why"),
+    [
+        ("gpuheal: spares", "must not start with 'gpuheal:'"),
+        ("spares\nready", "one line"),
+        ("spares [x]", "'[' or ']'"),
+    ],
+)
+def test_a_pools_slurm_reason_is_one_plain_line_not_gpuheals(reason: str, why: str) -> None:
+    with pytest.raises(ValidationError, match=re.escape(why)):
+        SlurmPromotion(reserve_reason=reason)
+    assert SlurmPromotion(reserve_reason="spares (rack 7)").reserve_reason == "spares (rack 7)"

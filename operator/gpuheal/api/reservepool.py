@@ -6,7 +6,7 @@ import datetime as dt
 import enum
 from typing import Literal
 
-from pydantic import ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from gpuheal.api.meta import (
     MAX_NAME,
@@ -19,12 +19,20 @@ from gpuheal.api.meta import (
     PositiveDuration,
     Resource,
     cel,
+    cel_str,
     column,
     condition_column,
     conditions_field,
     label_map_keys_check,
     list_of,
     map_of,
+)
+from gpuheal_bridge.api.names import (
+    DRAIN_REASON_MAX,
+    DRAIN_REASON_PATTERN,
+    OWN_REASON_PATTERN,
+    REASON_PREFIX,
+    drain_reason_problem,
 )
 
 
@@ -55,11 +63,31 @@ class SlurmPromotion(Model):
     reserve_reason: str = Field(
         default="reserve pool",
         min_length=1,
-        max_length=128,
-        pattern=r"^[^\[\]]+$",
+        max_length=DRAIN_REASON_MAX,
         description="The Slurm drain reason of a spare waiting in the pool: a repaired node "
-        "that goes back to the pool is drained with it (promotion resumes it).",
+        "that goes back to the pool is drained with it (promotion resumes it). One line, "
+        f"no '[' or ']', not starting with '{REASON_PREFIX}' (gpuheal's own drains).",
+        json_schema_extra=cel(
+            (
+                f"self.matches({cel_str(DRAIN_REASON_PATTERN)})",
+                "reserveReason must be one line without control characters, '[' or ']' "
+                "(Slurm appends [user@time] to a reason)",
+            ),
+            (
+                f"!self.matches({cel_str(OWN_REASON_PATTERN)})",
+                f"reserveReason must not start with '{REASON_PREFIX}': that prefix marks "
+                "gpuheal's own drains, and the pool's would be taken for an incident's",
+            ),
+        ),
     )
+
+    @field_validator("reserve_reason")
+    @classmethod
+    def _one_line_not_ours(cls, reason: str) -> str:
+        problem = drain_reason_problem(reason)
+        if problem:
+            raise ValueError(f"reserveReason {problem}")
+        return reason
 
 
 _PROMOTION_RULES = (

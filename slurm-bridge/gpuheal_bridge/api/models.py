@@ -12,19 +12,38 @@ import datetime as dt
 from enum import StrEnum
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from gpuheal_bridge.api.names import (
+    DRAIN_REASON_MAX,
+    DRAIN_REASON_PATTERN,
     INCIDENT_PATTERN,
     NODE_NAME_MAX,
     NODE_NAME_PATTERN,
     SIGNAL_PATTERN,
     XID_MAX,
     XID_MIN,
+    drain_reason_problem,
 )
 
-#: Every drain the bridge sets carries this prefix; a reason without it belongs to someone else.
-REASON_PREFIX = "gpuheal:"
+
+def _drain_reason(reason: str) -> str:
+    problem = drain_reason_problem(reason)
+    if problem:
+        raise ValueError(problem)
+    return reason
+
+
+DrainReason = Annotated[
+    str,
+    # the pattern for the OpenAPI document; the validator says what is wrong in words
+    Field(
+        min_length=1,
+        max_length=DRAIN_REASON_MAX,
+        json_schema_extra={"pattern": DRAIN_REASON_PATTERN},
+    ),
+    AfterValidator(_drain_reason),
+]
 
 
 class _Model(BaseModel):
@@ -386,7 +405,7 @@ class ReserveRequest(_Model):
     incident: Annotated[str, Field(pattern=INCIDENT_PATTERN)] = Field(
         description="The incident whose drain this is (someone else's drain is refused)."
     )
-    reason: Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[^\[\]]+$")] = Field(
+    reason: DrainReason = Field(
         default="reserve pool",
         description="The reserve pool's drain reason (the ReservePool's "
         "promotion.slurm.reserveReason); promotion resumes the node with force.",

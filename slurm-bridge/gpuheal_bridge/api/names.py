@@ -53,6 +53,32 @@ SIGNAL_PATTERN = (
 #: NodeRemediation's ``xid``), so every incident the operator can open can drain its node.
 #: NVIDIA's codes are below 200 today and new drivers add new ones; 0 is not an XID.
 XID_MIN, XID_MAX = 1, 65535
+#: Every drain the bridge sets carries this prefix; a reason without it belongs to someone else.
+REASON_PREFIX = "gpuheal:"
+#: A drain reason a caller chooses (the reserve pool's): one line without control characters
+#: (`scontrol show node` prints the reason as a line of its own, and the bridge reads it line
+#: by line), no ``[``/``]`` (Slurm appends ``[user@time]``), and not starting with gpuheal's
+#: prefix (the pool's drain would read as an incident's, and be lifted as one).
+DRAIN_REASON_MAX = 128
+DRAIN_REASON_PATTERN = r"^[^\[\]\x00-\x1f\x7f]+$"
+OWN_REASON_PATTERN = r"^\s*gpuheal:"
+_DRAIN_REASON_RE = re.compile(DRAIN_REASON_PATTERN)
+_OWN_REASON_RE = re.compile(OWN_REASON_PATTERN)
+
+
+def drain_reason_problem(reason: str) -> str | None:
+    """Why ``reason`` cannot be a caller's drain reason, or None."""
+    if not reason.strip():
+        return "must not be empty"
+    if len(reason) > DRAIN_REASON_MAX:
+        return f"must be at most {DRAIN_REASON_MAX} characters"
+    if not _DRAIN_REASON_RE.match(reason):
+        return "must be one line without control characters, '[' or ']' (Slurm appends [user@time])"
+    if _OWN_REASON_RE.match(reason):
+        return f"must not start with {REASON_PREFIX!r}: that prefix marks gpuheal's own drains"
+    return None
+
+
 #: An ``Idempotency-Key``: 1-200 printable ASCII characters.
 IDEMPOTENCY_KEY_MAX = 200
 IDEMPOTENCY_KEY_PATTERN = r"^[\x20-\x7e]+$"

@@ -216,6 +216,43 @@ def test_job_id_0_and_a_from_node_with_spaces_are_refused_with_reasons(
         JobRequeueRequest(from_node="nöde")
 
 
+@pytest.mark.parametrize(
+    ("reason", "why"),
+    [
+        ("gpuheal: spares", "must not start with 'gpuheal:'"),
+        ("  gpuheal:nrem-x xid=79", "must not start with 'gpuheal:'"),
+        ("spares\nState=IDLE", "one line"),
+        ("spares\rok", "one line"),
+        ("spares [root@2026-11-23T12:00:00]", "'[' or ']'"),
+    ],
+)
+def test_a_reserve_reason_that_is_not_one_plain_line_of_its_own_is_refused(
+    client: TestClient, slurm: FakeSlurm, reason: str, why: str
+) -> None:
+    """`scontrol show node` prints the reason on a line of its own and the bridge reads it
+    line by line; a reason starting with gpuheal's prefix would make the pool's drain read as
+    an incident's (and be resumed as one)."""
+    slurm.add_node("node4", "IDLE", ("DRAIN",), reason="gpuheal: nrem-a xid=79")
+    resp = client.post(
+        "/v1/nodes/node4/reserve", headers=AUTH, json={"incident": "nrem-a", "reason": reason}
+    )
+    assert resp.status_code == 422
+    assert why in resp.json()["message"]
+    assert "reason" in resp.json()["message"]
+    assert slurm.mutating_calls() == []
+
+
+def test_a_plain_reserve_reason_is_taken(client: TestClient, slurm: FakeSlurm) -> None:
+    slurm.add_node("node4", "IDLE", ("DRAIN",), reason="gpuheal: nrem-a xid=79")
+    resp = client.post(
+        "/v1/nodes/node4/reserve",
+        headers=AUTH,
+        json={"incident": "nrem-a", "reason": "spares (gpu pool, rack 7)"},
+    )
+    assert resp.status_code == 200, resp.text
+    assert slurm.nodes["node4"].reason == "spares (gpu pool, rack 7)"
+
+
 # ---- oversized bodies, and refusals in the audit log -----------------------------------------
 def test_an_oversized_body_is_refused_with_413_before_it_is_read(
     client: TestClient, slurm: FakeSlurm, tmp_path: Path
