@@ -46,7 +46,6 @@ from gpuheal.policy.inputs import (
 from gpuheal.policy.types import Act, Blocked, Decision, Idle, Move, NodeView, Wait
 from gpuheal.policy.vet import refusal
 from gpuheal.remediation import history, steps
-from gpuheal.remediation.notify import announce
 from gpuheal.remediation.record import Recorder
 from gpuheal.remediation.state import Breaker, Runtime
 
@@ -193,7 +192,7 @@ async def advance(rt: Runtime, name: str, attempt: int = 0) -> float | None:
     delay = await _carry_out(rt, nrem, rec, decision, attempt)
     await rec.write(rt.require_kube())  # an early spare claim a path did not write yet
     if opened is not None:  # told once the status says it
-        announce(rt, nrem, NotifyEvent.OPENED, "SignalMatched", opened, rec.now)
+        rt.announce(nrem, NotifyEvent.OPENED, "SignalMatched", opened, rec.now)
     _publish(rt, nrem, rec)
     return delay
 
@@ -479,7 +478,7 @@ async def _run_step(
     rec.condition(NremCondition.COMPLETED, "True", "Failed", f"{label} failed: {result.message}")
     rec.event(label, f"failed: {result.message}")
     await rec.write(kube)
-    announce(rt, nrem, NotifyEvent.FAILED, result.reason, f"{label}: {result.message}", rec.now)
+    rt.announce(nrem, NotifyEvent.FAILED, result.reason, f"{label}: {result.message}", rec.now)
     rt.metrics.incidents_completed.labels("failed").inc()
     rt.post_event(
         nrem.to_k8s(),
@@ -623,9 +622,9 @@ async def _complete(  # noqa: PLR0917
     rec.event(NremCondition.COMPLETED, f"{reason}: {message}")
     await rec.write(rt.require_kube())
     if failed is None:
-        announce(rt, nrem, NotifyEvent.COMPLETED, reason, message, rec.now)
+        rt.announce(nrem, NotifyEvent.COMPLETED, reason, message, rec.now)
     else:
-        announce(rt, nrem, NotifyEvent.FAILED, failed, message, rec.now)
+        rt.announce(nrem, NotifyEvent.FAILED, failed, message, rec.now)
     history.outcome(rt, nrem, reason, message)
     await history.write_now(rt, nrem.spec.node_name)
     rt.metrics.incidents_completed.labels(reason.lower()).inc()
@@ -669,7 +668,7 @@ async def _block(
             if reason == Reason.APPROVAL_PENDING
             else NotifyEvent.BLOCKED
         )
-        announce(rt, nrem, event, reason, message, rec.now)
+        rt.announce(nrem, event, reason, message, rec.now)
 
 
 async def _repair_failed(

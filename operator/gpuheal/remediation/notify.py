@@ -2,7 +2,7 @@
 or failed, posted to webhooks (generic JSON or Slack-compatible).
 
 Configured globally (``gpuheal run --notify-webhooks``) and per policy
-(``spec.notifications``). The driver calls `announce` after the transition is recorded in
+(``spec.notifications``). The driver calls `Runtime.announce` after the transition is recorded in
 status, and it returns at once: each receiver has its own bounded queue and one sender task
 (messages to a receiver keep their order; a slow or dead receiver holds up only its own
 queue, never a remediation). A full queue drops the new message and counts it. A send is
@@ -17,7 +17,7 @@ import dataclasses
 import datetime as dt
 import logging
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from tenacity import (
     AsyncRetrying,
@@ -28,11 +28,7 @@ from tenacity import (
 
 from gpuheal.adapters.notify import Unreachable
 from gpuheal.api.meta import rfc3339
-from gpuheal.api.noderemediation import NodeRemediation
 from gpuheal.api.remediationpolicy import Notifications, NotifyEvent, NotifyFormat
-
-if TYPE_CHECKING:
-    from gpuheal.remediation.state import Runtime
 
 log = logging.getLogger("gpuheal.notify")
 
@@ -233,38 +229,3 @@ class Notifier:
 
 class _Again(Exception):
     """Worth another try (unreachable, 429, 5xx)."""
-
-
-def announce(  # noqa: PLR0917 - one call per transition in the driver, read as a sentence
-    rt: Runtime,
-    nrem: NodeRemediation,
-    event: NotifyEvent,
-    reason: str,
-    message: str,
-    now: dt.datetime,
-) -> None:
-    """Tell the incident's receivers (the operator's and its policy's) about a transition
-    that status now records. Returns at once."""
-    if rt.notifier is None:
-        return
-    spec = nrem.spec
-    policy = rt.policies.get(spec.policy_ref.name)
-    targets = merge_targets(
-        rt.notify_targets, policy_targets(policy.spec.notifications if policy else None)
-    )
-    if not targets:
-        return
-    xid = next((s.xid for s in reversed(spec.signals) if s.xid is not None), None)
-    notice = Notice(
-        event=event,
-        incident=nrem.metadata.name,
-        node=spec.node_name,
-        policy=spec.policy_ref.name,
-        rule=spec.rule,
-        reason=reason,
-        message=message,
-        time=now,
-        xid=xid,
-        dry_run=spec.dry_run,
-    )
-    rt.notifier.notify(notice, targets)

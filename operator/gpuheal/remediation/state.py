@@ -27,7 +27,7 @@ from gpuheal.api.faulthistory import FaultHistory, HistoryEntry
 from gpuheal.api.meta import parse_duration
 from gpuheal.api.names import APPROVE_ANNOTATION
 from gpuheal.api.noderemediation import NodeRemediation
-from gpuheal.api.remediationpolicy import RemediationPolicy
+from gpuheal.api.remediationpolicy import NotifyEvent, RemediationPolicy
 from gpuheal.api.reservepool import RefillStatus, ReservePool
 from gpuheal.config import OperatorConfig
 from gpuheal.metrics import Metrics
@@ -48,7 +48,13 @@ from gpuheal.policy.types import (
     Observation,
     PoolCounts,
 )
-from gpuheal.remediation.notify import Notifier, Target
+from gpuheal.remediation.notify import (
+    Notice,
+    Notifier,
+    Target,
+    merge_targets,
+    policy_targets,
+)
 
 HISTORY_PER_NODE = 256
 MAX_SEEN_KEYS = 200_000
@@ -297,6 +303,40 @@ class Runtime:
         if self.events is None:
             raise RuntimeError("the Event outbox is not set up (startup did not run)")
         self.events.post(involved, reason=reason, message=message, type_=type_)
+
+    def announce(
+        self,
+        nrem: NodeRemediation,
+        event: NotifyEvent,
+        reason: str,
+        message: str,
+        now: dt.datetime,
+    ) -> None:
+        """Tell the incident's receivers (the operator's and its policy's) about a transition
+        that status now records. Returns at once (`notify.Notifier` sends in the background)."""
+        if self.notifier is None:
+            return
+        spec = nrem.spec
+        policy = self.policies.get(spec.policy_ref.name)
+        targets = merge_targets(
+            self.notify_targets, policy_targets(policy.spec.notifications if policy else None)
+        )
+        if not targets:
+            return
+        xid = next((s.xid for s in reversed(spec.signals) if s.xid is not None), None)
+        notice = Notice(
+            event=event,
+            incident=nrem.metadata.name,
+            node=spec.node_name,
+            policy=spec.policy_ref.name,
+            rule=spec.rule,
+            reason=reason,
+            message=message,
+            time=now,
+            xid=xid,
+            dry_run=spec.dry_run,
+        )
+        self.notifier.notify(notice, targets)
 
     # ---- views --------------------------------------------------------------------------
     def set_node(self, view: NodeView) -> None:
