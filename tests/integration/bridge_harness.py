@@ -15,6 +15,7 @@ import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -35,6 +36,7 @@ class BridgeProcess:
     url: str  # as the operator calls it
     port: int
     token_file: Path  # the bridge's tokens ("name:token" lines)
+    operator_token: Path  # the bare token, as the operator's --bridge-token-file reads it
     log: Path
     ca: Path | None = None
     argv: list[str] = field(default_factory=list)
@@ -72,71 +74,94 @@ def make_tls(directory: Path, *names: str) -> Tls:
     return Tls(pki.ca.cert, issue_server_cert(pki, "bridge", names))
 
 
+def start_bridge(
+    cluster: SlurmCluster,
+    workdir: Path,
+    *extra: str,
+    token: str,
+    name: str = "bridge",
+    host: str = "127.0.0.1",
+    port: int | None = None,
+    tls: Tls | None = None,
+    wait_ready: bool = True,
+) -> BridgeProcess:
+    """The bridge process in front of ``cluster``, its files in ``workdir`` (named after
+    ``name``: a restart on the same ``port`` keeps its idempotency store), ready
+    (``/readyz`` says ready) unless ``wait_ready`` is False. The caller stops it."""
+    port = port or free_port()
+    tokens = workdir / f"{name}-tokens"
+    tokens.write_text(f"operator:{token}\n")
+    operator_token = workdir / f"{name}-operator-token"
+    operator_token.write_text(token)
+    state = workdir / f"{name}-state"
+    state.mkdir(exist_ok=True)
+    log = workdir / f"{name}.log"
+    argv = [
+        "--listen", f"{host}:{port}", "--token-file", str(tokens),
+        "--slurm-conf", str(cluster.conf_path), "--state-dir", str(state),
+        "--expedite-timeout", "15", "--log-level", "warning",
+    ]  # fmt: skip
+    if tls is not None:
+        argv += ["--tls-cert", str(tls.server.cert), "--tls-key", str(tls.server.key)]
+    argv += list(extra)
+    env = {
+        **cluster.subprocess_env(dict(os.environ)),
+        "PYTHONPATH": f"{REPO / 'operator'}:{REPO / 'slurm-bridge'}",
+    }
+    proc = subprocess.Popen(
+        [sys.executable, "-c",
+         "import sys; from gpuheal_bridge.cli import main; sys.exit(main())", *argv],
+        stdout=log.open("ab"), stderr=subprocess.STDOUT, env=env,
+    )  # fmt: skip
+    scheme = "https" if tls else "http"
+    shown = "127.0.0.1" if host in ("0.0.0.0", "127.0.0.1") else host
+    bridge = BridgeProcess(
+        proc,
+        f"{scheme}://{shown}:{port}",
+        port,
+        tokens,
+        operator_token,
+        log,
+        tls.ca if tls else None,
+        argv,
+    )
+    if wait_ready:
+
+        def ready() -> bool:
+            if proc.poll() is not None:
+                raise AssertionError(f"bridge exited {proc.returncode}: {bridge.read_log()}")
+            try:
+                return '"ready":true' in bridge.get("/readyz")
+            except (OSError, urllib.error.URLError):
+                return False
+
+        wait_for(ready, f"bridge {name} ready", timeout=30)
+    return bridge
+
+
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
 @pytest.fixture
 def run_bridge(tmp_path: Path) -> Iterator[Callable[..., BridgeProcess]]:
-    """``run_bridge(cluster, token=..., listen=None, tls=None, *extra)``: the bridge process,
-    ready (``/readyz`` 200), stopped after the test."""
+    """``run_bridge(cluster, *extra, token=..., ...)``: `start_bridge` in the test's
+    directory, stopped after the test."""
     started: list[BridgeProcess] = []
 
-    def start(
-        cluster: SlurmCluster,
-        *extra: str,
-        token: str,
-        name: str = "bridge",
-        host: str = "127.0.0.1",
-        tls: Tls | None = None,
-        wait_ready: bool = True,
-    ) -> BridgeProcess:
-        port = free_port()
-        tokens = tmp_path / f"{name}-tokens"
-        tokens.write_text(f"operator:{token}\n")
-        state = tmp_path / f"{name}-state"
-        state.mkdir(exist_ok=True)
-        log = tmp_path / f"{name}.log"
-        argv = [
-            "--listen", f"{host}:{port}", "--token-file", str(tokens),
-            "--slurm-conf", str(cluster.conf_path), "--state-dir", str(state),
-            "--expedite-timeout", "15", "--log-level", "warning",
-        ]  # fmt: skip
-        if tls is not None:
-            argv += ["--tls-cert", str(tls.server.cert), "--tls-key", str(tls.server.key)]
-        argv += list(extra)
-        env = {
-            **cluster.subprocess_env(dict(os.environ)),
-            "PYTHONPATH": f"{REPO / 'operator'}:{REPO / 'slurm-bridge'}",
-        }
-        proc = subprocess.Popen(
-            [sys.executable, "-c",
-             "import sys; from gpuheal_bridge.cli import main; sys.exit(main())", *argv],
-            stdout=log.open("ab"), stderr=subprocess.STDOUT, env=env,
-        )  # fmt: skip
-        scheme = "https" if tls else "http"
-        shown = "127.0.0.1" if host in ("0.0.0.0", "127.0.0.1") else host
-        bridge = BridgeProcess(
-            proc, f"{scheme}://{shown}:{port}", port, tokens, log, tls.ca if tls else None, argv
-        )
+    def start(cluster: SlurmCluster, *extra: str, **options: Any) -> BridgeProcess:
+        bridge = start_bridge(cluster, tmp_path, *extra, **options)
         started.append(bridge)
-        if wait_ready:
-
-            def ready() -> bool:
-                if proc.poll() is not None:
-                    raise AssertionError(f"bridge exited {proc.returncode}: {bridge.read_log()}")
-                try:
-                    return '"ready":true' in bridge.get("/readyz")
-                except (OSError, urllib.error.URLError):
-                    return False
-
-            wait_for(ready, f"bridge {name} ready", timeout=30)
         return bridge
 
     yield start
     for bridge in started:
-        if bridge.proc.poll() is None:
-            bridge.proc.terminate()
-            try:
-                bridge.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                bridge.proc.kill()
+        stop(bridge.proc)
 
 
 def exited(bridge: BridgeProcess, timeout: float = 20) -> int:

@@ -19,9 +19,7 @@ from __future__ import annotations
 import os
 import re
 import subprocess
-import sys
 import time
-import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,14 +32,13 @@ from gpuheal import crashpoints
 from gpuheal.cli.simulate import simulate_xid
 from gpuheal_dev.sandbox import Sandbox
 from gpuheal_dev.sandbox.slurm import SlurmCluster
+from tests.integration.bridge_harness import start_bridge
 from tests.integration.operator_harness import (
-    REPO,
     Objects,
     OperatorProcess,
     completed,
     condition,
     dump,
-    free_port,
     wait_for,
 )
 from tests.integration.test_operator_k8s import (
@@ -120,38 +117,6 @@ class Scene:
         return OperatorProcess(Path(kubeconfig), logs, args)
 
 
-def _start_bridge(cluster: SlurmCluster, root: Path) -> tuple[str, Path, subprocess.Popen[bytes]]:
-    tokens, token_file, state = root / "bridge-tokens", root / "operator-token", root / "state"
-    tokens.write_text(f"operator:{TOKEN}\n")
-    token_file.write_text(TOKEN)
-    state.mkdir()
-    port = free_port()
-    env = {
-        **cluster.subprocess_env(dict(os.environ)),
-        "PYTHONPATH": f"{REPO / 'operator'}:{REPO / 'slurm-bridge'}",
-    }
-    proc = subprocess.Popen(
-        [sys.executable, "-c", "import sys; from gpuheal_bridge.cli import main; sys.exit(main())",
-         "--listen", f"127.0.0.1:{port}", "--token-file", str(tokens),
-         "--slurm-conf", str(cluster.conf_path), "--state-dir", str(state),
-         "--expedite-timeout", "15", "--log-level", "warning"],
-        stdout=(root / "bridge.log").open("ab"), stderr=subprocess.STDOUT, env=env,
-    )  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
-
-    def ready() -> bool:
-        if proc.poll() is not None:
-            raise AssertionError((root / "bridge.log").read_text()[-2000:])
-        try:
-            with urllib.request.urlopen(f"{url}/readyz", timeout=2) as resp:
-                return bool(resp.status == 200)
-        except OSError:
-            return False
-
-    wait_for(ready, "bridge ready", timeout=30)
-    return url, token_file, proc
-
-
 def _job(cluster: SlurmCluster, job: str) -> tuple[str, str]:
     out = cluster.run("squeue", "-h", "-j", job, "-o", "%T|%N", check=False).stdout.strip()
     state, _, nodes = out.partition("|")
@@ -209,7 +174,8 @@ def scene(  # noqa: PLR0917
         core.create_namespaced_pod(namespace, pod_on(work, pod, {"app": pod}))
         logs = tmp_path / point
         logs.mkdir()
-        url, token_file, proc = _start_bridge(cluster, logs)
+        b = start_bridge(cluster, logs, token=TOKEN)
+        url, token_file, proc = b.url, b.operator_token, b.proc
         wait_for(lambda: _job(cluster, job) == ("RUNNING", work), f"job {job} RUNNING on {work}")
         wait_for(
             lambda: core.read_namespaced_pod(pod, namespace).status.phase == "Running",

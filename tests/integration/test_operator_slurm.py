@@ -7,9 +7,7 @@ from __future__ import annotations
 import os
 import re
 import subprocess
-import sys
 import time
-import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -19,14 +17,13 @@ import pytest
 from gpuheal.cli.simulate import simulate_xid
 from gpuheal_dev.sandbox import Sandbox
 from gpuheal_dev.sandbox.slurm import SlurmCluster
+from tests.integration.bridge_harness import start_bridge, stop
 from tests.integration.operator_harness import (
-    REPO,
     Objects,
     OperatorProcess,
     completed,
     condition,
     dump,
-    free_port,
     hold,
     wait_for,
 )
@@ -42,53 +39,20 @@ START_RE = re.compile(r"START host=(\S+) restart_count=(\d+) resume_step=(\d+)")
 def bridge(
     tmp_path: Path,
 ) -> Iterator[Callable[..., tuple[str, Path, subprocess.Popen[bytes]]]]:
+    """``bridge(cluster, port=None)``: (url, the operator's token file, process); the same
+    ``port`` again restarts it with its idempotency store."""
     procs: list[subprocess.Popen[bytes]] = []
 
     def start(
         cluster: SlurmCluster, port: int | None = None
     ) -> tuple[str, Path, subprocess.Popen[bytes]]:
-        port = port or free_port()
-        tokens = tmp_path / "bridge-tokens"
-        tokens.write_text(f"operator:{TOKEN}\n")
-        token_file = tmp_path / "operator-token"
-        token_file.write_text(TOKEN)
-        state = tmp_path / "bridge-state"
-        state.mkdir(exist_ok=True)
-        log = (tmp_path / "bridge.log").open("ab")
-        env = {
-            **cluster.subprocess_env(dict(os.environ)),
-            "PYTHONPATH": f"{REPO / 'operator'}:{REPO / 'slurm-bridge'}",
-        }
-        proc = subprocess.Popen(
-            [sys.executable, "-c", "import sys; from gpuheal_bridge.cli import main; "
-             "sys.exit(main())",
-             "--listen", f"127.0.0.1:{port}", "--token-file", str(tokens),
-             "--slurm-conf", str(cluster.conf_path), "--state-dir", str(state),
-             "--expedite-timeout", "15", "--log-level", "warning"],
-            stdout=log, stderr=subprocess.STDOUT, env=env,
-        )  # fmt: skip
-        procs.append(proc)
-        url = f"http://127.0.0.1:{port}"
-
-        def ready() -> bool:
-            if proc.poll() is not None:
-                raise AssertionError((tmp_path / "bridge.log").read_text()[-2000:])
-            try:
-                with urllib.request.urlopen(f"{url}/readyz", timeout=2) as resp:
-                    return bool(resp.status == 200)
-            except OSError:
-                return False
-
-        wait_for(ready, "bridge ready", timeout=30)
-        return url, token_file, proc
+        b = start_bridge(cluster, tmp_path, token=TOKEN, port=port)
+        procs.append(b.proc)
+        return b.url, b.operator_token, b.proc
 
     yield start
     for proc in procs:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop(proc)
 
 
 def _job(cluster: SlurmCluster, job: str) -> tuple[str, str]:
