@@ -38,9 +38,10 @@ from gpuheal_bridge.api.names import (
     validate_job_id,
 )
 from gpuheal_bridge.operations import Operations, OwnershipConflict
-from gpuheal_bridge.server.app import MAX_BODY_BYTES, BridgeSettings, create_app
+from gpuheal_bridge.server.app import MAX_BODY_BYTES
 from gpuheal_bridge.server.idempotency import valid_key
-from tests.unit.bridge.fakes import FakeClock, FakeSlurm
+from tests.unit.bridge.fakes import FakeSlurm
+from tests.unit.bridge.test_app import make_client
 
 TOKEN = "t0ken-for-the-operator-0123456789"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -48,16 +49,7 @@ AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
 @pytest.fixture
 def client(slurm: FakeSlurm, tmp_path: Path) -> Iterator[TestClient]:
-    clock = FakeClock()
-    settings = BridgeSettings(
-        backend=slurm,
-        tokens={"operator": TOKEN},
-        state_dir=tmp_path / "state",
-        audit_log=tmp_path / "audit.jsonl",
-        operations=Operations(slurm, clock=clock, sleep=clock.sleep),
-        health_interval=0,
-    )
-    with TestClient(create_app(settings), client=("127.0.0.1", 50000)) as c:
+    with make_client(slurm, tmp_path) as c:
         yield c
 
 
