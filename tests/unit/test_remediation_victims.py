@@ -269,8 +269,8 @@ async def test_the_step_is_dated_when_slurm_requeued_the_job_not_when_it_answere
     assert result.status["requeuedJobs"][0]["requeuedAt"] == rfc3339(ACTED)
 
 
-def test_a_bridge_clock_ahead_of_ours_never_dates_a_step_in_the_future() -> None:
-    nrem = NodeRemediation.model_validate(
+def _nrem() -> NodeRemediation:
+    return NodeRemediation.model_validate(
         {
             "metadata": {"name": "nrem-1"},
             "spec": {
@@ -282,13 +282,31 @@ def test_a_bridge_clock_ahead_of_ours_never_dates_a_step_in_the_future() -> None
             },
         }
     )
-    rec = Recorder(nrem, FAULT)
+
+
+def test_a_bridge_clock_ahead_of_ours_never_dates_a_step_in_the_future() -> None:
+    rec = Recorder(_nrem(), FAULT)
     ahead = dt.datetime.now(dt.UTC) + dt.timedelta(hours=1)
     rec.condition("SlurmDrained", "True", "Drained", "ok", at=ahead)
     rec.event("remediate/slurmDrain", "ok", at=ahead)
     rec.event("remediate/drain", "ok", at=ACTED)
     [cond] = rec.status.conditions
-    first, second = rec.status.timeline
+    by_step = {e.step: e for e in rec.status.timeline}
     assert cond.last_transition_time < ahead
-    assert first.time < ahead
-    assert second.time == ACTED  # a time in the past is kept as the bridge said
+    assert by_step["remediate/slurmDrain"].time < ahead
+    assert by_step["remediate/drain"].time == ACTED  # a time in the past is kept as said
+
+
+def test_a_step_dated_when_slurm_acted_takes_its_place_in_the_timeline() -> None:
+    """The spare is claimed (and recorded) while the bridge still waits for the job's verdict;
+    the Slurm step, recorded after it, happened before it: the timeline stays in time order
+    (`gpuheal status -o wide` shows no negative step)."""
+    rec = Recorder(_nrem(), FAULT)
+    rec.event("Detected", "XID 79", at=FAULT)
+    rec.event("spareClaimed", "gpu-spare-0", at=FAULT + dt.timedelta(seconds=0.8))
+    rec.event("replace/slurmDrain", "requeued 1 job(s)", at=ACTED)
+    assert [e.step for e in rec.status.timeline] == [
+        "Detected",
+        "replace/slurmDrain",
+        "spareClaimed",
+    ]

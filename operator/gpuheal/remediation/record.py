@@ -3,6 +3,7 @@ one merge patch per pass."""
 
 from __future__ import annotations
 
+import bisect
 import datetime as dt
 from collections.abc import Callable
 from typing import Any
@@ -91,10 +92,14 @@ class Recorder:
 
     def event(self, step: str, message: str, at: dt.datetime | None = None) -> None:
         """A timeline entry, stamped with the wall clock (steps often take milliseconds), or
-        with ``at``: when it happened (e.g. when Slurm acted, as the bridge says)."""
+        with ``at``: when it happened (e.g. when Slurm acted, as the bridge says). Entries stay
+        in time order: a step dated when Slurm acted may be recorded after a later one (the
+        spare claimed meanwhile), and readers take the timeline as a history."""
         when = _no_later(at) if at else _now()
         entry = TimelineEntry(time=when, step=step[:64], message=message[:1024])
-        self.status.timeline = [*self.status.timeline, entry][-TIMELINE_KEEP:]
+        entries = list(self.status.timeline)
+        bisect.insort_right(entries, entry, key=lambda e: e.time)
+        self.status.timeline = entries[-TIMELINE_KEEP:]
         self.dirty = True
 
     def set(self, **fields: Any) -> None:
