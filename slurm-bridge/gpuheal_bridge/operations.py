@@ -286,20 +286,20 @@ class Operations:
         *,
         unavailable_raises: bool = False,
     ) -> JobResult:
-        """``unavailable_raises``: one job's own call, where a job Slurm does not know is a 404
-        (the node's sweep reports it GONE) and slurmctld gone before the requeue a 503."""
+        """``unavailable_raises``: one job's own call, where a first read that fails is the
+        call's error (nothing was done: a job Slurm does not know is a 404, slurmctld gone a
+        503, another refusal a 409; the node's sweep reports the job GONE or FAILED instead),
+        and slurmctld gone before the requeue a 503."""
         async with self.lock(f"job:{job_id}"):
             job: JobState | None = None
             try:
                 job = await self.backend.get_job(job_id)  # under the lock: fresh after a peer
                 return await self._requeue(job, opts, from_node)
-            except NotFound as exc:
-                if unavailable_raises and job is None:
-                    raise
-                return JobResult(job_id=job_id, outcome=JobOutcome.GONE, detail=str(exc))
             except BackendError as exc:
-                if unavailable_raises and isinstance(exc, Unavailable):
+                if unavailable_raises and (job is None or isinstance(exc, Unavailable)):
                     raise
+                if isinstance(exc, NotFound):
+                    return JobResult(job_id=job_id, outcome=JobOutcome.GONE, detail=str(exc))
                 kind = "slurmctld unavailable" if isinstance(exc, Unavailable) else "slurm"
                 return JobResult(job_id=job_id, outcome=JobOutcome.FAILED, detail=f"{kind}: {exc}")
 

@@ -255,6 +255,11 @@ def test_hostile_names_ids_bodies_and_signals_change_nothing_in_slurm(
         for job in HOSTILE_JOBS:
             assert 400 <= send("GET", f"/v1/jobs/{job}").status_code < 500, job
             assert 400 <= send("POST", f"/v1/jobs/{job}/requeue", json={}).status_code < 500, job
+        # ids the API takes but squeue 22.05 refuses ("Invalid job id: N", above 2**31 - 1):
+        # no such job, a 404 (not a 200 "failed" stored under the key)
+        for job in ("2147483648", "4294906480", "4294967293"):
+            assert send("GET", f"/v1/jobs/{job}").status_code == 404, job
+            assert send("POST", f"/v1/jobs/{job}/requeue", json={}).status_code == 404, job
         for hostlist in (
             "hx-node-[0-2]",
             "--help",

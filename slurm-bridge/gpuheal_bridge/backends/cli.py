@@ -52,8 +52,10 @@ _UNAVAILABLE = re.compile(
     r"|Communication connection failure|Slurm controller not responding",
     re.I,
 )
+# "Invalid job id specified" from scontrol; squeue 22.05 says "Invalid job id: N" for an id
+# above 2**31 - 1 (it parses into a signed int), which no job it can show has.
 _NOT_FOUND = re.compile(
-    r"Invalid node name|Node \S+ not found|Invalid job id specified|Unable to find JobId", re.I
+    r"Invalid node name|Node \S+ not found|Invalid job id|Unable to find JobId", re.I
 )
 
 

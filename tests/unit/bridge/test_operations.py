@@ -21,7 +21,7 @@ from gpuheal_bridge.api.models import (
     ResumeRequest,
     SignalTarget,
 )
-from gpuheal_bridge.backends.base import JobProbe, NotFound, Unavailable
+from gpuheal_bridge.backends.base import JobProbe, NotFound, Rejected, Unavailable
 from gpuheal_bridge.operations import Operations, OwnershipConflict
 from tests.unit.bridge.fakes import FakeClock, FakeJob, FakeSlurm
 
@@ -153,6 +153,21 @@ async def test_requeue_from_node_guard(ops: Operations, slurm: FakeSlurm) -> Non
 async def test_requeue_unknown_job(ops: Operations) -> None:
     with pytest.raises(NotFound):
         await ops.requeue_job(404, RequeueOptions())
+
+
+async def test_requeue_whose_first_read_is_refused_is_the_calls_error(
+    ops: Operations, slurm: FakeSlurm, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Nothing was done: the caller gets Slurm's refusal (a 409), not a stored "failed"."""
+
+    async def refused(job_id: int) -> None:
+        raise Rejected(f"squeue: error: something else for {job_id}")
+
+    slurm.add_job(FakeJob(9, ["node1"]))
+    monkeypatch.setattr(slurm, "get_job", refused)
+    with pytest.raises(Rejected):
+        await ops.requeue_job(9, RequeueOptions())
+    assert slurm.mutating_calls() == []
 
 
 async def test_checkpoint_signal_waits_the_grace_then_requeues(

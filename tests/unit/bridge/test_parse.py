@@ -199,6 +199,7 @@ def test_probe_line_running() -> None:
         ("Node nodeX not found", NotFound),
         ("slurm_update error: Invalid node name specified", NotFound),
         ("Invalid job id specified for job 999", NotFound),
+        ("squeue: error: Invalid job id: 4294906480", NotFound),  # an id above 2**31 - 1
         ("squeue: error: Invalid node name nodeX", NotFound),
         ("slurm_update error: Invalid node state specified", Rejected),
         ("Requested operation is presently disabled for job 2", Rejected),
