@@ -3,11 +3,24 @@ operator, and stops saying so once the cluster has what it missed."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import json
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from itertools import count
+from typing import Any
 
 import pytest
+import yaml
+from kubernetes.client.rest import ApiException
 
-from tests.integration.operator_harness import Objects, OperatorProcess, condition, wait_for
+from gpuheal_dev.sandbox import Sandbox
+from tests.integration.operator_harness import (
+    REPO,
+    Objects,
+    OperatorProcess,
+    condition,
+    wait_for,
+)
 from tests.integration.test_operator_k8s import (  # noqa: F401 - fixtures
     case,
     gpuheal_crds,
@@ -42,3 +55,75 @@ def test_a_missing_reserve_pool_is_a_warning_until_it_exists(
     objects.apply("reservepools", pool(spares, f"{cid}-spare"))
     cleared = wait_for(lambda: warnings("False"), "Warnings=False once the pool exists")
     assert cleared["reason"] == "NoWarnings"
+
+
+@contextmanager
+def _crd_without_reserve_reason_rules(sandbox: Sandbox) -> Iterator[None]:
+    """The ReservePool CRD as it was before reserveReason had rules (an upgrade's past):
+    what was stored then stays stored after the rules arrive."""
+    path = REPO / "crds" / "gpuheal.io_reservepools.yaml"
+    crd = yaml.safe_load(path.read_text())
+    props = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]
+    slurm = props["spec"]["properties"]["promotion"]["properties"]["slurm"]
+    slurm["properties"]["reserveReason"].pop("x-kubernetes-validations")
+    sandbox.kubectl("apply", "-f", "-", input=json.dumps(crd))
+    try:
+        yield
+    finally:
+        sandbox.kubectl("apply", "-f", str(path))
+
+
+def _stored(store: Objects, body: dict[str, Any]) -> bool:
+    try:
+        store.apply("reservepools", body)
+    except ApiException as exc:
+        if exc.status == 422:
+            return False  # the API server has not taken the looser schema in yet
+        raise
+    return True
+
+
+def test_a_stored_pool_the_operator_cannot_read_says_so_until_fixed(
+    case: Callable[..., list[str]],  # noqa: F811
+    objects: Objects,  # noqa: F811
+    run_operator: Callable[..., OperatorProcess],  # noqa: F811
+    sandbox: Sandbox,
+) -> None:
+    case(1)
+    cid = case.case_id  # type: ignore[attr-defined]
+    pname, spares = f"p-{cid}", f"spares-{cid}"
+    bad = pool(spares, f"{cid}-spare")
+    bad["spec"]["promotion"]["slurm"] = {"reserveReason": "gpuheal: spare"}
+    with _crd_without_reserve_reason_rules(sandbox):
+        wait_for(lambda: _stored(objects, bad), "the pool stored under the older schema")
+    probes = count()
+
+    def refused_again() -> bool:  # a new name each time: an update would be ratcheted
+        probe = pool(f"probe-{cid}-{next(probes)}", f"{cid}-spare")
+        probe["spec"]["promotion"]["slurm"] = {"reserveReason": "gpuheal: spare"}
+        return not _stored(objects, probe)
+
+    wait_for(refused_again, "the rules back in the API server")
+    objects.apply("remediationpolicies", policy(pname, f"{cid}-work", [xid79_rule(spares)]))
+    run_operator()
+
+    def ready(status: str) -> dict[str, Any] | None:
+        c = condition(objects.get("reservepools", spares), "Ready")
+        return c if c and c["status"] == status else None
+
+    refused = wait_for(lambda: ready("False"), "the pool's Ready=False")
+    assert refused["reason"] == "InvalidSpec"
+    assert "spec.promotion.slurm.reserveReason" in refused["message"]
+    assert "gpuheal:" in refused["message"]
+
+    def warned() -> str | None:
+        c = condition(objects.get("remediationpolicies", pname), "Warnings")
+        return c["message"] if c and c["status"] == "True" else None
+
+    assert f"ReservePool {spares} is ignored, its spec does not parse" in wait_for(
+        warned, "the policy's warning"
+    )
+    objects.patch(
+        "reservepools", spares, {"spec": {"promotion": {"slurm": {"reserveReason": "spare"}}}}
+    )
+    assert wait_for(lambda: ready("True"), "Ready=True once fixed")["reason"] == "Active"

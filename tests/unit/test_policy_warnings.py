@@ -94,3 +94,10 @@ def test_policy_warnings(spec: Any, expected: list[str]) -> None:
 def test_no_warning_once_the_pool_exists_and_no_breaker_warning_without_nodes() -> None:
     spec = _spec(_rule("gone", ladder=REPLACE, xids=[79]), maxUnhealthy=0)
     assert policy_warnings(spec, pools={"spares"}, selected=0) == []
+
+
+def test_a_pool_that_exists_but_does_not_parse_is_named_as_such() -> None:
+    spec = _spec(_rule("gone", ladder=REPLACE, xids=[79]))
+    (found,) = policy_warnings(spec, pools=set(), selected=10, unreadable={"spares"})
+    assert "ReservePool spares is ignored, its spec does not parse" in found
+    assert "does not exist" not in found

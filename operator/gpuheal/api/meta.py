@@ -21,6 +21,7 @@ from pydantic import (
     ConfigDict,
     Field,
     JsonValue,
+    ValidationError,
     WithJsonSchema,
     model_validator,
 )
@@ -231,6 +232,18 @@ def list_of(max_length: int, description: str, **extra: Any) -> Any:
 def map_of(max_length: int, description: str) -> Any:
     """A map field, empty by default, bounded."""
     return Field(default_factory=dict, max_length=max_length, description=description)
+
+
+def describe_errors(exc: ValidationError, limit: int = 5) -> str:
+    """`spec.x.y: why; ...` for a person: the field paths as written in YAML (the models
+    validate by alias), pydantic's "Value error, " prefix dropped."""
+    errors = exc.errors()
+    text = "; ".join(
+        f"{'.'.join(str(x) for x in e['loc']) or '(object)'}: "
+        f"{e['msg'].removeprefix('Value error, ')}"
+        for e in errors[:limit]
+    )
+    return text + (f"; and {len(errors) - limit} more" if len(errors) > limit else "")
 
 
 def column(name: str, type_: str, path: str, *, priority: int = 0) -> dict[str, str | int]:

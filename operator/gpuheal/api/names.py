@@ -121,6 +121,7 @@ class Reason(enum.StrEnum):
     REFUSED = "Refused"  # a NodeRemediation gpuheal could not have opened (made by hand)
     # policy and pool status
     ACTIVE = "Active"
+    INVALID_SPEC = "InvalidSpec"  # stored, but the operator cannot read it: ignored
     TOO_MANY_UNHEALTHY = "TooManyUnhealthy"
     WITHIN_LIMITS = "WithinLimits"
     BREAKER_CLOSED = "BreakerClosed"

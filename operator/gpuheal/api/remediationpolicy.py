@@ -1362,6 +1362,7 @@ class RemediationPolicy(Resource):
 CRD = CrdInfo.of(
     RemediationPolicy,
     ("rp",),
+    condition_column("Ready", "Ready"),
     column("Selected", "integer", ".status.selectedNodes"),
     column("Unhealthy", "integer", ".status.unhealthyNodes"),
     column("Remediating", "integer", ".status.remediatingNodes"),

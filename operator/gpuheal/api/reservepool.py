@@ -262,6 +262,7 @@ class ReservePool(Resource):
 CRD = CrdInfo.of(
     ReservePool,
     ("rsvp",),
+    condition_column("Ready", "Ready"),
     column("Available", "integer", ".status.available"),
     column("Claimed", "integer", ".status.claimed"),
     column("Total", "integer", ".status.total"),

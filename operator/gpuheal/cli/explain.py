@@ -12,6 +12,7 @@ from typing import Any, TypeVar
 from pydantic import ValidationError
 
 from gpuheal.api.faulthistory import FaultHistory
+from gpuheal.api.meta import describe_errors
 from gpuheal.api.names import APPROVE_ANNOTATION, HISTORY_PLURAL, NREM_PLURAL, POLICY_PLURAL
 from gpuheal.api.noderemediation import NodeRemediation
 from gpuheal.api.remediationpolicy import RemediationPolicy
@@ -87,7 +88,8 @@ def _parsed(items: list[dict[str, Any]], model: type[M]) -> list[M]:
             out.append(model.model_validate(item))
         except ValidationError as exc:
             print(
-                f"({item.get('kind', 'object')} {item['metadata']['name']} does not parse: {exc})",
+                f"({item.get('kind', 'object')} {item['metadata']['name']} does not parse, "
+                f"ignored: {describe_errors(exc)})",
                 file=sys.stderr,
             )
     return out

@@ -29,12 +29,17 @@ RECOVERY_XID = 154
 
 
 def policy_warnings(
-    spec: RemediationPolicySpec, pools: Collection[str], selected: int
+    spec: RemediationPolicySpec,
+    pools: Collection[str],
+    selected: int,
+    *,
+    unreadable: Collection[str] = (),
 ) -> list[str]:
-    """Every warning about `spec`, in rule order, the safety limits last."""
+    """Every warning about `spec`, in rule order, the safety limits last. ``unreadable``:
+    pools that exist but that the operator ignores (their spec does not parse)."""
     out: list[str] = []
     for index, rule in enumerate(spec.rules):
-        out += _rule_warnings(rule, pools)
+        out += _rule_warnings(rule, pools, unreadable)
         out += _takes_xid_events(spec.rules, index)
     allowed = allowed_unhealthy(spec.safety, selected)
     if selected > 0 and allowed == 0 and not spec.safety.dry_run:
@@ -51,7 +56,7 @@ def policy_warnings(
     return out
 
 
-def _rule_warnings(rule: Rule, pools: Collection[str]) -> list[str]:
+def _rule_warnings(rule: Rule, pools: Collection[str], unreadable: Collection[str]) -> list[str]:
     out: list[str] = []
     name = rule.name
     alert_only = _alert_only_on_first_sight(rule)
@@ -64,12 +69,15 @@ def _rule_warnings(rule: Rule, pools: Collection[str]) -> list[str]:
         )
     for at, rung in enumerate(rule.ladder):
         for step in rung.steps:
-            if step.replace is not None and step.replace.reserve_pool_ref.name not in pools:
-                out.append(
-                    f"rule {name}, rung {rung.name}: ReservePool "
-                    f"{step.replace.reserve_pool_ref.name} does not exist; replace waits with "
-                    "PoolNotFound until it does"
+            pool = step.replace.reserve_pool_ref.name if step.replace is not None else None
+            if pool is not None and pool not in pools:
+                missing = (
+                    "is ignored, its spec does not parse (see its Ready condition); replace "
+                    "waits with PoolNotFound until it is fixed"
+                    if pool in unreadable
+                    else "does not exist; replace waits with PoolNotFound until it does"
                 )
+                out.append(f"rule {name}, rung {rung.name}: ReservePool {pool} {missing}")
         replaced = [
             r.name for r in rule.ladder[:at] if any(s.action is Action.REPLACE for s in r.steps)
         ]

@@ -10,13 +10,15 @@ from typing import Any
 from pydantic import ValidationError
 
 from gpuheal.api.faulthistory import FaultHistory
+from gpuheal.api.meta import describe_errors
+from gpuheal.api.names import POLICY_PLURAL, POOL_PLURAL
 from gpuheal.api.noderemediation import NodeRemediation
 from gpuheal.api.remediationpolicy import RemediationPolicy
 from gpuheal.api.reservepool import ReservePool
 from gpuheal.policy.inputs import node_view
 from gpuheal.remediation import intake
 from gpuheal.remediation.driver import ensure_driver, stop_driver
-from gpuheal.remediation.state import Runtime
+from gpuheal.remediation.state import Runtime, Unparsed
 
 log = logging.getLogger("gpuheal.objects")
 
@@ -40,14 +42,16 @@ def node_changed(rt: Runtime, type_: str | None, body: dict[str, Any]) -> None:
 def policy_changed(rt: Runtime, type_: str | None, body: dict[str, Any]) -> None:
     name = body["metadata"]["name"]
     if type_ == "DELETED":
+        rt.unparsed.pop((POLICY_PLURAL, name), None)
         rt.drop_policy(name)
         return
     try:
         policy = RemediationPolicy.model_validate(body)
     except ValidationError as exc:
-        log.error("RemediationPolicy %s does not parse; ignoring it: %s", name, exc)
+        _unparsed(rt, POLICY_PLURAL, body, exc)
         rt.drop_policy(name)
         return
+    rt.unparsed.pop((POLICY_PLURAL, name), None)
     old = rt.policies.get(name)
     rt.set_policy(policy)
     if old is not None and old.metadata.generation == policy.metadata.generation:
@@ -61,12 +65,42 @@ def policy_changed(rt: Runtime, type_: str | None, body: dict[str, Any]) -> None
 def pool_changed(rt: Runtime, type_: str | None, body: dict[str, Any]) -> None:
     name = body["metadata"]["name"]
     if type_ == "DELETED":
+        rt.unparsed.pop((POOL_PLURAL, name), None)
         rt.pools.pop(name, None)
         return
     try:
         rt.pools[name] = ReservePool.model_validate(body)
     except ValidationError as exc:
-        log.error("ReservePool %s does not parse; ignoring it: %s", name, exc)
+        _unparsed(rt, POOL_PLURAL, body, exc)
+        rt.pools.pop(name, None)
+        return
+    rt.unparsed.pop((POOL_PLURAL, name), None)
+
+
+def _unparsed(rt: Runtime, plural: str, body: dict[str, Any], exc: ValidationError) -> None:
+    """Ignore an object the API server stored but this operator cannot read (stored before
+    a rule was added, or by a newer CRD): logged once per generation, and its status says
+    Ready=False (report.unparsed_status) instead of the last good object's Active."""
+    meta = body["metadata"]
+    generation = meta.get("generation")
+    key = (plural, meta["name"])
+    known = rt.unparsed.get(key)
+    if known is not None and known.generation == generation:
+        return  # a status write (ours, mostly): same spec, said already
+    why = describe_errors(exc)
+    log.error("%s %s does not parse; ignoring it: %s", body.get("kind", plural), key[1], why)
+    status = body.get("status")
+    status = status if isinstance(status, dict) else {}
+    conditions = status.get("conditions")
+    observed = status.get("observedGeneration")
+    rt.unparsed[key] = Unparsed(
+        generation=generation,
+        why=why,
+        conditions=[c for c in conditions if isinstance(c, dict)]
+        if isinstance(conditions, list)
+        else [],
+        observed_generation=observed if isinstance(observed, int) else None,
+    )
 
 
 def history_changed(rt: Runtime, type_: str | None, body: dict[str, Any]) -> None:

@@ -11,6 +11,8 @@ import datetime as dt
 import logging
 from typing import Any
 
+from pydantic import ValidationError
+
 from gpuheal.api.meta import MAX_MESSAGE, Condition, ConditionStatus, set_condition
 from gpuheal.api.names import POLICY_PLURAL, POOL_PLURAL, PolicyCondition, PoolCondition, Reason
 from gpuheal.api.remediationpolicy import RemediationPolicy, RemediationPolicyStatus
@@ -18,7 +20,7 @@ from gpuheal.api.reservepool import Claim, ReservePool, ReservePoolStatus
 from gpuheal.policy import allowed_unhealthy, unhealthy_reasons
 from gpuheal.policy.warnings import policy_warnings
 from gpuheal.remediation import pools
-from gpuheal.remediation.state import Breaker, Runtime
+from gpuheal.remediation.state import Breaker, Runtime, Unparsed
 
 log = logging.getLogger("gpuheal.report")
 INTERVAL = 3.0
@@ -82,7 +84,8 @@ def policy_status(
     conds.set(
         PolicyCondition.PAUSED, paused, Reason.PAUSED_BY_SPEC if paused else Reason.NOT_PAUSED
     )
-    warnings = policy_warnings(policy.spec, rt.pools, len(selected))
+    unreadable = [n for plural, n in rt.unparsed if plural == POOL_PLURAL]
+    warnings = policy_warnings(policy.spec, rt.pools, len(selected), unreadable=unreadable)
     conds.set(
         PolicyCondition.WARNINGS,
         bool(warnings),
@@ -146,11 +149,33 @@ def pool_status(rt: Runtime, pool: ReservePool, now: dt.datetime) -> ReservePool
     )
 
 
+def unparsed_status(item: Unparsed, now: dt.datetime) -> dict[str, Any]:
+    """Status of a policy or pool the operator ignores: Ready=False, InvalidSpec, why. Its
+    other fields stay as last written (a merge patch), its other conditions too."""
+    kept: list[Condition] = []
+    for raw in item.conditions:
+        try:
+            kept.append(Condition.model_validate(raw))
+        except ValidationError:
+            continue  # not ours to mend; Ready is what matters here
+    conds = _Conditions(kept, item.generation, now)
+    conds.set(
+        PolicyCondition.READY,
+        False,
+        Reason.INVALID_SPEC,
+        f"ignored: this operator cannot read the spec: {item.why}"[:MAX_MESSAGE],
+    )
+    return {
+        "observedGeneration": item.generation,
+        "conditions": [c.to_k8s() for c in conds.items],
+    }
+
+
 def _comparable(status: dict[str, Any]) -> Any:
     """Status without timestamps, to decide whether a write is needed."""
     out = {k: v for k, v in status.items() if k not in ("conditions", "claims")}
     out["conditions"] = sorted(
-        (c["type"], c["status"], c["reason"], c.get("message", ""))
+        (c.get("type"), c.get("status"), c.get("reason"), c.get("message", ""))
         for c in status.get("conditions", [])
     )
     out["claims"] = sorted((c["node"], c["claimedBy"]) for c in status.get("claims", []))
@@ -165,17 +190,31 @@ async def report_once(rt: Runtime, last: dict[tuple[str, str], Any]) -> None:
     for name, pool in list(rt.pools.items()):
         if name in available:
             await pools.refill(rt, pool, available[name].available, now)
-    work: list[tuple[str, str, Any, Any]] = [
-        *((POLICY_PLURAL, n, p.status, policy_status(rt, p, now)) for n, p in rt.policies.items()),
-        *((POOL_PLURAL, n, p.status, pool_status(rt, p, now)) for n, p in rt.pools.items()),
+    work: list[tuple[str, str, dict[str, Any], dict[str, Any]]] = [
+        *(
+            (POLICY_PLURAL, n, p.status.to_k8s(), policy_status(rt, p, now).to_k8s())
+            for n, p in rt.policies.items()
+        ),
+        *(
+            (POOL_PLURAL, n, p.status.to_k8s(), pool_status(rt, p, now).to_k8s())
+            for n, p in rt.pools.items()
+        ),
+        *(
+            (
+                plural,
+                n,
+                {"observedGeneration": u.observed_generation, "conditions": u.conditions},
+                unparsed_status(u, now),
+            )
+            for (plural, n), u in rt.unparsed.items()
+        ),
     ]
-    for plural, name, old, new in work:
-        wire = new.to_k8s()
+    for plural, name, old, wire in work:
         key = (plural, name)
         current = _comparable(wire)
         if last.get(key) == current:
             continue
-        if key not in last and _comparable(old.to_k8s()) == current:
+        if key not in last and _comparable(old) == current:
             last[key] = current  # as written before a restart: nothing to do
             continue
         await kube.patch_custom_status(plural, name, wire)

@@ -94,6 +94,18 @@ class Breaker:
     changed_at: dt.datetime | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class Unparsed:
+    """A policy or pool the API server stored but the operator cannot read (a spec written
+    before a rule was added, or with a newer CRD): ignored, and said so in its status."""
+
+    generation: int | None
+    why: str
+    # its status as stored: the conditions to update Ready in, and what was last observed
+    conditions: list[dict[str, Any]]
+    observed_generation: int | None = None
+
+
 @dataclass
 class _Tally:
     """One policy's share of the incidents, kept as they change."""
@@ -224,6 +236,7 @@ class Runtime:
     nodes: dict[str, NodeView] = field(default_factory=dict)
     policies: dict[str, RemediationPolicy] = field(default_factory=dict)
     pools: dict[str, ReservePool] = field(default_factory=dict)
+    unparsed: dict[tuple[str, str], Unparsed] = field(default_factory=dict)  # (plural, name)
     incidents: Incidents = field(default_factory=Incidents)
     incident_marks: dict[str, tuple[int | None, str | None]] = field(default_factory=dict)
     # The newest NodeRemediation known per open incident (our own writes' answers and the
