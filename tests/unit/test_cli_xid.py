@@ -59,3 +59,19 @@ def test_explain_names_the_class_and_the_first_sight(capsys: pytest.CaptureFixtu
     assert text.startswith("XID 79: ")
     assert "gpuheal class:" in text
     assert "first sight:" in text
+
+
+def test_stdin_is_read_as_bytes_whatever_the_locale(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    data = b"name=\xff\xfe\n" + XID_79.encode()
+    probe = (
+        "import io, sys; "
+        "sys.stdin = io.TextIOWrapper(sys.stdin.buffer, encoding='utf-8', errors='strict'); "
+        "from gpuheal.cli import main; sys.exit(main(['xid', 'parse']))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe], input=data, capture_output=True, timeout=60, check=True
+    )
+    assert [r["xid"] for r in _records(out.stdout.decode())] == [79]

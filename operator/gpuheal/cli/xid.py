@@ -101,8 +101,9 @@ def parse_stream(lines: Iterable[str], out: TextIO) -> int:
 def _opened(path: str) -> Iterator[Iterable[str]]:
     """A log file's lines as text whatever its bytes (a log cut by a crash has NULs and
     half-written characters)."""
-    if path == "-":
-        yield sys.stdin
+    if path == "-":  # bytes: a strict UTF-8 locale would stop at the first bad byte
+        stdin = getattr(sys.stdin, "buffer", None)
+        yield sys.stdin if stdin is None else (b.decode("utf-8", "replace") for b in stdin)
         return
     try:
         raw = gzip.open(path, "rb") if path.endswith(".gz") else open(path, "rb")  # noqa: SIM115
