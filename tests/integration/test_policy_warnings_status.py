@@ -57,6 +57,35 @@ def test_a_missing_reserve_pool_is_a_warning_until_it_exists(
     assert cleared["reason"] == "NoWarnings"
 
 
+def test_a_policy_whose_selector_matches_no_node_says_so_until_it_does(
+    case: Callable[..., list[str]],  # noqa: F811
+    objects: Objects,  # noqa: F811
+    run_operator: Callable[..., OperatorProcess],  # noqa: F811
+) -> None:
+    case(1)
+    cid = case.case_id  # type: ignore[attr-defined]
+    pname = f"p-{cid}"
+    fence = {"name": "fence", "steps": [{"action": "cordon"}]}
+    typo = policy(
+        pname, f"{cid}-wrok", [{"name": "gone", "signals": {"xids": [79]}, "ladder": [fence]}]
+    )
+    objects.apply("remediationpolicies", typo)
+    run_operator()
+
+    def warnings(status: str) -> dict[str, str] | None:
+        c = condition(objects.get("remediationpolicies", pname), "Warnings")
+        return c if c and c["status"] == status else None
+
+    warned = wait_for(lambda: warnings("True"), "Warnings=True")
+    assert "nodeSelector matches no node" in warned["message"]
+    objects.patch(
+        "remediationpolicies",
+        pname,
+        {"spec": {"nodeSelector": {"matchLabels": {"gpuheal.io/case": f"{cid}-work"}}}},
+    )
+    assert wait_for(lambda: warnings("False"), "Warnings=False once it matches")
+
+
 @contextmanager
 def _crd_without_reserve_reason_rules(sandbox: Sandbox) -> Iterator[None]:
     """The ReservePool CRD as it was before reserveReason had rules (an upgrade's past):

@@ -101,3 +101,18 @@ def test_a_pool_that_exists_but_does_not_parse_is_named_as_such() -> None:
     (found,) = policy_warnings(spec, pools=set(), selected=10, unreadable={"spares"})
     assert "ReservePool spares is ignored, its spec does not parse" in found
     assert "does not exist" not in found
+
+
+@pytest.mark.parametrize(
+    ("matched", "expected"),
+    [
+        (0, "nodeSelector matches no node: this policy acts on nothing"),
+        (3, "nodeSelector matches 3 node(s) but governs none"),
+    ],
+)
+def test_a_policy_that_governs_no_node_says_why(matched: int, expected: str) -> None:
+    spec = _spec(_rule("gone", xids=[79]))
+    assert [w[: len(expected)] for w in policy_warnings(spec, set(), 0, matched=matched)] == [
+        expected
+    ]
+    assert policy_warnings(spec, set(), 4, matched=None) == []  # governs some: nothing to say

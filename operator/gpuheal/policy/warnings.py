@@ -34,10 +34,15 @@ def policy_warnings(
     selected: int,
     *,
     unreadable: Collection[str] = (),
+    matched: int | None = None,
 ) -> list[str]:
-    """Every warning about `spec`, in rule order, the safety limits last. ``unreadable``:
-    pools that exist but that the operator ignores (their spec does not parse)."""
+    """Every warning about `spec`, in rule order, the safety limits last. ``selected``: the
+    nodes it governs; ``matched``: the nodes its nodeSelector matches, whichever policy
+    governs them (given when it governs none); ``unreadable``: pools that exist but that
+    the operator ignores (their spec does not parse)."""
     out: list[str] = []
+    if selected == 0 and matched is not None:
+        out.append(_governs_none(matched))
     for index, rule in enumerate(spec.rules):
         out += _rule_warnings(rule, pools, unreadable)
         out += _takes_xid_events(spec.rules, index)
@@ -54,6 +59,21 @@ def policy_warnings(
             "use dryRun)"
         )
     return out
+
+
+def _governs_none(matched: int) -> str:
+    """A selector that matches nothing is the commonest slip (a label key or value spelt
+    unlike the nodes'); one that matches only nodes another policy wins may be meant."""
+    if matched == 0:
+        return (
+            "nodeSelector matches no node: this policy acts on nothing (compare it with "
+            "`kubectl get nodes --show-labels`)"
+        )
+    return (
+        f"nodeSelector matches {matched} node(s) but governs none: a policy of higher "
+        "priority governs them, or a tie at the same priority leaves them to neither (see "
+        "Overlapping)"
+    )
 
 
 def _rule_warnings(rule: Rule, pools: Collection[str], unreadable: Collection[str]) -> list[str]:

@@ -85,7 +85,14 @@ def policy_status(
         PolicyCondition.PAUSED, paused, Reason.PAUSED_BY_SPEC if paused else Reason.NOT_PAUSED
     )
     unreadable = [n for plural, n in rt.unparsed if plural == POOL_PLURAL]
-    warnings = policy_warnings(policy.spec, rt.pools, len(selected), unreadable=unreadable)
+    matched = (  # only worth the scan when the policy governs nothing
+        None
+        if selected
+        else sum(policy.spec.node_selector.matches(dict(v.labels)) for v in rt.nodes.values())
+    )
+    warnings = policy_warnings(
+        policy.spec, rt.pools, len(selected), unreadable=unreadable, matched=matched
+    )
     conds.set(
         PolicyCondition.WARNINGS,
         bool(warnings),
