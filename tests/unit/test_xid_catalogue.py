@@ -58,6 +58,11 @@ def test_required_entries_exist_with_source(code: int) -> None:
         (43, XidClass.APPLICATION, FirstSight.ALERT_ONLY),
         (74, XidClass.NVLINK, FirstSight.ANY),
         (63, XidClass.RESET_WHEN_IDLE, FirstSight.ANY),
+        # generated families: an engine exception is the job's until it repeats
+        (41, XidClass.APPLICATION, FirstSight.ALERT_ONLY),
+        (135, XidClass.APPLICATION, FirstSight.ALERT_ONLY),
+        (157, XidClass.INFORMATIONAL, FirstSight.ANY),
+        (156, XidClass.GPU_RESET, FirstSight.ANY),
     ],
 )
 def test_defaults_from_the_issue(
@@ -78,3 +83,13 @@ def test_explain_names_meaning_and_source() -> None:
     assert "fallen off the bus" in text
     assert "RESTART_BM" in text
     assert "docs.nvidia.com" in text
+
+
+def test_generated_entries_carry_nvidias_mnemonics() -> None:
+    assert lookup(41).mnemonic == "ROBUST_CHANNEL_CE2_ERROR"
+    assert lookup(85).mnemonic == "ROBUST_CHANNEL_CE9_ERROR"
+    assert lookup(126).mnemonic == "ROBUST_CHANNEL_CE10_ERROR"
+    assert lookup(98).mnemonic == "ROBUST_CHANNEL_NVDEC7_ERROR"
+    assert lookup(82).mnemonic == "ROBUST_CHANNEL_NVJPG0_ERROR"
+    assert lookup(105).mnemonic == "ROBUST_CHANNEL_NVJPG7_ERROR"
+    assert all(e.source.startswith("https://docs.nvidia.com/") for e in CATALOGUE.values())

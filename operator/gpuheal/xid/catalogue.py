@@ -11,7 +11,11 @@ Sources (checked 2025):
 - [nvml] nvmlDeviceGpuRecoveryAction_t (XID 154 recovery actions).
 - [nvsentinel] NVIDIA/NVSentinel xiderrorsmapping.csv, used to cross-check mnemonics and
   immediate actions against the catalogue spreadsheet.
-Entries not listed here resolve to an `Unknown` entry: alert, never disrupt.
+Beyond the entries written out one by one, the engine-exception families (copy engines,
+video and JPEG decoders, optical flow, SEC2: RESTART_APP) and the entries NVIDIA files under
+IGNORE are generated from their mnemonics (`_FAMILIES`). NVIDIA's unused and display-only
+codes are left out. Entries not listed here resolve to an `Unknown` entry: alert, never
+disrupt.
 """
 
 from __future__ import annotations
@@ -405,7 +409,75 @@ _ENTRIES: tuple[XidEntry, ...] = (
     ),
 )
 
-CATALOGUE: dict[int, XidEntry] = {entry.code: entry for entry in _ENTRIES}
+
+def _engine(code: int, engine: str, what: str) -> XidEntry:
+    """An engine's exception (copy, video, JPEG, optical flow, security engine): NVIDIA's
+    immediate action is restarting the application; a repeat on one GPU is the hardware's."""
+    return _e(
+        code,
+        f"ROBUST_CHANNEL_{engine}_ERROR",
+        f"{engine} exception ({what})",
+        "RESTART_APP",
+        "CONTACT_SUPPORT if it recurs on the same GPU",
+        _APP,
+        first_sight=_ALERT_FIRST,
+        source=f"{CATALOG_URL} (cross-checked with NVSentinel xiderrorsmapping.csv)",
+    )
+
+
+def _note(code: int, mnemonic: str, meaning: str) -> XidEntry:
+    """An entry NVIDIA's catalogue files under IGNORE: recorded, never acted upon alone."""
+    return _e(
+        code,
+        mnemonic,
+        meaning,
+        "IGNORE",
+        "none on its own; look at the XIDs next to it",
+        _INFO,
+        source=f"{CATALOG_URL} (cross-checked with NVSentinel xiderrorsmapping.csv)",
+    )
+
+
+_COPY = "copy engine"
+_FAMILIES: tuple[XidEntry, ...] = (
+    *(_engine(c, f"CE{n}", _COPY) for c, n in ((39, 0), (40, 1), (41, 2), (70, 3), (71, 4),
+                                               (72, 5), (75, 6), (76, 7), (77, 8), (85, 9))),
+    *(_engine(126 + n, f"CE{10 + n}", _COPY) for n in range(10)),
+    *(_engine(c, f"NVDEC{n}", "video decoder") for c, n in ((83, 1), (84, 2), (88, 3),
+                                                          (89, 4), (96, 5), (97, 6), (98, 7))),
+    *(_engine(c, f"NVJPG{n}", "JPEG decoder") for c, n in ((82, 0), *((99 + k, 1 + k)
+                                                                     for k in range(7)))),
+    _engine(86, "OFA0", "optical flow accelerator"),
+    _engine(139, "OFA1", "optical flow accelerator"),
+    _engine(60, "SEC2", "security engine"),
+    _e(25, "ROBUST_CHANNEL_GR_ILLEGAL_NOTIFY", "Graphics engine illegal notify", "RESTART_APP",
+       "CHECK_APP/CUDA", _APP, first_sight=_ALERT_FIRST),
+    _e(80, "PBDMA_PUSHBUFFER_CRC_MISMATCH", "Push buffer CRC mismatch (PBDMA)", "RESTART_APP",
+       "CONTACT_SUPPORT if it recurs on the same GPU", _APP, first_sight=_ALERT_FIRST),
+    _e(156, "RESOURCE_RETIREMENT_EVENT", "A GPU resource was retired; takes effect on reset",
+       "RESET_GPU", "CONTACT_SUPPORT if it recurs", _RESET),
+    _e(158, "GPU_FATAL_TIMEOUT", "GPU fatal timeout", "RESET_GPU",
+       "CONTACT_SUPPORT if it recurs", _RESET),
+    _note(14, "ROBUST_CHANNEL_FAKE_ERROR", "Injected test error"),
+    _note(37, "ROBUST_CHANNEL_FECS_ERR_UNIMP_FIRMWARE_METHOD", "Driver firmware error "
+          "(unimplemented firmware method)"),
+    _note(44, "ROBUST_CHANNEL_GR_FAULT_DURING_CTXSW", "Graphics engine fault during a "
+          "context switch"),
+    _note(66, "ROBUST_CHANNEL_FECS_ERR_REG_ACCESS_VIOLATION", "Driver firmware error "
+          "(register access violation)"),
+    _note(67, "ROBUST_CHANNEL_FECS_ERR_VERIF_VIOLATION", "Driver firmware error "
+          "(verification violation)"),
+    _note(93, "INFOROM_ERASE_LIMIT_EXCEEDED", "InfoROM erase limit exceeded"),
+    _note(106, "SMBPBI_TEST_MESSAGE", "SMBPBI test message"),
+    _note(107, "SMBPBI_TEST_MESSAGE_SILENT", "SMBPBI silent test message"),
+    _note(137, "NVLINK_FLA_PRIV_ERR", "NVLink FLA privilege error"),
+    _note(141, "ROBUST_CHANNEL_FAST_PATH_ERROR", "Fast path error"),
+    _note(157, "RESOURCE_RETIREMENT_FAILURE", "Resource retirement failure"),
+    _note(161, "CHANNEL_RETIREMENT_FAILURE", "Channel retirement failure"),
+)  # fmt: skip
+
+CATALOGUE: dict[int, XidEntry] = {entry.code: entry for entry in (*_ENTRIES, *_FAMILIES)}
+assert len(CATALOGUE) == len(_ENTRIES) + len(_FAMILIES), "an XID listed twice"
 
 
 def lookup(code: int) -> XidEntry:
