@@ -34,6 +34,18 @@ from tests.integration.test_operator_k8s import (  # noqa: F401 - fixtures
 pytestmark = pytest.mark.integration
 
 
+def _condition_is(
+    store: Objects, plural: str, name: str, type_: str, status: str
+) -> Callable[[], dict[str, Any] | None]:
+    """For wait_for: the object's condition ``type_`` once it has ``status``."""
+
+    def check() -> dict[str, Any] | None:
+        c = condition(store.get(plural, name), type_)
+        return c if c and c["status"] == status else None
+
+    return check
+
+
 def test_a_missing_reserve_pool_is_a_warning_until_it_exists(
     case: Callable[..., list[str]],  # noqa: F811
     objects: Objects,  # noqa: F811
@@ -45,15 +57,16 @@ def test_a_missing_reserve_pool_is_a_warning_until_it_exists(
     objects.apply("remediationpolicies", policy(pname, f"{cid}-work", [xid79_rule(spares)]))
     run_operator()
 
-    def warnings(status: str) -> dict[str, str] | None:
-        c = condition(objects.get("remediationpolicies", pname), "Warnings")
-        return c if c and c["status"] == status else None
-
-    warned = wait_for(lambda: warnings("True"), "Warnings=True")
+    warned = wait_for(
+        _condition_is(objects, "remediationpolicies", pname, "Warnings", "True"), "Warnings=True"
+    )
     assert warned["reason"] == "PolicyWarnings"
     assert f"ReservePool {spares} does not exist" in warned["message"]
     objects.apply("reservepools", pool(spares, f"{cid}-spare"))
-    cleared = wait_for(lambda: warnings("False"), "Warnings=False once the pool exists")
+    cleared = wait_for(
+        _condition_is(objects, "remediationpolicies", pname, "Warnings", "False"),
+        "Warnings=False once the pool exists",
+    )
     assert cleared["reason"] == "NoWarnings"
 
 
@@ -72,18 +85,19 @@ def test_a_policy_whose_selector_matches_no_node_says_so_until_it_does(
     objects.apply("remediationpolicies", typo)
     run_operator()
 
-    def warnings(status: str) -> dict[str, str] | None:
-        c = condition(objects.get("remediationpolicies", pname), "Warnings")
-        return c if c and c["status"] == status else None
-
-    warned = wait_for(lambda: warnings("True"), "Warnings=True")
+    warned = wait_for(
+        _condition_is(objects, "remediationpolicies", pname, "Warnings", "True"), "Warnings=True"
+    )
     assert "nodeSelector matches no node" in warned["message"]
     objects.patch(
         "remediationpolicies",
         pname,
         {"spec": {"nodeSelector": {"matchLabels": {"gpuheal.io/case": f"{cid}-work"}}}},
     )
-    assert wait_for(lambda: warnings("False"), "Warnings=False once it matches")
+    assert wait_for(
+        _condition_is(objects, "remediationpolicies", pname, "Warnings", "False"),
+        "Warnings=False once it matches",
+    )
 
 
 @contextmanager
@@ -136,23 +150,24 @@ def test_a_stored_pool_the_operator_cannot_read_says_so_until_fixed(
     objects.apply("remediationpolicies", policy(pname, f"{cid}-work", [xid79_rule(spares)]))
     run_operator()
 
-    def ready(status: str) -> dict[str, Any] | None:
-        c = condition(objects.get("reservepools", spares), "Ready")
-        return c if c and c["status"] == status else None
-
-    refused = wait_for(lambda: ready("False"), "the pool's Ready=False")
+    refused = wait_for(
+        _condition_is(objects, "reservepools", spares, "Ready", "False"), "the pool's Ready=False"
+    )
     assert refused["reason"] == "InvalidSpec"
     assert "spec.promotion.slurm.reserveReason" in refused["message"]
     assert "gpuheal:" in refused["message"]
 
-    def warned() -> str | None:
-        c = condition(objects.get("remediationpolicies", pname), "Warnings")
-        return c["message"] if c and c["status"] == "True" else None
-
-    assert f"ReservePool {spares} is ignored, its spec does not parse" in wait_for(
-        warned, "the policy's warning"
+    warned = _condition_is(objects, "remediationpolicies", pname, "Warnings", "True")
+    assert (
+        f"ReservePool {spares} is ignored, its spec does not parse"
+        in wait_for(warned, "the policy's warning")["message"]
     )
     objects.patch(
         "reservepools", spares, {"spec": {"promotion": {"slurm": {"reserveReason": "spare"}}}}
     )
-    assert wait_for(lambda: ready("True"), "Ready=True once fixed")["reason"] == "Active"
+    assert (
+        wait_for(
+            _condition_is(objects, "reservepools", spares, "Ready", "True"), "Ready=True once fixed"
+        )["reason"]
+        == "Active"
+    )
