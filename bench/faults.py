@@ -517,7 +517,9 @@ def fault_trace(ctx: Context) -> Result:
             "Without gpuheal a job whose process died stays FAILED (Slurm requeues only on node "
             "failure) and a hung one stays hung: the ratio is the share of the window before the "
             "first such fault.",
-            "gpuheal excludes each faulty node from the job's next allocations and never lifts "
-            "the exclusion when the node returns; 12 nodes keep the trace from running out.",
+            "gpuheal excludes each faulty node from the job's next allocations; the bridge lifts "
+            "the exclusion once it resumes the node (a pending job at once, a running one at its "
+            "next requeue); figures before that change ran with 12 nodes so the trace could not "
+            "run out of them.",
         ],
     )

@@ -18,6 +18,7 @@ from gpuheal_bridge.backends.base import Backend
 from gpuheal_bridge.backends.cli import CliBackend
 from gpuheal_bridge.backends.rest import RestBackend
 from gpuheal_bridge.config import BridgeConfig, listen_host, parse_config
+from gpuheal_bridge.exclusions import ExclusionLedger
 from gpuheal_bridge.nodemap import NodeMapper
 from gpuheal_bridge.operations import Operations
 from gpuheal_bridge.server.app import BridgeSettings, create_app
@@ -59,6 +60,7 @@ def build_settings(config: BridgeConfig) -> BridgeSettings:
         backend,
         expedite_timeout=config.expedite_timeout,
         settle_timeout=config.settle_timeout,
+        exclusions=ExclusionLedger.in_dir(config.state_dir),
     )
     return BridgeSettings(
         backend=backend,

@@ -70,7 +70,8 @@ class BridgeConfig(BaseSettings):
         "none", description="'cli': do what slurmrestd cannot with scontrol"
     )
     state_dir: Path = Field(
-        Path("/var/lib/gpuheal-bridge"), description="directory for the idempotency store"
+        Path("/var/lib/gpuheal-bridge"),
+        description="directory for the idempotency store and the exclusions the bridge added",
     )
     audit_log: Path | None = Field(
         None, description="JSON-lines audit log (default: STATE_DIR/audit.jsonl)"

@@ -58,6 +58,7 @@ from gpuheal_bridge.backends.base import (
     SlurmNode,
     Unavailable,
 )
+from gpuheal_bridge.exclusions import ExclusionLedger
 from gpuheal_bridge.ownership import build_reason, classify
 
 log = logging.getLogger("gpuheal_bridge.operations")
@@ -125,8 +126,10 @@ class Operations:
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         wall_clock: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.UTC),
+        exclusions: ExclusionLedger | None = None,
     ) -> None:
         self.backend = backend
+        self.exclusions = exclusions or ExclusionLedger()
         self._wall = wall_clock  # the times an answer reports (requeued_at, at)
         self.poll_interval = poll_interval
         self.settle_timeout = settle_timeout
@@ -220,13 +223,14 @@ class Operations:
     async def resume(self, k8s_name: str, slurm_name: str, req: ResumeRequest) -> ResumeResponse:
         async with self.lock(f"node:{slurm_name}"):
             previous = node_state(k8s_name, await self.backend.get_node(slurm_name))
-            if not previous.unavailable:
+            if not previous.unavailable:  # in service already (resumed by Slurm or a person)
                 return ResumeResponse(
                     node=k8s_name,
                     slurm_node=slurm_name,
                     outcome=ResumeOutcome.NOT_DRAINED,
                     previous=previous,
                     current=previous,
+                    exclusion_lifted_from=await self._lift_exclusions(slurm_name),
                 )
             if not req.force:
                 if previous.owner is not Owner.GPUHEAL:
@@ -258,14 +262,48 @@ class Operations:
                 if again.unavailable:
                     raise
             current = node_state(k8s_name, await self.backend.get_node(slurm_name))
-            return ResumeResponse(
-                node=k8s_name,
-                slurm_node=slurm_name,
-                outcome=ResumeOutcome.RESUMED,
-                forced=req.force and previous.owner is not Owner.GPUHEAL,
-                previous=previous,
-                current=current,
-            )
+        lifted = await self._lift_exclusions(slurm_name)
+        return ResumeResponse(
+            node=k8s_name,
+            slurm_node=slurm_name,
+            outcome=ResumeOutcome.RESUMED,
+            forced=req.force and previous.owner is not Owner.GPUHEAL,
+            previous=previous,
+            current=current,
+            exclusion_lifted_from=lifted,
+        )
+
+    async def _lift_exclusions(self, slurm_name: str) -> list[int]:
+        """The node is back in service: take it out of the ExcNodeList of the pending jobs
+        the bridge excluded it from (the others: at their next requeue). Best effort: a job
+        Slurm will not update now keeps its record. Returns the jobs it was lifted from."""
+        lifted = []
+        for job_id in self.exclusions.node_returned(slurm_name):
+            async with self.lock(f"job:{job_id}"):
+                try:
+                    job = await self.backend.get_job(job_id)
+                except NotFound:
+                    self.exclusions.forget(job_id, [slurm_name])
+                    continue
+                except BackendError as exc:
+                    log.warning("job %s: exclusion of %s kept: %s", job_id, slurm_name, exc)
+                    continue
+                if slurm_name not in job.excluded_nodes or job.ended is not None:
+                    self.exclusions.forget(job_id, [slurm_name])  # changed meanwhile, or over
+                    continue
+                if job.state not in PENDING_STATES:
+                    continue  # Slurm takes ExcNodeList only while pending: at its requeue
+                keep = [n for n in job.excluded_nodes if n != slurm_name]
+                try:
+                    await self.backend.set_excluded_nodes(job_id, keep)
+                except BackendError as exc:
+                    log.warning("job %s: exclusion of %s kept: %s", job_id, slurm_name, exc)
+                    continue
+                self.exclusions.forget(job_id, [slurm_name])
+                lifted.append(job_id)
+        if lifted:
+            log.info("%s back in service: no longer excluded from jobs %s", slurm_name, lifted)
+        return lifted
 
     # ---- requeue -------------------------------------------------------------------------
     async def requeue_job(
@@ -485,8 +523,12 @@ class Operations:
             notes.append(f"after requeue the job is {probe.state}")
 
         wanted: list[str] | None = None
+        returned = self.exclusions.returned_for(job_id) - set(bad)
         if opts.exclude_node and bad:
-            wanted = sorted(set(job.excluded_nodes) | set(bad))
+            # the nodes this bridge excluded earlier and resumed since are not out any more
+            wanted = sorted((set(job.excluded_nodes) - returned) | set(bad))
+        elif returned & set(job.excluded_nodes):
+            wanted = sorted(set(job.excluded_nodes) - returned)
         required: list[str] | None = None
         pinned = [n for n in bad if n in job.required_nodes]
         if pinned and opts.release_node:
@@ -508,6 +550,11 @@ class Operations:
             reused=[n for n in job.nodes if n not in bad],
             notes=notes,
         )
+
+        if excluded is not None:
+            if opts.exclude_node:
+                self.exclusions.added(job_id, [n for n in bad if n not in job.excluded_nodes])
+            self.exclusions.forget(job_id, returned - set(excluded))
 
         to_running: float | None = None
         if opts.wait_running_seconds > 0 and outcome is not JobOutcome.REQUEUED_HELD:
@@ -671,7 +718,7 @@ class Operations:
             after = await self.backend.get_job(job_id)
             if wanted is not None:
                 excluded = after.excluded_nodes
-                if not set(bad) <= set(excluded):
+                if opts.exclude_node and not set(bad) <= set(excluded):
                     notes.append("exclusion did not stick")
             if required is not None:
                 required_after = after.required_nodes

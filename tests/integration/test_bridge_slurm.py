@@ -275,6 +275,42 @@ async def test_requeuehold_keeps_the_job_held(bridge: Bridge, job_script: Path) 
     cluster.run("scancel", str(jid))
 
 
+async def test_a_node_back_in_service_is_no_longer_excluded_from_the_jobs_it_failed(
+    bridge: Bridge, job_script: Path
+) -> None:
+    """Two faults under one job, the first node repaired between them: the job excludes the
+    second only; a held job loses the exclusion as soon as its node is resumed; the job's
+    own exclusion stays throughout."""
+    cluster = bridge.cluster
+    own = NODES[2]
+    jid = submit(cluster, job_script, str(job_script.parent / "s"), sbatch=(f"--exclude={own}",))
+    first = running_on(cluster, jid)
+    moved = RequeueOptions(expedite=True, wait_running_seconds=30)
+    async with bridge.client() as client:
+        drained = await client.drain(first, incident="nrem-x1", xid=79, requeue=moved)
+        assert drained.jobs[0].excluded_nodes == sorted([first, own])
+        second = drained.jobs[0].nodes_after[0]
+        resumed = await client.resume(first, incident="nrem-x1")
+        assert resumed.exclusion_lifted_from == []  # running: Slurm will not update it now
+        assert first in (await client.get_job(jid)).excluded_nodes
+        again = await client.drain(second, incident="nrem-x2", xid=79, requeue=moved)
+        assert again.jobs[0].outcome == "requeued", again.jobs[0]
+        assert again.jobs[0].excluded_nodes == sorted([second, own])  # the first: lifted
+        third = again.jobs[0].nodes_after[0]
+        assert third == first  # the only node left for it: the repaired one
+        held = RequeueOptions(mode=RequeueMode.REQUEUE_HOLD)
+        await client.drain(third, incident="nrem-x3", xid=79, requeue=held)
+        excluded = (await client.get_job(jid)).excluded_nodes
+        assert sorted(excluded) == sorted([second, third, own])
+        await client.resume(second, incident="nrem-x2")
+        lifted = await client.resume(third, incident="nrem-x3")
+        # pending: both lifted at once (the second when it was resumed), the job's own kept
+        assert (await client.get_job(jid)).excluded_nodes == [own]
+    assert lifted.exclusion_lifted_from == [jid]
+    assert job_field(cluster, jid, "%T") == "PENDING"  # still held: only the list changed
+    cluster.run("scancel", str(jid))
+
+
 # ---- ownership ------------------------------------------------------------------------------
 
 

@@ -261,7 +261,11 @@ async def slurm_resume(
         return f"Slurm drain of {node} is not ours, left as it is ({exc})"
     except SlurmNotFound:
         return f"Slurm does not know {node}"
-    return f"Slurm {resp.slurm_node}: {resp.outcome.value}"
+    lifted = resp.exclusion_lifted_from
+    no_longer = (
+        f"; no longer excluded from jobs {', '.join(map(str, lifted[:10]))}" if lifted else ""
+    )
+    return f"Slurm {resp.slurm_node}: {resp.outcome.value}{no_longer}"
 
 
 # ---- drain pods ----------------------------------------------------------------------------

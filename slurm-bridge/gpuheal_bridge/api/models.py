@@ -346,6 +346,12 @@ class ResumeResponse(_Model):
     forced: bool = False
     previous: NodeState
     current: NodeState
+    exclusion_lifted_from: list[int] = Field(
+        default_factory=list,
+        description="Pending jobs the bridge had excluded this node from (a requeue after its "
+        "fault), whose ExcNodeList no longer holds it. Running jobs lose it at their next "
+        "requeue; exclusions the job had already are never lifted.",
+    )
 
 
 class JobsResponse(_Model):

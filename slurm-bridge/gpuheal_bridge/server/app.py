@@ -72,6 +72,7 @@ from gpuheal_bridge.api.names import (
 )
 from gpuheal_bridge.backends.base import Backend, BackendError, NotFound, Rejected, Unavailable
 from gpuheal_bridge.backends.base import Unsupported as BackendUnsupported
+from gpuheal_bridge.exclusions import ExclusionLedger
 from gpuheal_bridge.nodemap import NodeMapper, NotMapped
 from gpuheal_bridge.operations import Operations, OwnershipConflict
 from gpuheal_bridge.server.audit import AuditLog
@@ -257,7 +258,9 @@ class BodyLimit:
 def create_app(settings: BridgeSettings) -> FastAPI:  # noqa: PLR0915 - routes are closures
     auth = TokenAuth(settings.tokens)
     backend = settings.backend
-    ops = settings.operations or Operations(backend)
+    ops = settings.operations or Operations(
+        backend, exclusions=ExclusionLedger.in_dir(settings.state_dir)
+    )
     mapper = settings.node_mapper
     metrics = Metrics()
     audit = AuditLog(settings.audit_log)
