@@ -182,6 +182,7 @@ class EventReason(enum.StrEnum):
     RESET = "Reset"
     REBOOTED = "Rebooted"
     REPLACEMENT_CLAIMED = "ReplacementClaimed"
+    STEP_SKIPPED = "RemediationStepSkipped"  # a step that did nothing, and why
     STEP_BLOCKED = "RemediationBlocked"
     STEP_FAILED = "RemediationStepFailed"
     BREAKER_OPEN = "CircuitBreakerOpen"

@@ -449,16 +449,8 @@ async def _run_step(
     rt.metrics.steps.labels(action.value, result.kind).inc()
     for type_, status, reason, message in result.extra_conditions:
         rec.condition(type_, status, reason, message)
-    if result.kind == "done":
-        rec.condition(result.condition, "True", result.reason, result.message, at=result.at)
-        rec.clear_blocked()
-        rec.merge(result.status)
-        rec.set(rung=rung, next_step=index + 1)
-        rec.event(label, result.message, at=result.at)
-        await rec.write(kube)
-        history.step(rt, nrem, action.value, rung, result.message)
-        _observe_latency(rt, nrem, rec, action)
-        rt.post_event(nrem.to_k8s(), reason=EVENT_OF[action], message=f"{label}: {result.message}")
+    if result.moves_on:
+        await _moved_on(rt, nrem, rec, result, action=action, label=label, at=(rung, index))
         return 0.0
     if result.kind == "wait":
         rec.merge(result.status)  # e.g. a reset/reboot asked for (status.repair)
@@ -487,6 +479,32 @@ async def _run_step(
         type_="Warning",
     )
     return None
+
+
+async def _moved_on(
+    rt: Runtime,
+    nrem: NodeRemediation,
+    rec: Recorder,
+    result: steps.StepResult,
+    *,
+    action: Action,
+    label: str,
+    at: tuple[int, int],
+) -> None:
+    """A step done, or skipped (its condition False with the reason: it did nothing): on
+    record, and the incident goes to its next step."""
+    status = "True" if result.kind == "done" else "False"
+    rec.condition(result.condition, status, result.reason, result.message, at=result.at)
+    rec.clear_blocked()
+    rec.merge(result.status)
+    rung, index = at
+    rec.set(rung=rung, next_step=index + 1)
+    rec.event(label, result.message, at=result.at)
+    await rec.write(rt.require_kube())
+    history.step(rt, nrem, action.value, rung, result.message)
+    _observe_latency(rt, nrem, rec, action)
+    reason = EVENT_OF[action] if result.kind == "done" else EventReason.STEP_SKIPPED
+    rt.post_event(nrem.to_k8s(), reason=reason, message=f"{label}: {result.message}")
 
 
 def _reserve_spare(rt: Runtime, nrem: NodeRemediation, step: Step) -> None:

@@ -75,10 +75,13 @@ log = logging.getLogger("gpuheal.adapters.steps")
 
 @dataclass
 class StepResult:
-    """``done``: the step's condition is True and the incident moves on. ``wait``: look again
-    after ``retry_after`` seconds (and say why). ``failed``: stop; a person must look."""
+    """``done``: the step's condition is True and the incident moves on. ``skipped``: the
+    step did nothing (nothing to act on, not configured): its condition is False with the
+    reason, and the incident moves on all the same; never ``done`` with an excuse.
+    ``wait``: look again after ``retry_after`` seconds (and say why). ``failed``: stop; a
+    person must look."""
 
-    kind: str  # done | wait | failed
+    kind: str  # done | skipped | wait | failed
     condition: str
     reason: str
     message: str
@@ -93,6 +96,15 @@ class StepResult:
     @classmethod
     def done(cls, condition: str, reason: str, message: str, **status: Any) -> StepResult:
         return cls("done", condition, reason, message, status=status)
+
+    @classmethod
+    def skipped(cls, condition: str, reason: str, message: str, **status: Any) -> StepResult:
+        return cls("skipped", condition, reason, message, status=status)
+
+    @property
+    def moves_on(self) -> bool:
+        """The incident goes to its next step (the step happened, or there was nothing to do)."""
+        return self.kind in ("done", "skipped")
 
     @classmethod
     def wait(cls, condition: str, reason: str, message: str, retry_after: float) -> StepResult:
