@@ -163,6 +163,7 @@ class FakeApi:
         }
         self.patches: list[dict[str, Any]] = []
         self.lock = threading.Lock()
+        self.fail_next = 0  # answer that many requests 503 (an API server restarting)
 
     def pods_on_node(self, selector: str) -> list[dict[str, Any]]:
         key, _, value = selector.partition("=")
@@ -192,6 +193,10 @@ def api(tmp_path: Path) -> Iterator[tuple[str, FakeApi]]:
             assert self.headers["Authorization"] == "Bearer t0ken"
             url = urllib.parse.urlparse(self.path)
             with fake.lock:
+                if fake.fail_next:
+                    fake.fail_next -= 1
+                    self.send_error(503)
+                    return
                 if url.path == "/api/v1/nodes/gpu-1":
                     self._send(fake.node)
                     return
@@ -279,7 +284,8 @@ def test_operands_that_do_not_leave_fail_the_reset_and_are_restored(
     tmp_path: Path, api: tuple[str, FakeApi]
 ) -> None:
     """The sidecar as the Job runs it: `hold` says it failed (the reset container then exits
-    without resetting) and restores the labels on SIGTERM."""
+    without resetting) and restores the labels on SIGTERM, trying again when the API server
+    does not answer."""
     url, fake = api
     fake.pods["nvidia-dcgm-exporter"] = "a-label-nobody-sets"  # a pod that never goes
     env = {**os.environ, **_env(tmp_path, url), "GPUHEAL_OPERANDS_WAIT_SECONDS": "1"}
@@ -293,8 +299,10 @@ def test_operands_that_do_not_leave_fail_the_reset_and_are_restored(
         time.sleep(0.1)
     assert "gpu-operator/nvidia-dcgm-exporter-x" in failed.read_text()
     assert not (tmp_path / "operands-stopped").exists()
+    fake.fail_next = 1  # the first restore fails: it is tried again
     proc.send_signal(signal.SIGTERM)
     out, _ = proc.communicate(timeout=20)
     assert proc.returncode == 0, out
+    assert "labels not restored yet" in out
     assert fake.node["metadata"]["labels"]["nvidia.com/gpu.deploy.dcgm-exporter"] == "true"
     assert "gpuheal.io/gpu-reset" not in fake.node["metadata"]["labels"]

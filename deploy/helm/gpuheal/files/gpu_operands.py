@@ -136,7 +136,17 @@ def hold(api: Api, node: str, state: Path) -> None:
         _say(f"GPU operands not stopped: {exc}")
     while not done.wait(1.0):
         pass
-    restore(api, node)
+    # Within the pod's termination grace (60 s): a node left with the operands off would
+    # keep its GPUs unallocatable (the annotation still says what to put back).
+    for attempt in range(10):
+        try:
+            restore(api, node)
+            return
+        except Exception as exc:  # retried, then raised
+            _say(f"labels not restored yet ({exc})")
+            if attempt == 9:
+                raise
+            time.sleep(3)
 
 
 def main(argv: list[str]) -> int:
