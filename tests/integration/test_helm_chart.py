@@ -391,8 +391,10 @@ def _rules(docs: list[dict[str, Any]]) -> list[tuple[str, str, dict[str, Any]]]:
 @pytest.mark.parametrize("values", CI_VALUES, ids=[p.name for p in CI_VALUES])
 def test_rbac_is_least_privilege(helm: Helm, values: Path) -> None:
     docs = helm.template("-f", str(values))
+    # The gpu-reset Job's own: its node's labels and the pods on it (test below).
+    reset_sa = "r-gpuheal-gpu-reset"
     # The operator's RBAC; the node agent's (r-gpuheal-agent*) is checked in test_helm_agent.py.
-    rules = [r for r in _rules(docs) if not r[1].startswith("r-gpuheal-agent")]
+    rules = [r for r in _rules(docs) if not r[1].startswith(("r-gpuheal-agent", reset_sa))]
     assert {name for _, name, _ in rules} <= {
         "r-gpuheal-kopf",
         "r-gpuheal-operator",
@@ -444,10 +446,74 @@ def test_rbac_is_least_privilege(helm: Helm, values: Path) -> None:
         "faulthistories/status",
     }
     bindings = _objects(docs, "ClusterRoleBinding") + _objects(docs, "RoleBinding")
-    for binding in (b for b in bindings if not b["metadata"]["name"].startswith("r-gpuheal-agent")):
+    mine = ("r-gpuheal-agent", reset_sa)
+    for binding in (b for b in bindings if not b["metadata"]["name"].startswith(mine)):
         assert binding["subjects"] == [
             {"kind": "ServiceAccount", "name": "r-gpuheal", "namespace": "gpuheal"}
         ]
+
+
+def test_gpu_reset_job_follows_nvidias_procedure(helm: Helm) -> None:
+    """The gpu-reset template: a native sidecar takes the GPU operator's DaemonSets (and the
+    NVML agent) off the node and puts them back; the privileged reset container runs
+    files/gpu-reset.sh (its steps: tests/unit/test_node_job_scripts.py) with the scripts
+    from the same ConfigMap; its ServiceAccount may read and label nodes and list pods, and
+    nothing else. The agent keeps off a node being reset."""
+    docs = helm.template(namespace="gpu-system")
+    cm = _one(docs, "ConfigMap", "gpuheal-node-jobs")
+    assert cm["data"]["gpu-reset.sh"] == (CHART / "files" / "gpu-reset.sh").read_text()
+    assert cm["data"]["gpu_operands.py"] == (CHART / "files" / "gpu_operands.py").read_text()
+    job = yaml.safe_load(cm["data"]["gpu-reset"])
+    pod = job["template"]["spec"]
+    assert pod["serviceAccountName"] == "r-gpuheal-gpu-reset"
+    assert pod["hostPID"] is True  # the holders of /dev/nvidia* are the host's processes
+    (sidecar,) = pod["initContainers"]
+    assert sidecar["restartPolicy"] == "Always"  # beside the reset, stopped after it
+    assert sidecar["command"] == ["python", "/gpuheal/gpu_operands.py", "hold"]
+    assert sidecar["securityContext"]["runAsNonRoot"] is True
+    assert sidecar["securityContext"]["readOnlyRootFilesystem"] is True
+    env = {e["name"]: e["value"] for e in sidecar["env"]}
+    assert (
+        env["GPU_OPERANDS"] == "device-plugin,dcgm-exporter,dcgm,gpu-feature-discovery,mig-manager"
+    )
+    pods = env["GPU_OPERAND_PODS"].split(";")
+    assert "app=nvidia-device-plugin-daemonset" in pods
+    assert "app.kubernetes.io/instance=r,app.kubernetes.io/component=agent" in pods
+    (reset,) = pod["containers"]
+    assert reset["securityContext"] == {"privileged": True}
+    assert reset["command"] == ["/bin/bash", "/gpuheal/gpu-reset.sh"]
+    assert {"name": "GPU_RESET_SCOPE", "value": "each"} in reset["env"]
+    for container in (sidecar, reset):
+        mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+        assert mounts == {"scripts": "/gpuheal", "state": "/run/gpuheal"}
+    (scripts,) = [v for v in pod["volumes"] if v["name"] == "scripts"]
+    assert scripts["configMap"]["name"] == "gpuheal-node-jobs"
+    role = _one(docs, "ClusterRole", "-gpu-reset")
+    assert role["rules"] == [
+        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]},
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]},
+    ]
+    binding = _one(docs, "ClusterRoleBinding", "-gpu-reset")
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "r-gpuheal-gpu-reset", "namespace": "gpu-system"}
+    ]
+    agent = _one(docs, "DaemonSet")["spec"]["template"]["spec"]
+    terms = agent["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert terms["nodeSelectorTerms"][0]["matchExpressions"] == [
+        {"key": "gpuheal.io/gpu-reset", "operator": "DoesNotExist"}
+    ]
+    # Without NVML the agent holds no GPU: no agent pods to wait for, no affinity.
+    off = helm.template("--set", "agent.nvml.mode=off", "--set", "nodeJobs.gpuReset.scope=all")
+    job = yaml.safe_load(_one(off, "ConfigMap", "gpuheal-node-jobs")["data"]["gpu-reset"])
+    env = {e["name"]: e["value"] for e in job["template"]["spec"]["initContainers"][0]["env"]}
+    assert "component=agent" not in env["GPU_OPERAND_PODS"]
+    reset_env = job["template"]["spec"]["containers"][0]["env"]
+    assert {"name": "GPU_RESET_SCOPE", "value": "all"} in reset_env
+    assert "affinity" not in _one(off, "DaemonSet")["spec"]["template"]["spec"]
+    bad = helm("template", "r", str(CHART), "--set", "nodeJobs.gpuReset.operands={driver}",
+               check=False)  # fmt: skip
+    assert bad.returncode != 0
+    assert "gpuReset" in bad.stderr
 
 
 # The operator's metric names, from its source when present (operator/gpuheal/metrics.py);

@@ -339,6 +339,8 @@ def test_the_charts_node_jobs_reset_and_reboot_are_verified_on_the_node(  # noqa
     ).stdout  # fmt: skip
     configmap = yaml.safe_load(rendered)
     core.create_namespaced_config_map(namespace, configmap)
+    # The gpu-reset Job's own ServiceAccount (the chart's templates/node-jobs-rbac.yaml).
+    core.create_namespaced_service_account(namespace, {"metadata": {"name": "gpuheal-gpu-reset"}})
     reset_node, rebooted, stuck = case(3)
     cid = case.case_id  # type: ignore[attr-defined]
 

@@ -12,6 +12,15 @@ from gpuheal.policy.warnings import policy_warnings
 CORDON = [{"name": "fence", "steps": [{"action": "cordon"}]}]
 POOL = {"reservePoolRef": {"name": "spares"}}
 REPLACE = [{"name": "out", "steps": [{"action": "replace", "replace": POOL}]}]
+NOOP = {"hook": {"type": "Noop"}}
+CORDON_STEP = {"action": "cordon"}
+SLURM_DRAIN = {"action": "slurmDrain", "slurmDrain": {"requeue": "none"}}
+RESET = {"action": "reset", "reset": NOOP}
+REBOOT_AT_ONCE = {"action": "reboot", "reboot": {**NOOP, "whenIdle": False}}
+
+
+def _rung(name: str, *steps: dict[str, Any]) -> list[dict[str, Any]]:
+    return [{"name": name, "steps": list(steps)}]
 
 
 def _spec(*rules: dict[str, Any], **safety: Any) -> Any:
@@ -76,6 +85,15 @@ def _rule(name: str, ladder: list[dict[str, Any]] = CORDON, **signals: Any) -> d
                 "rule all-xid-events takes every GpuXid Event (matched by reason), so rules below "
                 "it (gone) see XIDs from dcgm-exporter only"
             ],
+        ),
+        (
+            _spec(_rule("remap", ladder=_rung("reset", CORDON_STEP, RESET), xids=[63])),
+            ["rule remap, rung reset: reset has no slurmDrain before it: on a Slurm node"],
+        ),
+        (_spec(_rule("remap", ladder=_rung("reset", SLURM_DRAIN, RESET), xids=[63])), []),
+        (
+            _spec(_rule("gone", ladder=_rung("reboot", SLURM_DRAIN, REBOOT_AT_ONCE), xids=[79])),
+            ["rule gone, rung reboot: reboot has whenIdle: false: it runs at once"],
         ),
         (
             _spec(_rule("gone", xids=[79]), maxUnhealthy=0),

@@ -12,13 +12,14 @@ from typing import Any, ClassVar
 
 import pytest
 
-from gpuheal.api.remediationpolicy import HookSpec, SlurmDrainOptions
+from gpuheal.adapters.slurm import SlurmNotFound, SlurmUnavailable, UnknownCluster
+from gpuheal.api.remediationpolicy import Action, HookSpec, SlurmDrainOptions
 from gpuheal.api.remediationpolicy import RequeueMode as PolicyRequeue
 from gpuheal.api.reservepool import ReservePool
 from gpuheal.policy import spare_candidates
 from gpuheal.policy.types import NodeCondition, NodeView
 from gpuheal.remediation import steps
-from gpuheal_bridge.api.models import RequeueMode
+from gpuheal_bridge.api.models import JobsResponse, JobState, RequeueMode
 
 NOW = dt.datetime(2026, 11, 22, 6, 0, tzinfo=dt.UTC)
 
@@ -144,3 +145,50 @@ async def test_slurm_drain_without_a_bridge_is_recorded_not_failed() -> None:
     result = await steps.slurm_drain(None, "n1", "nrem-1", 79, SlurmDrainOptions(), now=NOW,
                                      attempt=0)  # fmt: skip
     assert (result.kind, result.reason) == ("done", "SlurmNotConfigured")
+
+
+class _Work:
+    """What `steps.work_on_node` reads: the runtime's bridge for a node and its pods."""
+
+    def __init__(self, jobs: Any, pods: list[dict[str, Any]]) -> None:
+        self.jobs_answer, self.pods = jobs, pods
+        self.config = type("Config", (), {"retry_interval": 5.0})()
+
+    def slurm_for(self, node: str) -> Any:
+        return None if self.jobs_answer is None else self
+
+    def require_kube(self) -> Any:
+        return self
+
+    async def jobs(self, node: str) -> Any:
+        if isinstance(self.jobs_answer, Exception):
+            raise self.jobs_answer
+        return JobsResponse(node=node, slurm_node=node, jobs=self.jobs_answer)
+
+    async def pods_on_node(self, node: str) -> list[dict[str, Any]]:
+        return self.pods
+
+
+_RUNNING = JobState(job_id=5, state="RUNNING", batch=True, requeue=True)
+_POD = {"metadata": {"namespace": "ml", "name": "train"}, "status": {"phase": "Running"}}
+
+
+@pytest.mark.parametrize(
+    ("jobs", "pods", "verdict"),
+    [
+        ([_RUNNING], [], ("wait", "WaitingForSlurmJobs")),
+        ([], [_POD], ("wait", "WaitingForIdle")),
+        (None, [_POD], ("wait", "WaitingForIdle")),  # no bridge: the pods still count
+        (None, [], None),
+        ([], [], None),
+        (SlurmNotFound("no such node"), [], None),  # not a Slurm node: no Slurm job on it
+        (SlurmUnavailable("down"), [], ("wait", "BridgeUnavailable")),  # never taken as idle
+        (UnknownCluster("cluster b?"), [], ("wait", "SlurmClusterUnknown")),
+    ],
+)
+async def test_a_reset_or_reboot_waits_for_the_nodes_work(
+    jobs: Any, pods: list[dict[str, Any]], verdict: tuple[str, str] | None
+) -> None:
+    rt: Any = _Work(jobs, pods)
+    result = await steps.work_on_node(rt, "n1", Action.RESET, "Reset")
+    assert (None if result is None else (result.kind, result.reason)) == verdict

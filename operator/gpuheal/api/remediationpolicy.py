@@ -722,7 +722,10 @@ class ResetOptions(Model):
 
     hook: HookSpec = Field(description="How the reset is carried out.")
     when_idle: bool = Field(
-        default=True, description="Wait until no GPU job runs on the node before the reset."
+        default=True,
+        description="Wait until no Slurm job and no pod a drain would evict (not a "
+        "DaemonSet's, not a mirror pod) is on the node before the reset; false resets at "
+        "once, under whatever runs there.",
     )
     timeout: PositiveDuration = Field(
         default="10m", description="How long the hook may take before the step fails."
@@ -749,6 +752,12 @@ class RebootOptions(Model):
     )
     timeout: PositiveDuration = Field(
         default="20m", description="How long the hook may take before the step fails."
+    )
+    when_idle: bool = Field(
+        default=True,
+        description="Wait until no Slurm job and no pod a drain would evict is on the node "
+        "before the reboot; false reboots at once (e.g. to clear a process the driver keeps "
+        "from ending).",
     )
 
     @model_validator(mode="after")

@@ -19,6 +19,7 @@ from gpuheal.api.remediationpolicy import (
     EscalationScope,
     RemediationPolicySpec,
     Rule,
+    Rung,
 )
 from gpuheal.policy.safety import allowed_unhealthy
 from gpuheal.xid.catalogue import CATALOGUE, lookup
@@ -98,6 +99,7 @@ def _rule_warnings(rule: Rule, pools: Collection[str], unreadable: Collection[st
                     else "does not exist; replace waits with PoolNotFound until it does"
                 )
                 out.append(f"rule {name}, rung {rung.name}: ReservePool {pool} {missing}")
+        out += _repair_under_work(name, rung)
         replaced = [
             r.name for r in rule.ladder[:at] if any(s.action is Action.REPLACE for s in r.steps)
         ]
@@ -124,6 +126,32 @@ def _rule_warnings(rule: Rule, pools: Collection[str], unreadable: Collection[st
             f"rule {name} counts repeats per GPU, but its conditions and Events name no GPU: "
             "they are counted per node (say scope: Node)"
         )
+    return out
+
+
+def _repair_under_work(rule: str, rung: Rung) -> list[str]:
+    """A reset or reboot with no slurmDrain before it in its rung: on a Slurm node nothing
+    keeps new jobs off and the step waits for running ones to end by themselves (or, with
+    whenIdle false, kills them)."""
+    out: list[str] = []
+    drained = False
+    for step in rung.steps:
+        drained = drained or step.action is Action.SLURM_DRAIN
+        opts = step.reset if step.action is Action.RESET else step.reboot
+        if step.action not in (Action.RESET, Action.REBOOT) or opts is None:
+            continue
+        what = f"rule {rule}, rung {rung.name}: {step.action.value}"
+        if not opts.when_idle:
+            out.append(
+                f"{what} has whenIdle: false: it runs at once, under any Slurm job or pod "
+                "still on the node"
+            )
+        elif not drained:
+            out.append(
+                f"{what} has no slurmDrain before it: on a Slurm node new jobs still land "
+                "there and the step waits (WaitingForSlurmJobs) until none runs; add "
+                "slurmDrain (requeue: none lets running jobs finish)"
+            )
     return out
 
 

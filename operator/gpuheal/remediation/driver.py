@@ -92,6 +92,7 @@ _BLOCKING_WAITS = frozenset(
         "HookUnavailable",
         "HookUnreachable",
         "WaitingForIdle",
+        "WaitingForSlurmJobs",
     }
 )
 

@@ -63,12 +63,12 @@ from gpuheal.api.remediationpolicy import (
 )
 from gpuheal.api.remediationpolicy import RequeueMode as PolicyRequeue
 from gpuheal.api.reservepool import ReservePool, TaintEffect
-from gpuheal.policy import pods_to_evict, spare_candidates
+from gpuheal.policy import idle, pods_to_evict, spare_candidates
 from gpuheal.policy.types import Act, NodeView
 from gpuheal.remediation.record import Recorder
 from gpuheal.remediation.state import Runtime
 from gpuheal.remediation.victims import PostEvent, RecordPlan, base_options, requeue_victims
-from gpuheal_bridge.api.models import DrainOutcome, RequeueOptions
+from gpuheal_bridge.api.models import DrainOutcome, JobState, RequeueOptions
 
 log = logging.getLogger("gpuheal.adapters.steps")
 
@@ -344,12 +344,30 @@ async def drain_pods(
 
 
 # ---- reset / reboot hooks ------------------------------------------------------------------
-async def busy_pods(kube: Kube, node: str) -> list[str]:
-    """Pods a reset would disturb (what a drain would evict), as namespace/name."""
-    return [
-        f"{p['metadata'].get('namespace')}/{p['metadata'].get('name')}"
-        for p in pods_to_evict(await kube.pods_on_node(node))
-    ]
+async def work_on_node(rt: Runtime, node: str, action: Action, cond: str) -> StepResult | None:
+    """Before a reset or reboot is asked for: None when no Slurm job (the bridge's list of
+    the node's jobs) and no pod a drain would evict is on the node, else the wait that says
+    which (`policy.idle.work_on_node` decides). Without a bridge, or on a node Slurm does not
+    know, only the pods count; a bridge that cannot answer is a wait, never "idle"."""
+    retry = rt.config.retry_interval
+    jobs: list[JobState] = []
+    try:
+        bridge = rt.slurm_for(node)
+        if bridge is not None:
+            jobs = (await bridge.jobs(node)).jobs
+    except UnknownCluster as exc:
+        return StepResult.wait(cond, "SlurmClusterUnknown", str(exc), retry)
+    except SlurmNotFound:
+        jobs = []
+    except SlurmUnavailable as exc:
+        return StepResult.wait(
+            cond, "BridgeUnavailable", f"cannot list {node}'s Slurm jobs: {exc}", retry
+        )
+    except SlurmError as exc:
+        return StepResult.failed(cond, "BridgeError", f"cannot list {node}'s Slurm jobs: {exc}")
+    pods = await rt.require_kube().pods_on_node(node)
+    busy = idle.work_on_node(action.value, node, pods=pods, jobs=jobs)
+    return None if busy is None else StepResult.wait(cond, busy.reason, busy.message, retry)
 
 
 async def run_hook(  # noqa: PLR0911
@@ -908,17 +926,10 @@ async def execute(  # noqa: PLR0911
         )
         assert opts is not None
         cond = C.RESET if action is Action.RESET else C.REBOOTED
-        asked = _repair_record(rec, action) is not None
-        if step.reset is not None and action is Action.RESET and step.reset.when_idle and not asked:
-            busy = await busy_pods(kube, node)
-            if busy:
-                return StepResult.wait(
-                    cond,
-                    "WaitingForIdle",
-                    f"reset when idle: {len(busy)} pod(s) still run on {node} "
-                    f"({', '.join(busy[:3])})",
-                    retry,
-                )
+        if opts.when_idle and _repair_record(rec, action) is None:
+            busy = await work_on_node(rt, node, action, cond)
+            if busy is not None:
+                return busy
         return await repair(rt, nrem, rec, action, opts, xid=xid)
     if action is Action.RETIRE:
         return await retire(kube, node, name, rec.status.why)
