@@ -135,7 +135,9 @@ async def test_webhook_hook_contract(hook_server: tuple[str, type[_Recorder]]) -
 
 async def test_noop_hook_and_unreachable_webhook() -> None:
     noop = await _hook(HookSpec(type="Noop"))
-    assert (noop.kind, noop.reason) == ("done", "NoopHook")
+    # Nothing ran: skipped (Reset False, NoopHook), never done.
+    assert (noop.kind, noop.condition, noop.reason) == ("skipped", "Reset", "NoopHook")
+    assert noop.moves_on
     gone = await _hook(HookSpec(type="Webhook", webhook={"url": "http://127.0.0.1:9/x"}))
     assert (gone.kind, gone.reason) == ("wait", "HookUnreachable")
 

@@ -366,7 +366,8 @@ async def run_hook(  # noqa: PLR0911
     retry_after: float,
     job_name: str | None = None,
 ) -> StepResult:
-    """The reset/reboot contract: a Webhook POST or a Job; ``Noop`` records and succeeds.
+    """The reset/reboot contract: a Webhook POST or a Job; ``Noop`` runs nothing, so the
+    step is skipped (its condition False, `NoopHook`), never taken for a repair.
     ``done`` here means the hook reported success; `repair` then verifies it happened.
 
     Webhook: ``POST url`` with ``{"action", "node", "incident", "xid"}`` and header
@@ -377,7 +378,7 @@ async def run_hook(  # noqa: PLR0911
     """
     condition = C.RESET if action == "reset" else C.REBOOTED
     if hook.type is HookType.NOOP:
-        return StepResult.done(condition, "NoopHook", f"{action} hook is Noop: nothing ran")
+        return noop_skipped(condition, action)
     if now - started > parse_duration(hook_timeout):
         return StepResult.failed(
             condition, "HookTimedOut", f"{action} hook did not finish in {hook_timeout}"
@@ -413,6 +414,14 @@ async def run_hook(  # noqa: PLR0911
             retry_after=retry_after,
         )
     return StepResult.failed(condition, "HookInvalid", f"{action} hook has no {hook.type} block")
+
+
+def noop_skipped(condition: str, action: str) -> StepResult:
+    """A ``Noop`` hook runs nothing: the step is skipped (the node was not repaired) and the
+    incident goes on with what its rung says next; the engine counts no repair for it."""
+    return StepResult.skipped(
+        condition, "NoopHook", f"{action} hook is Noop: nothing ran, the node was not repaired"
+    )
 
 
 def job_name_for(incident: str, suffix: str) -> str:
@@ -639,7 +648,7 @@ async def repair(  # noqa: PLR0911 - one exit per verified outcome
     hook = opts.hook
     retry = rt.config.retry_interval
     if hook.type is HookType.NOOP:
-        return StepResult.done(cond, "NoopHook", f"{action} hook is Noop: nothing ran")
+        return noop_skipped(cond, action.value)
     record = _repair_record(rec, action)
     if record is None:
         body = await kube.get_node(node)
@@ -820,7 +829,9 @@ async def verify(  # noqa: PLR0911, PLR0912 - one exit per check type and verdic
         if value == label.fail_value:
             return StepResult.failed(cond, "CheckFailed", f"label {label.key}={value}")
         return StepResult.wait(cond, "CheckRunning", f"waiting for label {label.key}", retry)
-    return StepResult.done(cond, "NoCheck", "no check configured")
+    # The model requires the type's block; without it nothing could be checked, and an
+    # unchecked node must not read as verified.
+    return StepResult.failed(cond, "CheckInvalid", f"check {check.type} has no {check.type} block")
 
 
 def _condition_verdict(
