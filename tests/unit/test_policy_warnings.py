@@ -12,6 +12,8 @@ from gpuheal.policy.warnings import policy_warnings
 CORDON = [{"name": "fence", "steps": [{"action": "cordon"}]}]
 POOL = {"reservePoolRef": {"name": "spares"}}
 REPLACE = [{"name": "out", "steps": [{"action": "replace", "replace": POOL}]}]
+SLURM_CYCLE = {"powerCycle": True, "hook": {"type": "Slurm"}}
+WARM_CYCLE = [{"name": "boot", "steps": [{"action": "reboot", "reboot": SLURM_CYCLE}]}]
 
 
 def _spec(*rules: dict[str, Any], **safety: Any) -> Any:
@@ -55,6 +57,10 @@ def _rule(name: str, ladder: list[dict[str, Any]] = CORDON, **signals: Any) -> d
                 "rule gone, rung out: ReservePool spares does not exist",
                 "rule gone: rung fence comes after rung out, which replaces the node",
             ],
+        ),
+        (
+            _spec(_rule("warm", ladder=WARM_CYCLE, xids=[79])),
+            ["rule warm, rung boot: reboot.powerCycle is ignored with a Slurm hook"],
         ),
         (
             _spec(_rule("driver", xids=[154])),
