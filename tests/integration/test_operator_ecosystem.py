@@ -4,6 +4,7 @@ about each incident transition through webhooks on loopback. Real processes, no 
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import threading
 from collections.abc import Callable, Iterator
@@ -15,6 +16,12 @@ import pytest
 import yaml
 
 from gpuheal.cli.simulate import simulate_xid
+from gpuheal.xid.identity import (
+    GPU_MAP_ANNOTATION,
+    GPU_REPORT_ANNOTATION,
+    format_gpu_map,
+    format_gpu_report,
+)
 from gpuheal_dev.sandbox import Sandbox
 from gpuheal_dev.sandbox.slurm import SlurmCluster
 from tests.integration.bridge_harness import BridgeProcess, make_tls, run_bridge
@@ -239,6 +246,11 @@ def test_a_webhook_hears_each_incident_transition_once(  # noqa: PLR0917
     hold(lambda: not completed(objects.get("noderemediations", name)), "waits for a spare", 2)
     own_gpu_nodes(1, **{"gpuheal.io/case": f"{cid}-spare"})
     wait_for(lambda: completed(objects.get("noderemediations", name)) == "Replaced", "replaced")
+    # the node's agent knows its GPUs: a reset could be verified, so the hook is asked
+    gpus = {f"0000:{0x18 + i:02x}:00": f"GPU-{i:08x}-0000-0000-0000-000000000000" for i in range(8)}
+    seen = format_gpu_report(dt.datetime.now(dt.UTC), gpus)
+    agent = {GPU_MAP_ANNOTATION: format_gpu_map(gpus), GPU_REPORT_ANNOTATION: seen}
+    core.patch_node(refused, {"metadata": {"annotations": agent}})
     simulate_xid(core, refused, 95)
     failed = wait_for(lambda: completed(o := objects.incident(refused)) == "Failed" and o, "fails")
     assert condition(failed, "Reset")["reason"] == "HookRefused"

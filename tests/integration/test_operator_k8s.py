@@ -533,13 +533,75 @@ def test_return_to_service_uncordons_only_what_gpuheal_cordoned(
             timeout=60,
         )
         assert completed(done) == "Returned", dump(done["status"])
-        assert condition(done, "Reset")["reason"] == "NoopHook"
+        reset = condition(done, "Reset")
+        assert (reset["status"], reset["reason"]) == ("False", "NoopHook"), dump(reset)
     assert not objects.node(ours).spec.unschedulable
     assert CORDONED_BY not in (objects.node(ours).metadata.annotations or {})
     assert objects.node(admins).spec.unschedulable, "the admin's cordon stays"
     admin_inc = objects.incident(admins)
     assert condition(admin_inc, "Cordoned")["reason"] == "AlreadyCordonedByOther"
     assert admin_inc["status"]["ownership"]["cordoned"] is False
+
+
+def test_a_noop_repair_and_no_check_claim_neither_repair_nor_verification(
+    sandbox: Sandbox,
+    case: Callable[..., list[str]],
+    objects: Objects,
+    run_operator: Callable[..., OperatorProcess],
+) -> None:
+    """Noop hooks run nothing and no check is configured: Reset and Rebooted are False
+    (NoopHook, a RemediationStepSkipped Event each, "skipped" in the node's FaultHistory),
+    Verified is Unknown (NoCheck, saying nothing repaired the node), and the node returns on
+    healthyFor alone, as its policy (returnToService.check None) allows."""
+    core = sandbox.core_v1()
+    (node,) = case(1)
+    cid = case.case_id  # type: ignore[attr-defined]
+    rule = cordon_only_rule(94, reset=True)
+    rule["ladder"][0]["steps"].append({"action": "reboot", "reboot": {"hook": {"type": "Noop"}}})
+    objects.apply(
+        "remediationpolicies", policy(f"p-{cid}", f"{cid}-work", [rule], healthy_for="2s")
+    )
+    run_operator()
+    simulate_xid(core, node, 94)
+    done = wait_for(lambda: completed(o := objects.incident(node)) and o, "returned", timeout=60)
+    assert completed(done) == "Returned", dump(done["status"])
+    for type_, action in (("Reset", "reset"), ("Rebooted", "reboot")):
+        c = condition(done, type_)
+        assert c is not None, dump(done["status"])
+        assert (c["status"], c["reason"]) == ("False", "NoopHook"), dump(c)
+        assert f"{action} hook is Noop: nothing ran" in c["message"]
+    verified = condition(done, "Verified")
+    assert verified is not None, dump(done["status"])
+    assert (verified["status"], verified["reason"]) == ("Unknown", "NoCheck"), dump(verified)
+    assert "reset and reboot were skipped" in verified["message"], verified["message"]
+    assert "status" not in done or done["status"].get("repair") is None
+    name = done["metadata"]["name"]
+    skipped = wait_for(
+        lambda: [
+            e
+            for e in node_events(core, name, kind="NodeRemediation")
+            if e.reason == "RemediationStepSkipped"
+        ],
+        "skip Events",
+    )
+    assert {("reset" in e.message, "reboot" in e.message) for e in skipped} >= {
+        (True, False),
+        (False, True),
+    }, [e.message for e in skipped]
+    events = node_events(core, name, kind="NodeRemediation")
+    assert not [e for e in events if e.reason in ("Reset", "Rebooted")]
+
+    def repairs() -> list[dict[str, Any]] | None:
+        fh = objects.get("faulthistories", node) or {}
+        entries = [
+            e
+            for e in (fh.get("status") or fh.get("spec") or {}).get("entries") or []
+            if e.get("action") in ("reset", "reboot")
+        ]
+        return entries if len(entries) >= 2 else None
+
+    for entry in wait_for(repairs, "repair entries in the FaultHistory"):
+        assert entry["message"].startswith("skipped: "), entry
 
 
 def test_condition_held_shorter_than_for_does_nothing_longer_remediates(
@@ -698,8 +760,9 @@ def test_reset_when_idle_waits_for_the_pods_to_leave(
     )  # fmt: skip
     assert f"{namespace}/job" in condition(nrem, "Blocked")["message"]
     core.delete_namespaced_pod("job", namespace, grace_period_seconds=0)
-    wait_for(lambda: (c := condition(objects.incident(node), "Reset")) and c["status"] == "True",
-             "reset once idle")  # fmt: skip
+    # once idle the (Noop) reset step runs: skipped, nothing ran
+    wait_for(lambda: (c := condition(objects.incident(node), "Reset"))
+             and c["reason"] == "NoopHook", "reset once idle")  # fmt: skip
 
 
 def test_overlapping_policies_neither_acts_and_both_say_so(

@@ -3,6 +3,7 @@ reset hook (a real webhook receiver) and its recurrence escalates to replacement
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import threading
 from collections.abc import Callable, Iterator
@@ -12,6 +13,12 @@ from typing import Any, ClassVar
 import pytest
 
 from gpuheal.cli.simulate import simulate_xid
+from gpuheal.xid.identity import (
+    GPU_MAP_ANNOTATION,
+    GPU_REPORT_ANNOTATION,
+    format_gpu_map,
+    format_gpu_report,
+)
 from gpuheal_dev.sandbox import Sandbox
 from tests.integration.operator_harness import (
     Objects,
@@ -72,13 +79,18 @@ def test_xid94_three_times_on_one_gpu_escalates(
     hold(lambda: objects.get("noderemediations", name)["status"]["rung"] == 0,
          "two on this GPU: no escalation", 2)  # fmt: skip
     simulate_xid(core, node, 94, pci="0000:3b:00")  # third on the same GPU
-    done = wait_for(
+    done = wait_for(  # a Noop reset: skipped, never True
         lambda: (c := condition(o := objects.get("noderemediations", name), "Reset"))
-        and c["status"] == "True" and o,
+        and c["reason"] == "NoopHook" and o,
         "escalated to the reset rung",
     )  # fmt: skip
     assert done["status"]["rung"] == 1, dump(done["status"])
     assert len(objects.incidents(node)) == 1
+
+
+def agent_says(core: Any, node: str, key: str, value: str) -> None:
+    """A node annotation as gpuheal agent writes it (the sandbox's nodes have no agent)."""
+    core.patch_node(node, {"metadata": {"annotations": {key: value}}})
 
 
 class _Hook(BaseHTTPRequestHandler):
@@ -126,7 +138,10 @@ def test_xid62_calls_the_reset_hook_and_recurrence_replaces(
                     {"action": "cordon"},
                     {
                         "action": "reset",
-                        "reset": {"hook": {"type": "Webhook", "webhook": {"url": url}}},
+                        "reset": {
+                            "settle": "1s",
+                            "hook": {"type": "Webhook", "webhook": {"url": url}},
+                        },
                     },
                 ],
             },
@@ -142,12 +157,20 @@ def test_xid62_calls_the_reset_hook_and_recurrence_replaces(
     objects.apply(
         "remediationpolicies", policy(f"p-{cid}", f"{cid}-work", [rule], healthy_for="2s")
     )
+    # The node's agent knows its GPUs (what a reset is verified against)...
+    gpus = {f"0000:{0x18 + i:02x}:00": f"GPU-{i:08x}-0000-0000-0000-000000000000" for i in range(8)}
+    agent_says(core, node, GPU_MAP_ANNOTATION, format_gpu_map(gpus))
+    started = dt.datetime.now(dt.UTC) - dt.timedelta(hours=1)
+    agent_says(core, node, GPU_REPORT_ANNOTATION, format_gpu_report(started, gpus))
     run_operator()
     simulate_xid(core, node, 62)
+    wait_for(lambda: calls, "the reset hook called")
+    # ...and reports them again after the reset.
+    agent_says(core, node, GPU_REPORT_ANNOTATION, format_gpu_report(dt.datetime.now(dt.UTC), gpus))
     first = wait_for(lambda: completed(o := objects.incident(node)) and o, "reset, returned",
                      timeout=60)  # fmt: skip
     assert completed(first) == "Returned", dump(first["status"])
-    assert condition(first, "Reset")["reason"] == "HookSucceeded"
+    assert condition(first, "Reset")["reason"] == "GpusReported"
     assert len(calls) == 1
     assert calls[0]["action"] == "reset"
     assert calls[0]["node"] == node

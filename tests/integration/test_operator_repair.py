@@ -20,7 +20,14 @@ import pytest
 import yaml
 from kubernetes import client
 
+from gpuheal.api.names import NODE_LABEL
 from gpuheal.cli.simulate import simulate_xid
+from gpuheal.xid.identity import (
+    GPU_MAP_ANNOTATION,
+    GPU_REPORT_ANNOTATION,
+    format_gpu_map,
+    format_gpu_report,
+)
 from gpuheal_dev.sandbox import Sandbox
 from gpuheal_dev.sandbox.kube import cluster_bin_dir
 from gpuheal_dev.sandbox.slurm import SlurmCluster
@@ -319,7 +326,34 @@ def test_a_repaired_node_goes_back_to_its_low_pool(
     assert history["status"]["faults"] == 1
 
 
-def test_the_charts_node_jobs_reset_and_reboot_are_verified_on_the_node(  # noqa: PLR0917
+def _node_jobs(sandbox: Sandbox, namespace: str, tmp_path: Path) -> Callable[[str], Any]:
+    """The chart's gpuheal-node-jobs ConfigMap, rendered by helm, in `namespace`; returns
+    hook(key): a Job hook from it."""
+    rendered = subprocess.run(
+        [str(cluster_bin_dir() / "helm"), "template", "gpuheal", str(CHART), "-n", namespace,
+         "--show-only", "templates/node-jobs.yaml"],
+        capture_output=True, text=True, check=True, timeout=60,
+        env={"HOME": str(tmp_path), "PATH": "/usr/bin:/bin"},
+    ).stdout  # fmt: skip
+    sandbox.core_v1().create_namespaced_config_map(namespace, yaml.safe_load(rendered))
+    # The gpu-reset Job's own ServiceAccount (the chart's templates/node-jobs-rbac.yaml).
+    sandbox.core_v1().create_namespaced_service_account(
+        namespace, {"metadata": {"name": "gpuheal-gpu-reset"}}
+    )
+
+    def hook(key: str) -> dict[str, Any]:
+        return {"type": "Job", "job": {"namespace": namespace,
+                "templateFrom": {"name": "gpuheal-node-jobs", "key": key}}}  # fmt: skip
+
+    return hook
+
+
+def _no_job_for(sandbox: Sandbox, namespace: str, node: str) -> None:
+    jobs = client.BatchV1Api(sandbox.api_client())
+    assert not jobs.list_namespaced_job(namespace, label_selector=f"{NODE_LABEL}={node}").items
+
+
+def test_the_charts_reset_job_is_verified_by_the_agent_reporting_the_gpus_again(  # noqa: PLR0917
     sandbox: Sandbox,
     case: Callable[..., list[str]],
     objects: Objects,
@@ -327,49 +361,58 @@ def test_the_charts_node_jobs_reset_and_reboot_are_verified_on_the_node(  # noqa
     tmp_path: Path,
     gpuheal_crds: None,
 ) -> None:
-    """The chart's gpuheal-node-jobs templates, rendered by helm, run as Jobs on the node;
-    a reset counts once the GPUs are allocatable, a reboot only once the node's boot ID
-    changed (never because its Job exited 0)."""
+    """The chart's gpu-reset Job runs on the node; the reset counts only once the node's
+    agent reported the same GPUs again after it and no XID followed for `settle` (the node
+    Ready with its GPUs allocatable proves nothing: it was so before). A node where no agent
+    reports its GPUs is not reset: nothing could prove it."""
     core = sandbox.core_v1()
-    rendered = subprocess.run(
-        [str(cluster_bin_dir() / "helm"), "template", "gpuheal", str(CHART), "-n", namespace,
-         "--show-only", "templates/node-jobs.yaml"],
-        capture_output=True, text=True, check=True, timeout=60,
-        env={"HOME": str(tmp_path), "PATH": "/usr/bin:/bin"},
-    ).stdout  # fmt: skip
-    configmap = yaml.safe_load(rendered)
-    core.create_namespaced_config_map(namespace, configmap)
-    # The gpu-reset Job's own ServiceAccount (the chart's templates/node-jobs-rbac.yaml).
-    core.create_namespaced_service_account(namespace, {"metadata": {"name": "gpuheal-gpu-reset"}})
-    reset_node, rebooted, stuck = case(3)
+    hook = _node_jobs(sandbox, namespace, tmp_path)
+    reset_node, no_agent = case(2)
     cid = case.case_id  # type: ignore[attr-defined]
-
-    def hook(key: str) -> dict[str, Any]:
-        return {"type": "Job", "job": {"namespace": namespace,
-                "templateFrom": {"name": "gpuheal-node-jobs", "key": key}}}  # fmt: skip
-
+    # What gpuheal agent writes: the GPUs it knows (PCI address -> UUID) and, with NVML, those
+    # it sees and when (an hour ago: its start).
+    gpus = {f"0000:{0x18 + i:02x}:00": f"GPU-{i:08x}-0000-0000-0000-000000000000" for i in range(8)}
+    seen_before = format_gpu_report(dt.datetime.now(dt.UTC) - dt.timedelta(hours=1), gpus)
+    core.patch_node(
+        reset_node,
+        {"metadata": {"annotations": {GPU_MAP_ANNOTATION: format_gpu_map(gpus),
+                                      GPU_REPORT_ANNOTATION: seen_before}}},
+    )  # fmt: skip
     rules = [
         {"name": "reset", "signals": {"xids": [62]}, "ladder": [{"name": "reset", "steps": [
             {"action": "cordon"},
-            {"action": "reset", "reset": {"whenIdle": False, "hook": hook("gpu-reset")}}]}]},
-        {"name": "reboot", "signals": {"xids": [79]}, "ladder": [{"name": "reboot", "steps": [
-            {"action": "cordon"},
-            {"action": "reboot", "reboot": {"timeout": "25s", "hook": hook("node-reboot")}}]}]},
+            {"action": "reset",
+             "reset": {"whenIdle": False, "settle": "2s", "hook": hook("gpu-reset")}}]}]},
     ]  # fmt: skip
     manifest = policy(f"p-{cid}", f"{cid}-work", rules, healthy_for="2s")
     manifest["spec"]["returnToService"]["check"] = {"type": "Job", "job": hook("gpu-check")["job"]}
     objects.apply("remediationpolicies", manifest)
     op = OperatorProcess(Path(sandbox.kubeconfig), tmp_path).start()
     try:
-        simulate_xid(core, reset_node, 62)
-        for node in (rebooted, stuck):
-            simulate_xid(core, node, 79)
+        for node in (reset_node, no_agent):
+            simulate_xid(core, node, 62)
+
+        def verifying() -> dict[str, Any] | None:
+            o = objects.incident(reset_node)
+            c = condition(o, "Reset")
+            said = c["message"] if c else ""
+            return o if c and c["reason"] == "Verifying" and "not after the reset" in said else None
+
+        # The reset Job completes (kwok) and the node is Ready with its GPUs allocatable, as
+        # before the reset: not taken for one until the agent reports the GPUs after it.
+        waiting = wait_for(verifying, "reset Job done, not verified", timeout=90)
+        hold(lambda: not completed(objects.incident(reset_node)), "no report, no reset", 3)
+        record = waiting["status"]["repair"]
+        assert record["gpusBefore"] == gpus, dump(record)
+        # The agent, back after the reset, reports the same GPUs (as it writes them).
+        report = format_gpu_report(dt.datetime.now(dt.UTC), gpus)
+        core.patch_node(reset_node, {"metadata": {"annotations": {GPU_REPORT_ANNOTATION: report}}})
         done = wait_for(lambda: completed(o := objects.incident(reset_node)) and o, "reset",
-                        timeout=90)  # fmt: skip
+                        timeout=60)  # fmt: skip
         assert completed(done) == "Returned", dump(done["status"])
         reset = condition(done, "Reset")
-        assert reset["reason"] == "HookSucceeded"
-        assert "verified: Ready, 8 of 8 GPUs allocatable" in reset["message"]
+        assert (reset["status"], reset["reason"]) == ("True", "GpusReported"), dump(reset)
+        assert "8 of 8 GPUs reported again after the reset, same UUIDs" in reset["message"]
         jobs = client.BatchV1Api(sandbox.api_client())
         name = done["metadata"]["name"]
         job = jobs.read_namespaced_job(f"{name}-reset-0", namespace)
@@ -380,6 +423,47 @@ def test_the_charts_node_jobs_reset_and_reboot_are_verified_on_the_node(  # noqa
         assert {"name": "NODE_NAME", "value": reset_node} in [
             {"name": e.name, "value": e.value} for e in pod.containers[0].env
         ]
+        # No agent reports no_agent's GPUs: no reset asked for, the incident fails.
+        unproven = wait_for(lambda: completed(o := objects.incident(no_agent)) and o,
+                            "no agent: not reset", timeout=60)  # fmt: skip
+        assert completed(unproven) == "Failed", dump(unproven["status"])
+        c = condition(unproven, "Reset")
+        assert (c["status"], c["reason"]) == ("False", "NoGpuReport"), dump(c)
+        _no_job_for(sandbox, namespace, no_agent)
+    finally:
+        op.stop()
+
+
+def test_the_charts_reboot_job_is_verified_by_a_new_boot_id(  # noqa: PLR0917
+    sandbox: Sandbox,
+    case: Callable[..., list[str]],
+    objects: Objects,
+    namespace: str,
+    tmp_path: Path,
+    gpuheal_crds: None,
+) -> None:
+    """The chart's node-reboot Job runs on the node; the reboot counts only once the node's
+    boot ID (recorded before it) changed, never because the Job exited 0; a node reporting
+    no boot ID is not rebooted: nothing could prove it."""
+    core = sandbox.core_v1()
+    hook = _node_jobs(sandbox, namespace, tmp_path)
+    rebooted, stuck, no_boot_id = case(3)
+    cid = case.case_id  # type: ignore[attr-defined]
+    core.patch_node_status(no_boot_id, {"status": {"nodeInfo": {"bootID": ""}}})
+    boot_before = objects.node(rebooted).status.node_info.boot_id
+    assert boot_before, "a sandbox node has a boot ID, as from a kubelet"
+    rules = [
+        {"name": "reboot", "signals": {"xids": [79]}, "ladder": [{"name": "reboot", "steps": [
+            {"action": "cordon"},
+            {"action": "reboot", "reboot": {"timeout": "25s", "hook": hook("node-reboot")}}]}]},
+    ]  # fmt: skip
+    manifest = policy(f"p-{cid}", f"{cid}-work", rules, healthy_for="2s")
+    manifest["spec"]["returnToService"]["check"] = {"type": "Job", "job": hook("gpu-check")["job"]}
+    objects.apply("remediationpolicies", manifest)
+    op = OperatorProcess(Path(sandbox.kubeconfig), tmp_path).start()
+    try:
+        for node in (rebooted, stuck, no_boot_id):
+            simulate_xid(core, node, 79)
 
         # The reboot Jobs complete (kwok), but no boot ID changed: not rebooted yet.
         def verifying(node: str) -> dict[str, Any] | None:
@@ -392,13 +476,19 @@ def test_the_charts_node_jobs_reset_and_reboot_are_verified_on_the_node(  # noqa
             )
 
         for node in (rebooted, stuck):
-            wait_for(lambda node=node: verifying(node), f"{node}: reboot Job done, not verified")
+            seen = wait_for(lambda node=node: verifying(node), f"{node}: Job done, not verified")
+            assert (
+                seen["status"]["repair"]["bootIdBefore"]
+                == objects.node(node).status.node_info.boot_id
+            )
         # The kubelet of a rebooted node reports a new boot ID.
         core.patch_node_status(rebooted, {"status": {"nodeInfo": {"bootID": "boot-after"}}})
         back = wait_for(lambda: completed(o := objects.incident(rebooted)) and o, "rebooted",
                         timeout=60)  # fmt: skip
         assert completed(back) == "Returned", dump(back["status"])
-        assert "bootID none -> boot-after" in condition(back, "Rebooted")["message"]
+        proof = condition(back, "Rebooted")
+        assert (proof["status"], proof["reason"]) == ("True", "BootIDChanged"), dump(proof)
+        assert f"bootID {boot_before} -> boot-after" in proof["message"]
         assert condition(back, "Verified")["reason"] == "CheckPassed"
         # The other one never changed its boot ID: the reboot is not taken on trust.
         never = wait_for(lambda: completed(o := objects.incident(stuck)) and o, "gave up",
@@ -406,5 +496,12 @@ def test_the_charts_node_jobs_reset_and_reboot_are_verified_on_the_node(  # noqa
         assert completed(never) == "Failed", dump(never["status"])
         assert condition(never, "Rebooted")["reason"] == "NotVerified"
         assert objects.node(stuck).spec.unschedulable
+        # A node without a boot ID: no reboot asked for, the incident fails.
+        unproven = wait_for(lambda: completed(o := objects.incident(no_boot_id)) and o,
+                            "no boot ID: not rebooted", timeout=60)  # fmt: skip
+        assert completed(unproven) == "Failed", dump(unproven["status"])
+        c = condition(unproven, "Rebooted")
+        assert (c["status"], c["reason"]) == ("False", "NoBootID"), dump(c)
+        _no_job_for(sandbox, namespace, no_boot_id)
     finally:
         op.stop()

@@ -530,3 +530,40 @@ def test_detector_never_raises_and_its_messages_read_back(lines: list[str]) -> N
                     assert back is not None
                     assert (back.xid, back.pci_bus_id) == (f.xid, f.pci)
     assert sum(s.count for s in agg.series.values()) >= len(agg.series)
+
+
+def test_the_gpus_seen_are_reported_dated_once_per_start_and_on_change() -> None:
+    """gpuheal.io/gpus-seen: what NVML sees now and when (the proof a reset needs: the GPUs
+    answered after it), written at the first probe after a start and when the set changes,
+    not on every probe (no writes while nothing changes)."""
+    from gpuheal.xid.identity import GPU_REPORT_ANNOTATION, parse_gpu_report
+
+    api, clock = FakeApi(), Clock()
+    node = asyncio.run(api.get_node("gpu-1"))
+    assert node is not None
+    both = {"0000:3b:00": UUID, "0000:5e:00": "GPU-00000000-0000-0000-0000-000000000001"}
+
+    def report() -> Any:
+        return parse_gpu_report(api.nodes["gpu-1"]["metadata"]["annotations"].get(
+            GPU_REPORT_ANNOTATION))  # fmt: skip
+
+    pub = Publisher(api, node=node_name(), node_obj=node, namespace="default", clock=clock)
+    assert not asyncio.run(pub.sync_node(None, {}, None))  # no NVML probe yet: nothing to say
+    assert asyncio.run(pub.sync_node(None, both, both))
+    first = report()
+    assert first is not None
+    assert (first.at, dict(first.gpus.by_pci)) == (T0, both)
+    clock.tick(30)
+    assert not asyncio.run(pub.sync_node(None, both, both))  # unchanged: no write
+    one = {"0000:3b:00": UUID}
+    assert asyncio.run(pub.sync_node(None, both, one))  # a GPU lost (the map keeps it)
+    assert dict(report().gpus.by_pci) == one
+    clock.tick(30)
+    assert asyncio.run(pub.sync_node(None, both, both))  # back
+    assert report().at == T0 + dt.timedelta(seconds=60)
+    # A new agent (restarted after a reset) reports again, though nothing changed.
+    again = Publisher(api, node=node_name(), node_obj=api.nodes["gpu-1"], namespace="default",
+                      clock=clock)  # fmt: skip
+    clock.tick(5)
+    assert asyncio.run(again.sync_node(None, both, both))
+    assert report().at == T0 + dt.timedelta(seconds=65)

@@ -803,3 +803,76 @@ def test_one_fault_from_two_reporters_counts_once_and_a_real_repeat_twice() -> N
                 event_uid="e2")  # fmt: skip
     twice = decide(SPEC, NODE, History(observations=[event, dcgm]), CALM, T0 + MIN, new=again)
     assert ops(twice) == ("cordon", "fell-off-bus", 1)
+
+
+# --- what a return rests on: a skipped repair, no check ----------------------------------------
+
+
+def _no_check_spec() -> RemediationPolicySpec:
+    doc = live_example()
+    doc["spec"]["returnToService"]["check"] = {"type": "None"}
+    return RemediationPolicy.model_validate(doc).spec
+
+
+@pytest.mark.parametrize(
+    ("skipped", "says"),
+    [
+        (frozenset(), "after its verified reboot"),
+        (frozenset({Action.REBOOT}), "its reboot was skipped (Noop hook): not repaired"),
+    ],
+)
+def test_a_return_with_no_check_says_nothing_verified_the_node(
+    skipped: frozenset[Action], says: str
+) -> None:
+    incident = incident_79(
+        ALL_79, last_step_at=T0 + 5 * MIN, cordoned_by_us=True, repairs_skipped=skipped
+    )
+    decision = decide(
+        _no_check_spec(), NODE, History(observations=[xid(79, T0)], incident=incident), CALM,
+        T0 + HOUR,
+    )  # fmt: skip
+    assert isinstance(decision, Act)
+    assert decision.operation is Move.RETURN_TO_SERVICE
+    assert decision.unchecked is not None
+    assert "no check configured" in decision.unchecked
+    assert says in decision.unchecked
+
+
+def test_a_return_after_a_passed_check_is_not_unchecked() -> None:
+    incident = incident_79(
+        ALL_79, last_step_at=T0 + 5 * MIN, cordoned_by_us=True, verification=checked(T0 + 5 * MIN)
+    )
+    decision = decide(
+        SPEC, NODE, History(observations=[xid(79, T0)], incident=incident), CALM, T0 + HOUR
+    )
+    assert isinstance(decision, Act)
+    assert decision.operation is Move.RETURN_TO_SERVICE
+    assert decision.unchecked is None
+
+
+def test_a_skipped_repair_after_a_replacement_leaves_the_node_out_for_repair() -> None:
+    doc = live_example()
+    rung = doc["spec"]["rules"][0]["ladder"][1]
+    assert rung["steps"][-1]["action"] == "replace"
+    rung["steps"].append({"action": "reboot", "reboot": {"hook": {"type": "Noop"}}})
+    spec = RemediationPolicy.model_validate(doc).spec
+    done = {Action.CORDON, Action.SLURM_DRAIN, Action.DRAIN, Action.REPLACE, Action.REBOOT}
+    rule = next(x for x in spec.rules if x.name == "fell-off-bus")
+
+    def after(skipped: frozenset[Action]) -> object:
+        incident = dataclasses.replace(
+            incident_79(done, rung=1, cordoned_by_us=True, repairs_skipped=skipped),
+            ladder=rule.ladder,
+            replaced_by="spare-0",
+        )
+        return decide(spec, NODE, History(observations=[xid(79, T0)], incident=incident), CALM,
+                      T0 + HOUR)  # fmt: skip
+
+    closed = after(frozenset({Action.REBOOT}))
+    assert isinstance(closed, Act)
+    assert (closed.operation, closed.reason) == (Move.CLOSE, Reason.REPLACED)
+    assert "reboot: skipped" in closed.message
+    # A verified reboot after the replacement goes on to the check before its return.
+    repaired = after(frozenset())
+    assert isinstance(repaired, Act)
+    assert repaired.operation is Move.VERIFY

@@ -215,3 +215,38 @@ def test_npds_two_events_for_one_fall_off_the_bus_are_one_fault() -> None:
     assert again is not None
     assert not same_fault(xid_line, again)
     assert len(faults([xid_line, fallen, again])) == 2
+
+
+def test_a_reset_moved_past_without_its_condition_true_is_a_skipped_repair() -> None:
+    from gpuheal.api.noderemediation import NodeRemediation
+    from gpuheal.api.remediationpolicy import Action
+    from gpuheal.policy.inputs import skipped_repairs
+
+    def nrem(reset_status: str, reason: str) -> NodeRemediation:
+        conditions = [
+            {
+                "type": t,
+                "status": s,
+                "reason": r,
+                "message": "",
+                "lastTransitionTime": "2025-01-01T00:00:00Z",
+            }
+            for t, s, r in (("Cordoned", "True", "Cordoned"), ("Reset", reset_status, reason))
+        ]
+        return NodeRemediation.model_validate(
+            {
+                "metadata": {"name": "nrem-1"},
+                "spec": {
+                    "nodeName": "n1",
+                    "policyRef": {"name": "p"},
+                    "rule": "r",
+                    "signals": [{"source": "Event", "observedAt": "2025-01-01T00:00:00Z"}],
+                    "ladder": [{"name": "reset", "steps": [{"action": "cordon"}]}],
+                },
+                "status": {"conditions": conditions},
+            }
+        )
+
+    done = {Action.CORDON, Action.RESET}
+    assert skipped_repairs(nrem("False", "NoopHook"), done) == {Action.RESET}
+    assert skipped_repairs(nrem("True", "GpusReported"), done) == frozenset()

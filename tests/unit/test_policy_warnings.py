@@ -23,6 +23,12 @@ def _rung(name: str, *steps: dict[str, Any]) -> list[dict[str, Any]]:
     return [{"name": name, "steps": list(steps)}]
 
 
+SLURM_CYCLE = {"powerCycle": True, "hook": {"type": "Slurm"}}
+WARM_CYCLE = [
+    {"name": "boot", "steps": [SLURM_DRAIN, {"action": "reboot", "reboot": SLURM_CYCLE}]}
+]
+
+
 def _spec(*rules: dict[str, Any], **safety: Any) -> Any:
     doc = {
         "metadata": {"name": "p"},
@@ -64,6 +70,10 @@ def _rule(name: str, ladder: list[dict[str, Any]] = CORDON, **signals: Any) -> d
                 "rule gone, rung out: ReservePool spares does not exist",
                 "rule gone: rung fence comes after rung out, which replaces the node",
             ],
+        ),
+        (
+            _spec(_rule("warm", ladder=WARM_CYCLE, xids=[79])),
+            ["rule warm, rung boot: reboot.powerCycle is ignored with a Slurm hook"],
         ),
         (
             _spec(_rule("driver", xids=[154])),

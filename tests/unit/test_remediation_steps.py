@@ -136,7 +136,9 @@ async def test_webhook_hook_contract(hook_server: tuple[str, type[_Recorder]]) -
 
 async def test_noop_hook_and_unreachable_webhook() -> None:
     noop = await _hook(HookSpec(type="Noop"))
-    assert (noop.kind, noop.reason) == ("done", "NoopHook")
+    # Nothing ran: skipped (Reset False, NoopHook), never done.
+    assert (noop.kind, noop.condition, noop.reason) == ("skipped", "Reset", "NoopHook")
+    assert noop.moves_on
     gone = await _hook(HookSpec(type="Webhook", webhook={"url": "http://127.0.0.1:9/x"}))
     assert (gone.kind, gone.reason) == ("wait", "HookUnreachable")
 
@@ -192,3 +194,39 @@ async def test_a_reset_or_reboot_waits_for_the_nodes_work(
     rt: Any = _Work(jobs, pods)
     result = await steps.work_on_node(rt, "n1", Action.RESET, "Reset")
     assert (None if result is None else (result.kind, result.reason)) == verdict
+
+
+async def test_a_power_cycle_is_asked_of_the_hook_by_name(
+    hook_server: tuple[str, type[_Recorder]],
+) -> None:
+    """powerCycle reaches the hook (the webhook's body, the Job's env), so a hook made for
+    it can act on it and one that cannot can refuse; a plain reboot's request is unchanged."""
+    url, rec = hook_server
+    hook = HookSpec(type="Webhook", webhook={"url": url})
+    for cycle in (True, False):
+        await steps.run_hook(
+            None,  # type: ignore[arg-type]  # only Job hooks touch the API
+            hook, action="reboot", node="n1", incident="nrem-1", xid=79, started=NOW, now=NOW,
+            hook_timeout="10m", retry_after=1.0, power_cycle=cycle,
+        )  # fmt: skip
+    plain = {"action": "reboot", "node": "n1", "incident": "nrem-1", "xid": 79}
+    assert [body for body, _ in rec.calls] == [{**plain, "powerCycle": True}, plain]
+    template = {"template": {"spec": {"containers": [{"name": "c", "image": "i"}]}}}
+    env = steps._job_spec(template, node="n1", action="reboot", incident="i", power_cycle=True)[
+        "template"
+    ]["spec"]["containers"][0]["env"]
+    assert {"name": "GPUHEAL_POWER_CYCLE", "value": "true"} in env
+
+
+def test_power_cycle_is_asked_only_of_a_hook_that_can_carry_it() -> None:
+    from gpuheal.api.remediationpolicy import RebootOptions
+
+    def opts(hook: dict[str, Any]) -> RebootOptions:
+        return RebootOptions.model_validate({"powerCycle": True, "hook": hook})
+
+    job = {"type": "Job", "job": {"namespace": "ns", "templateFrom": {"name": "c", "key": "k"}}}
+    assert opts(job).asks_power_cycle
+    assert opts({"type": "Webhook", "webhook": {"url": "http://bmc"}}).asks_power_cycle
+    # Slurm's reboot is warm and Noop does nothing: still accepted, never claimed
+    assert not opts({"type": "Slurm"}).asks_power_cycle
+    assert not opts({"type": "Noop"}).asks_power_cycle

@@ -4,6 +4,7 @@ kwok acting as their kubelet (Ready condition, lease heartbeats, pods Running)."
 from __future__ import annotations
 
 import time
+import uuid
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, cast
@@ -73,7 +74,9 @@ def gpu_node_manifest(
                 "kubeProxyVersion": "",
                 "machineID": "",
                 "systemUUID": "",
-                "bootID": "",
+                # A kubelet reports a new random boot ID each boot; kwok leaves it as set,
+                # and a test "reboots" the node by writing another (what proves a reboot).
+                "bootID": str(uuid.uuid4()),
             },
         },
     }

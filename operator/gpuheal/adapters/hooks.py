@@ -15,10 +15,20 @@ class HookUnreachable(Exception):
 
 
 async def post_webhook(
-    url: str, *, action: str, node: str, incident: str, xid: int | None, wait_s: float
+    url: str,
+    *,
+    action: str,
+    node: str,
+    incident: str,
+    xid: int | None,
+    wait_s: float,
+    power_cycle: bool = False,
 ) -> int:
-    """POST the request; the HTTP status code, or `HookUnreachable`."""
-    payload = {"action": action, "node": node, "incident": incident, "xid": xid}
+    """POST the request; the HTTP status code, or `HookUnreachable`. ``power_cycle``: the
+    reboot must be a cold power cycle (``"powerCycle": true``; absent otherwise)."""
+    payload: dict[str, object] = {"action": action, "node": node, "incident": incident, "xid": xid}
+    if power_cycle:
+        payload["powerCycle"] = True
     try:
         async with httpx.AsyncClient(timeout=wait_s) as http:
             resp = await http.post(

@@ -22,7 +22,13 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
-from gpuheal.xid.identity import GPU_MAP_ANNOTATION, format_gpu_map, parse_gpu_map
+from gpuheal.xid.identity import (
+    GPU_MAP_ANNOTATION,
+    GPU_REPORT_ANNOTATION,
+    format_gpu_map,
+    format_gpu_report,
+    parse_gpu_map,
+)
 from gpuheal.xid.parse import XID_CONDITION_TYPE
 
 from . import records as rec
@@ -130,6 +136,8 @@ class Publisher:
         annotations = (node_obj.get("metadata") or {}).get("annotations") or {}
         self.gpus: dict[str, str] = dict(parse_gpu_map(annotations.get(GPU_MAP_ANNOTATION)).by_pci)
         self._node_obj = node_obj
+        # The GPUs last reported as seen (gpuheal.io/gpus-seen); None: none yet since start
+        self.reported: dict[str, str] | None = None
         self.condition: JSON | None = None
         self.posts = 0  # API writes, for logs and tests
 
@@ -161,8 +169,15 @@ class Publisher:
             await self.sink.create_event(self.namespace, body)
         series.posted = series.count
 
-    async def sync_node(self, condition: Condition | None, gpus: Mapping[str, str]) -> bool:
-        """One status PATCH when the condition or the GPU map differs from the node's."""
+    async def sync_node(
+        self,
+        condition: Condition | None,
+        gpus: Mapping[str, str],
+        seen: Mapping[str, str] | None = None,
+    ) -> bool:
+        """One status PATCH when the condition or the GPU map differs from the node's, or
+        the GPUs NVML sees now (``seen``) were not reported since the start as they are: the
+        report, dated, is how gpuheal knows the GPUs answered after a reset."""
         patch: JSON = {}
         if condition is not None:
             old = self.current_condition(condition.type)
@@ -193,16 +208,23 @@ class Publisher:
                 }
                 patch["status"] = {"conditions": [new]}
         merged = {**self.gpus, **gpus}
+        annotations: JSON = {}
         if gpus and merged != self.gpus:
-            patch["metadata"] = {"annotations": {GPU_MAP_ANNOTATION: format_gpu_map(merged)}}
+            annotations[GPU_MAP_ANNOTATION] = format_gpu_map(merged)
+        if seen is not None and dict(seen) != self.reported:
+            annotations[GPU_REPORT_ANNOTATION] = format_gpu_report(self.clock(), seen)
+        if annotations:
+            patch["metadata"] = {"annotations": annotations}
         if not patch:
             return False
         self.posts += 1
         await self.sink.patch_node_status(self.node, patch)
         if "status" in patch:
             self.condition = patch["status"]["conditions"][0]
-        if "metadata" in patch:
+        if GPU_MAP_ANNOTATION in annotations:
             self.gpus = merged
+        if GPU_REPORT_ANNOTATION in annotations and seen is not None:
+            self.reported = dict(seen)
         return True
 
 
@@ -379,7 +401,9 @@ class Agent:
         if self.opts.condition_type:
             condition = xid_condition(self.agg.series.values(), self.opts.condition_type)
         gpus = self.detector.gpu_map.by_pci
-        await self.publisher.sync_node(condition, gpus)
+        # What NVML sees now (its last probe), reported when it changes and once per start.
+        seen = self.inventory.uuids if self.inventory is not None else None
+        await self.publisher.sync_node(condition, gpus, seen)
         self._saved = save_state(
             self.opts.state_file,
             AgentState(

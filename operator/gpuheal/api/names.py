@@ -117,6 +117,7 @@ class Reason(enum.StrEnum):
     VERIFY = "VerificationPending"
     VERIFICATION_FAILED = "VerificationFailed"
     REPAIR_FAILED = "RepairFailed"
+    NO_CHECK = "NoCheck"  # returnToService.check is None: nothing verified the node
     AWAITING_REPAIR = "AwaitingRepair"
     REFUSED = "Refused"  # a NodeRemediation gpuheal could not have opened (made by hand)
     # policy and pool status

@@ -194,7 +194,19 @@ class RepairRecord(Model):
     boot_id_before: str | None = Field(
         default=None,
         max_length=64,
-        description="node.status.nodeInfo.bootID when it was asked for (a reboot changes it).",
+        description="node.status.nodeInfo.bootID when it was asked for, recorded before the "
+        "hook runs: a reboot is verified only when the node reports another.",
+    )
+    gpus_before: dict[str, str] = Field(
+        default_factory=dict,
+        max_length=256,
+        description="A reset: the node's GPUs (PCI address -> UUID, from gpuheal agent's "
+        "gpuheal.io/gpus) when it was asked for: after it, the agent must report them again.",
+    )
+    power_cycle: bool = Field(
+        default=False,
+        description="A reboot for which the hook was asked for a cold power cycle (the "
+        "request's powerCycle); the proof is the same new boot ID.",
     )
     slurm_boot_time_before: str | None = Field(
         default=None,

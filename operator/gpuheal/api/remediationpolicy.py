@@ -728,7 +728,13 @@ class ResetOptions(Model):
         "once, under whatever runs there.",
     )
     timeout: PositiveDuration = Field(
-        default="10m", description="How long the hook may take before the step fails."
+        default="10m",
+        description="How long the hook and the proof (below) may take before the step fails.",
+    )
+    settle: PositiveDuration = Field(
+        default="1m",
+        description="The proof of a reset: gpuheal agent reports every GPU again after it "
+        "(same UUID at each PCI address, the count back), and no XID follows for this long.",
     )
 
     @model_validator(mode="after")
@@ -747,8 +753,12 @@ class RebootOptions(Model):
     hook: HookSpec = Field(description="How the reboot is carried out.")
     power_cycle: bool = Field(
         default=False,
-        description="Marks the reboot as a cold power-cycle (e.g. through the BMC) in the "
-        "plan; the hook itself decides how to reboot.",
+        description="Ask the hook for a cold power cycle (through the node's BMC: Redfish, "
+        'IPMI) instead of a warm reboot: a Webhook\'s request carries "powerCycle": true, '
+        "a Job's containers get GPUHEAL_POWER_CYCLE=true. The hook must power-cycle or fail "
+        "(4xx, a failed Job), never reboot warm instead; the chart's node-reboot Job cannot "
+        "and fails. Ignored with a Slurm or Noop hook (neither can power-cycle; the "
+        "policy's status warns), and then not recorded.",
     )
     timeout: PositiveDuration = Field(
         default="20m", description="How long the hook may take before the step fails."
@@ -764,6 +774,11 @@ class RebootOptions(Model):
     def _mirror_cel(self) -> RebootOptions:
         _HOOK_TIMEOUT.check(self.timeout)
         return self
+
+    @property
+    def asks_power_cycle(self) -> bool:
+        """A power cycle is asked of the hook: only a Job or Webhook can carry the ask."""
+        return self.power_cycle and self.hook.type in (HookType.JOB, HookType.WEBHOOK)
 
 
 class ReplaceOptions(Model):

@@ -643,9 +643,14 @@ def _after_ladder(  # noqa: PLR0911, PLR0912 - one exit per documented outcome r
     pool = next((s.replace.reserve_pool_ref.name for s in steps if s.replace is not None), None)
     if Action.REPLACE in actions:
         after = actions[actions.index(Action.REPLACE) + 1 :]
-        if not any(a in REPAIR_ACTIONS for a in after):
+        # A skipped repair (Noop hook) repaired nothing: the node waits for its repair.
+        if not any(a in REPAIR_ACTIONS and a not in incident.repairs_skipped for a in after):
+            skipped = [a.value for a in after if a in incident.repairs_skipped]
             return Act(
-                Move.CLOSE, Reason.REPLACED, "replaced; the node stays out of service for repair"
+                Move.CLOSE,
+                Reason.REPLACED,
+                "replaced; the node stays out of service for repair"
+                + (f" (its {' and '.join(skipped)}: skipped, nothing ran)" if skipped else ""),
             )
         # Repaired after its replacement (a reset/reboot after `replace`): verify, then return.
     if not any(a in DISRUPTIVE_ACTIONS for a in actions):
@@ -699,10 +704,16 @@ def _after_ladder(  # noqa: PLR0911, PLR0912 - one exit per documented outcome r
             f"healthy for {format_duration(now - healthy_since)} of {rts.healthy_for}"
             + (" after its check passed" if verified_at is not None else ""),
         )
+    unchecked = unchecked_return(actions, incident) if verified_at is None else None
     uncordon = incident.cordoned_by_us
     resume = incident.slurm_drained_by_us and rts.resume_slurm
     if not uncordon and not resume:
-        return Act(Move.CLOSE, Reason.NOTHING_OWNED, "healthy; gpuheal owns nothing to undo")
+        return Act(
+            Move.CLOSE,
+            Reason.NOTHING_OWNED,
+            "healthy; gpuheal owns nothing to undo",
+            unchecked=unchecked,
+        )
     if incident.dry_run:
         return Blocked(Reason.DRY_RUN, "dry run: would return the node to service")
     to_pool = return_destination(incident, pool, counts.pools.get(pool) if pool else None)
@@ -718,7 +729,24 @@ def _after_ladder(  # noqa: PLR0911, PLR0912 - one exit per documented outcome r
         uncordon=uncordon,
         resume_slurm=resume,
         to_pool=to_pool,
+        unchecked=unchecked,
     )
+
+
+def unchecked_return(actions: Sequence[Action], incident: IncidentView) -> str:
+    """What a return with no check (returnToService.check None) rests on, for Verified=
+    Unknown: the policy's healthyFor alone, after the rung's verified repair if it had one
+    (a reset/reboot is done only once verified on the node), else after no repair at all."""
+    repairs = [a for a in actions if a in REPAIR_ACTIONS]
+    skipped = [a.value for a in repairs if a in incident.repairs_skipped]
+    verified = [a.value for a in repairs if a not in incident.repairs_skipped]
+    base = "no check configured (returnToService.check.type None): returned on healthyFor alone"
+    if verified:
+        return f"{base}, after its verified {' and '.join(verified)}"
+    if skipped:
+        were = "were" if len(skipped) > 1 else "was"
+        return f"{base}; its {' and '.join(skipped)} {were} skipped (Noop hook): not repaired"
+    return f"{base}; no repair step ran"
 
 
 def return_destination(

@@ -261,6 +261,23 @@ def done_actions(
     return frozenset(done), last
 
 
+_REPAIR_CONDITION = {Action.RESET: NremCondition.RESET, Action.REBOOT: NremCondition.REBOOTED}
+
+
+def skipped_repairs(nrem: NodeRemediation, done: Iterable[Action]) -> frozenset[Action]:
+    """Resets and reboots the incident moved past without repairing anything (a ``Noop``
+    hook): their condition is not True, so nothing counts them as a repair."""
+    skipped = set()
+    for action in done:
+        condition = _REPAIR_CONDITION.get(action)
+        if condition is None:
+            continue
+        found = find_condition(nrem.status.conditions, condition)
+        if found is None or found.status is not ConditionStatus.TRUE:
+            skipped.add(action)
+    return frozenset(skipped)
+
+
 def approvals(nrem: NodeRemediation, annotation: str) -> frozenset[Action]:
     """Actions a person approved with the annotation (comma-separated action names)."""
     raw = nrem.metadata.annotations.get(annotation, "")
@@ -314,6 +331,7 @@ def incident_view(nrem: NodeRemediation, *, approve_annotation: str) -> Incident
         rung=rung,
         started_at=started,
         done=done,
+        repairs_skipped=skipped_repairs(nrem, done),
         last_step_at=last,
         approved=approvals(nrem, approve_annotation),
         cordoned_by_us=nrem.status.ownership.cordoned,

@@ -136,6 +136,8 @@ class IncidentView:
     rung: int
     started_at: dt.datetime
     done: frozenset[Action] = frozenset()
+    # Resets/reboots of this rung in `done` that repaired nothing (a Noop hook: skipped)
+    repairs_skipped: frozenset[Action] = frozenset()
     last_step_at: dt.datetime | None = None
     approved: frozenset[Action] = frozenset()
     cordoned_by_us: bool = False
@@ -241,6 +243,9 @@ class Act:
     resume_slurm: bool = False  # RETURN_TO_SERVICE only
     to_pool: str | None = None  # RETURN_TO_SERVICE: back to this ReservePool as a spare
     restart: bool = False  # VERIFY: start a new run of the check (none yet, or a stale one)
+    # RETURN_TO_SERVICE / CLOSE: no check vouches for the node (returnToService.check is
+    # None): why, recorded as Verified=Unknown (NoCheck), never as verified
+    unchecked: str | None = None
     # A replace step later in this rung whose spare is claimed now, beside this step, so
     # that the requeued job finds it ready (`engine.spare_to_claim`).
     reserve: Step | None = None

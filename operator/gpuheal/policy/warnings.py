@@ -90,6 +90,13 @@ def _rule_warnings(rule: Rule, pools: Collection[str], unreadable: Collection[st
         )
     for at, rung in enumerate(rule.ladder):
         for step in rung.steps:
+            cycle = step.reboot
+            if cycle is not None and cycle.power_cycle and not cycle.asks_power_cycle:
+                out.append(
+                    f"rule {name}, rung {rung.name}: reboot.powerCycle is ignored with a "
+                    f"{cycle.hook.type} hook (it cannot power-cycle a node): use a Job or "
+                    "Webhook hook that drives the BMC (Redfish, IPMI)"
+                )
             pool = step.replace.reserve_pool_ref.name if step.replace is not None else None
             if pool is not None and pool not in pools:
                 missing = (

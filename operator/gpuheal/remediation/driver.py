@@ -502,7 +502,9 @@ async def _moved_on(
     rec.set(rung=rung, next_step=index + 1)
     rec.event(label, result.message, at=result.at)
     await rec.write(rt.require_kube())
-    history.step(rt, nrem, action.value, rung, result.message)
+    # A skipped step is on the node's record as such: a Noop reset is no repair.
+    said = result.message if result.kind == "done" else f"skipped: {result.message}"
+    history.step(rt, nrem, action.value, rung, said)
     _observe_latency(rt, nrem, rec, action)
     reason = EVENT_OF[action] if result.kind == "done" else EventReason.STEP_SKIPPED
     rt.post_event(nrem.to_k8s(), reason=reason, message=f"{label}: {result.message}")
@@ -577,6 +579,9 @@ async def _finish(  # noqa: PLR0911
     """Every step of the rung is done; the engine says: close, return, or wait."""
     node = nrem.spec.node_name
     retry = rt.config.retry_interval
+    if isinstance(decision, Act) and decision.unchecked is not None:
+        # Nothing verified the node: said so, never Verified=True.
+        rec.condition(NremCondition.VERIFIED, "Unknown", Reason.NO_CHECK, decision.unchecked)
     if isinstance(decision, Act) and decision.operation is Move.CLOSE:
         if decision.reason in (Reason.VERIFICATION_FAILED, Reason.REPAIR_FAILED):
             rec.condition(NremCondition.FAILED, "True", decision.reason, decision.message)

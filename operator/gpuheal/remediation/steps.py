@@ -64,10 +64,19 @@ from gpuheal.api.remediationpolicy import (
 from gpuheal.api.remediationpolicy import RequeueMode as PolicyRequeue
 from gpuheal.api.reservepool import ReservePool, TaintEffect
 from gpuheal.policy import idle, pods_to_evict, spare_candidates
+from gpuheal.policy.repair import reboot_proof, reset_proof
 from gpuheal.policy.types import Act, NodeView
 from gpuheal.remediation.record import Recorder
 from gpuheal.remediation.state import Runtime
 from gpuheal.remediation.victims import PostEvent, RecordPlan, base_options, requeue_victims
+from gpuheal.xid.identity import (
+    GPU_MAP_ANNOTATION,
+    GPU_REPORT_ANNOTATION,
+    GpuMap,
+    GpuReport,
+    parse_gpu_map,
+    parse_gpu_report,
+)
 from gpuheal_bridge.api.models import DrainOutcome, JobState, RequeueOptions
 
 log = logging.getLogger("gpuheal.adapters.steps")
@@ -383,19 +392,24 @@ async def run_hook(  # noqa: PLR0911
     hook_timeout: str,
     retry_after: float,
     job_name: str | None = None,
+    power_cycle: bool = False,
 ) -> StepResult:
-    """The reset/reboot contract: a Webhook POST or a Job; ``Noop`` records and succeeds.
+    """The reset/reboot contract: a Webhook POST or a Job; ``Noop`` runs nothing, so the
+    step is skipped (its condition False, `NoopHook`), never taken for a repair.
     ``done`` here means the hook reported success; `repair` then verifies it happened.
 
     Webhook: ``POST url`` with ``{"action", "node", "incident", "xid"}`` and header
     ``Idempotency-Key: <incident>-<action>``; any 2xx is success, the receiver must treat
     a repeated key as the same request. Job: ``<incident>-<action>`` in the hook's namespace
     from the template, env ``NODE_NAME``/``GPUHEAL_ACTION``/``GPUHEAL_INCIDENT``; success
-    when the Job reports Complete, failure when it reports Failed.
+    when the Job reports Complete, failure when it reports Failed. A reboot with
+    ``powerCycle`` adds ``"powerCycle": true`` to the request (env
+    ``GPUHEAL_POWER_CYCLE=true``): the hook must power-cycle the node (its BMC) or fail,
+    never reboot it warm instead.
     """
     condition = C.RESET if action == "reset" else C.REBOOTED
     if hook.type is HookType.NOOP:
-        return StepResult.done(condition, "NoopHook", f"{action} hook is Noop: nothing ran")
+        return noop_skipped(condition, action)
     if now - started > parse_duration(hook_timeout):
         return StepResult.failed(
             condition, "HookTimedOut", f"{action} hook did not finish in {hook_timeout}"
@@ -409,6 +423,7 @@ async def run_hook(  # noqa: PLR0911
                 incident=incident,
                 xid=xid,
                 wait_s=parse_duration(hook.webhook.timeout).total_seconds(),
+                power_cycle=power_cycle,
             )
         except HookUnreachable as exc:
             return StepResult.wait(condition, "HookUnreachable", str(exc), retry_after)
@@ -429,8 +444,17 @@ async def run_hook(  # noqa: PLR0911
             incident=incident,
             name=job_name or job_name_for(incident, action),
             retry_after=retry_after,
+            power_cycle=power_cycle,
         )
     return StepResult.failed(condition, "HookInvalid", f"{action} hook has no {hook.type} block")
+
+
+def noop_skipped(condition: str, action: str) -> StepResult:
+    """A ``Noop`` hook runs nothing: the step is skipped (the node was not repaired) and the
+    incident goes on with what its rung says next; the engine counts no repair for it."""
+    return StepResult.skipped(
+        condition, "NoopHook", f"{action} hook is Noop: nothing ran, the node was not repaired"
+    )
 
 
 def job_name_for(incident: str, suffix: str) -> str:
@@ -452,6 +476,7 @@ async def _job_hook(
     incident: str,
     name: str,
     retry_after: float,
+    power_cycle: bool = False,
 ) -> StepResult:
     """Create the Job once, then follow it: Complete is done, Failed is failed (its exit
     code said so)."""
@@ -462,7 +487,12 @@ async def _job_hook(
         if isinstance(template, str):
             return StepResult.failed(condition, "HookInvalid", template)
         spec = _job_spec(
-            template, node=node, action=action, incident=incident, pin=job_hook.run_on_node
+            template,
+            node=node,
+            action=action,
+            incident=incident,
+            pin=job_hook.run_on_node,
+            power_cycle=power_cycle,
         )
         body = {
             "apiVersion": "batch/v1",
@@ -502,7 +532,13 @@ async def _template(kube: Kube, job_hook: JobHook) -> dict[str, Any] | str:
 
 
 def _job_spec(
-    template: Mapping[str, Any], *, node: str, action: str, incident: str, pin: bool = False
+    template: Mapping[str, Any],
+    *,
+    node: str,
+    action: str,
+    incident: str,
+    pin: bool = False,
+    power_cycle: bool = False,
 ) -> dict[str, Any]:
     """The template (a JobSpec) with NODE_NAME & co added to every container's env; with
     ``pin``, its pod runs on the node (spec.nodeName: the scheduler and the node's cordon do
@@ -522,6 +558,8 @@ def _job_spec(
         {"name": "GPUHEAL_ACTION", "value": action},
         {"name": "GPUHEAL_INCIDENT", "value": incident},
     ]
+    if power_cycle:
+        env.append({"name": "GPUHEAL_POWER_CYCLE", "value": "true"})
     for container in pod_spec.get("containers") or []:
         container["env"] = [*(container.get("env") or []), *env]
     return spec
@@ -612,6 +650,16 @@ def _repair_record(rec: Recorder, action: Action) -> RepairRecord | None:
     return None if record.failed_at is not None else record
 
 
+def _gpu_map(body: Mapping[str, Any] | None) -> GpuMap:
+    annotations = ((body or {}).get("metadata") or {}).get("annotations") or {}
+    return parse_gpu_map(annotations.get(GPU_MAP_ANNOTATION))
+
+
+def _gpu_report(body: Mapping[str, Any] | None) -> GpuReport | None:
+    annotations = ((body or {}).get("metadata") or {}).get("annotations") or {}
+    return parse_gpu_report(annotations.get(GPU_REPORT_ANNOTATION))
+
+
 def _boot_id(body: Mapping[str, Any] | None) -> str:
     return str(((body or {}).get("status") or {}).get("nodeInfo", {}).get("bootID") or "")
 
@@ -647,27 +695,54 @@ async def repair(  # noqa: PLR0911 - one exit per verified outcome
     *,
     xid: int | None,
 ) -> StepResult:
-    """A reset or reboot, asked for once per rung and then *verified* on the node: a reboot
-    by a new boot ID (node.status.nodeInfo.bootID) or Slurm's new BootTime, a reset (and a
-    reboot) by the node Ready with every GPU allocatable. A hook's exit code or 2xx alone is
-    never taken for it; the request and what it saw are kept in status.repair (restarts)."""
+    """A reset or reboot, asked for once per rung and then *verified* on the node
+    (`policy.repair`): a reboot by a new boot ID (node.status.nodeInfo.bootID) or Slurm's
+    new BootTime, a reset by the agent reporting the same GPUs again after it and no XID for
+    `settle`; both with the node Ready and every GPU allocatable. A hook's exit code or 2xx
+    alone is never taken for it; the request and what proves it are kept in status.repair,
+    written before the hook runs (restarts)."""
     kube = rt.require_kube()
     cond = C.RESET if action is Action.RESET else C.REBOOTED
     node, name, rung = nrem.spec.node_name, nrem.metadata.name, rec.status.rung
     hook = opts.hook
     retry = rt.config.retry_interval
     if hook.type is HookType.NOOP:
-        return StepResult.done(cond, "NoopHook", f"{action} hook is Noop: nothing ran")
+        return noop_skipped(cond, action.value)
     record = _repair_record(rec, action)
     if record is None:
         body = await kube.get_node(node)
+        boot_id = _boot_id(body)
+        gpus = dict(_gpu_map(body).by_pci)
+        reports = _gpu_report(body) is not None
+        # What would prove the repair, recorded before it; without it, nothing could.
+        if action is Action.REBOOT and hook.type is not HookType.SLURM and not boot_id:
+            return StepResult.failed(
+                cond,
+                "NoBootID",
+                f"{node} reports no boot ID (status.nodeInfo.bootID): a reboot of it could "
+                "not be verified, so none is asked for",
+            )
+        if action is Action.RESET and not (gpus and reports):
+            return StepResult.failed(
+                cond,
+                "NoGpuReport",
+                f"no gpuheal agent (with NVML) reports {node}'s GPUs (annotations "
+                f"{GPU_MAP_ANNOTATION}, {GPU_REPORT_ANNOTATION}): a reset could not be "
+                "verified, so none is asked for",
+            )
         record = RepairRecord(
             action=action.value,
             rung=rung,
             via=hook.type.value,
             requested_at=rec.now,
-            boot_id_before=_boot_id(body) or None,
+            boot_id_before=boot_id or None,
+            gpus_before=gpus if action is Action.RESET else {},
+            power_cycle=isinstance(opts, RebootOptions) and opts.asks_power_cycle,
         )
+        # On record before the hook runs: a restart in between compares with the boot ID
+        # from before the reboot, never with one read after it.
+        rec.merge({"repair": record.to_k8s()})
+        await rec.write(kube)
     status: dict[str, Any] = {}
     if record.hook_done_at is None:
         if hook.type is HookType.SLURM:
@@ -694,16 +769,22 @@ async def repair(  # noqa: PLR0911 - one exit per verified outcome
                 hook_timeout=opts.timeout,
                 retry_after=retry,
                 job_name=job_name_for(name, f"{action.value}-{rung}"),
+                power_cycle=record.power_cycle,
             )
             if ran.kind != "done":
                 ran.status["repair"] = record.to_k8s()
                 return ran
             record = record.model_copy(update={"hook_done_at": rec.now})
         status["repair"] = record.to_k8s()
-    seen, what = await _repaired(rt, node, action, record)
+    settle = parse_duration(opts.settle) if isinstance(opts, ResetOptions) else dt.timedelta()
+    seen, what = await _repaired(rt, node, action, record, now=rec.now, settle=settle)
     if seen is True:
         verified = record.model_copy(update={"verified_at": rec.now, "message": what[:1024]})
-        reason = "SlurmRebooted" if hook.type is HookType.SLURM else "HookSucceeded"
+        reason = (
+            "SlurmRebooted"
+            if hook.type is HookType.SLURM
+            else ("BootIDChanged" if action is Action.REBOOT else "GpusReported")
+        )
         return StepResult.done(cond, reason, f"{action} verified: {what}", repair=verified.to_k8s())
     if seen is False or rec.now - record.requested_at > parse_duration(opts.timeout):
         why = what if seen is False else f"not verified within {opts.timeout}: {what}"
@@ -735,9 +816,16 @@ async def _slurm_reboot(
 
 
 async def _repaired(  # noqa: PLR0911 - one exit per verdict
-    rt: Runtime, node: str, action: Action, record: RepairRecord
+    rt: Runtime,
+    node: str,
+    action: Action,
+    record: RepairRecord,
+    *,
+    now: dt.datetime,
+    settle: dt.timedelta,
 ) -> tuple[bool | None, str]:
-    """(True: it happened / False: it failed / None: not yet, what was seen)."""
+    """(True: it happened / False: it failed / None: not yet, what was seen): the proof per
+    action is `policy.repair`'s; the node Ready with its GPUs allocatable besides."""
     body = await rt.require_kube().get_node(node)
     back, gpus = gpus_back(body)
     if action is Action.REBOOT and record.via == HookType.SLURM.value:
@@ -756,12 +844,22 @@ async def _repaired(  # noqa: PLR0911 - one exit per verdict
         slurm_says = f"Slurm BootTime {record.slurm_boot_time_before} -> {st.boot_time}"
         return (True, f"{slurm_says}; {gpus}") if back else (None, f"{slurm_says}; {gpus}")
     if action is Action.REBOOT:
-        boot_id = _boot_id(body)
-        if not boot_id or boot_id == (record.boot_id_before or ""):
-            return None, f"bootID unchanged ({record.boot_id_before or 'none'}); {gpus}"
-        changed = f"bootID {record.boot_id_before or 'none'} -> {boot_id}"
-        return (True, f"{changed}; {gpus}") if back else (None, f"{changed}; {gpus}")
-    return back, gpus if back else f"{gpus} after the reset"
+        proof, said = reboot_proof(record.boot_id_before, _boot_id(body))
+    else:
+        labels = ((body or {}).get("metadata") or {}).get("labels") or {}
+        count = labels.get(GPU_COUNT_LABEL)
+        proof, said = reset_proof(
+            record.gpus_before,
+            _gpu_report(body),
+            reset_at=record.hook_done_at or record.requested_at,
+            want_count=int(count) if count and count.isdecimal() else None,
+            observations=rt.node_history(node).observations,
+            settle=settle,
+            now=now,
+        )  # fmt: skip
+    if proof is True and not back:
+        return None, f"{said}; {gpus}"
+    return proof, f"{said}; {gpus}"
 
 
 # ---- verification before return (returnToService.check) -------------------------------------
@@ -838,7 +936,9 @@ async def verify(  # noqa: PLR0911, PLR0912 - one exit per check type and verdic
         if value == label.fail_value:
             return StepResult.failed(cond, "CheckFailed", f"label {label.key}={value}")
         return StepResult.wait(cond, "CheckRunning", f"waiting for label {label.key}", retry)
-    return StepResult.done(cond, "NoCheck", "no check configured")
+    # The model requires the type's block; without it nothing could be checked, and an
+    # unchecked node must not read as verified.
+    return StepResult.failed(cond, "CheckInvalid", f"check {check.type} has no {check.type} block")
 
 
 def _condition_verdict(

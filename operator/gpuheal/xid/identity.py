@@ -24,6 +24,7 @@ Pure: no I/O, never raises on input it is given.
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
 import json
 import re
 from collections.abc import Iterable, Mapping
@@ -32,6 +33,12 @@ from gpuheal.xid.parse import normalize_pci
 
 GPU_MAP_ANNOTATION = "gpuheal.io/gpus"
 """Node annotation written by `gpuheal agent`: `{"0000:3b:00": "GPU-8f6c...", ...}`."""
+
+GPU_REPORT_ANNOTATION = "gpuheal.io/gpus-seen"
+"""Node annotation written by `gpuheal agent` with NVML: the GPUs it sees *now* and when,
+`{"at": "<RFC 3339>", "gpus": {"0000:3b:00": "GPU-8f6c...", ...}}`; written when the agent
+starts and whenever that set changes (a GPU lost or back), so a report dated after a reset
+says the GPUs answered after it. (`gpuheal.io/gpus` only ever learns: it keeps a lost GPU.)"""
 
 MAX_GPUS = 256
 """Bound on a map read from an annotation (a node has 8-16 GPUs, MIG included far fewer than
@@ -126,3 +133,38 @@ def format_gpu_map(gpu_map: GpuMap | Mapping[str, str]) -> str:
     pairs = gpu_map.by_pci if isinstance(gpu_map, GpuMap) else gpu_map
     clean = GpuMap().learn(pairs.items()).by_pci
     return json.dumps(dict(sorted(clean.items())), separators=(",", ":"))
+
+
+@dataclasses.dataclass(frozen=True)
+class GpuReport:
+    """The agent's `gpuheal.io/gpus-seen`: the GPUs (PCI address -> UUID) seen at `at`."""
+
+    at: dt.datetime
+    gpus: GpuMap
+
+
+def format_gpu_report(at: dt.datetime, gpus: GpuMap | Mapping[str, str]) -> str:
+    """The `gpuheal.io/gpus-seen` value: `{"at": ..., "gpus": {...}}`, compact and sorted."""
+    stamp = at.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return json.dumps({"at": stamp, "gpus": json.loads(format_gpu_map(gpus))},
+                      separators=(",", ":"))  # fmt: skip
+
+
+def parse_gpu_report(text: str | None) -> GpuReport | None:
+    """`gpuheal.io/gpus-seen` -> GpuReport; None when absent or malformed."""
+    if not isinstance(text, str) or len(text) > 64 * 1024:
+        return None
+    try:
+        data = json.loads(text)
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(data, dict) or not isinstance(data.get("gpus"), dict):
+        return None
+    raw = data.get("at")
+    try:
+        at = dt.datetime.fromisoformat(raw.replace("Z", "+00:00")) if isinstance(raw, str) else None
+    except ValueError:
+        return None
+    if at is None or at.tzinfo is None:
+        return None
+    return GpuReport(at=at, gpus=parse_gpu_map(json.dumps(data["gpus"])))
