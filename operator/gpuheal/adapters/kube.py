@@ -635,10 +635,24 @@ class Kube:
         path = f"/apis/batch/v1/namespaces/{_q(namespace)}/jobs"
         return await _unless(409, self.http.request("POST", path, body=body)) is not None
 
-    # ---- leases (`gpuheal.adapters.lease`) -----------------------------------------------
+    # ---- leases (`gpuheal.remediation.lease`) -------------------------------------------
     def lease_path(self, namespace: str, name: str | None = None) -> str:
         base = f"/apis/coordination.k8s.io/v1/namespaces/{_q(namespace)}/leases"
         return base if name is None else f"{base}/{_q(name)}"
+
+    async def read_lease(self, namespace: str, name: str) -> JSON:
+        """The Lease; ApiError 404 when there is none."""
+        result: JSON = await self.http.request("GET", self.lease_path(namespace, name))
+        return result
+
+    async def write_lease(self, body: JSON) -> None:
+        """Create (no resourceVersion) or replace (resourceVersion: 409 when it changed)."""
+        meta = body["metadata"]
+        if meta.get("resourceVersion") is None:
+            path, method = self.lease_path(meta["namespace"]), "POST"
+        else:
+            path, method = self.lease_path(meta["namespace"], meta["name"]), "PUT"
+        await self.http.request(method, path, body=body)
 
     # ---- gpuheal custom objects --------------------------------------------------------
     async def get_custom(self, plural: str, name: str) -> JSON | None:

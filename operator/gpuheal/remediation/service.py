@@ -21,12 +21,12 @@ from tenacity import (
 
 from gpuheal.adapters.events import EventOutbox
 from gpuheal.adapters.kube import ApiError, Kube
-from gpuheal.adapters.lease import Lease
 from gpuheal.adapters.notify import WebhookSender
 from gpuheal.adapters.slurm import BridgeSlurm
 from gpuheal.api.names import HISTORY_PLURAL, POLICY_PLURAL, POOL_PLURAL
 from gpuheal.config import bridge_targets, parse_events, parse_webhooks
 from gpuheal.remediation import history, objects, report, sources
+from gpuheal.remediation.lease import Lease
 from gpuheal.remediation.notify import Notifier, Target
 from gpuheal.remediation.state import Runtime
 
