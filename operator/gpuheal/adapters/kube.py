@@ -14,6 +14,7 @@ precondition. Nothing here decides *whether* to act; that is the caller's busine
 from __future__ import annotations
 
 import asyncio
+import base64
 import datetime as dt
 import enum
 import json
@@ -624,6 +625,14 @@ class Kube:
         """A ConfigMap (a Job hook's `templateFrom`); None when absent."""
         path = f"{CORE}/namespaces/{_q(namespace)}/configmaps/{_q(name)}"
         return await _unless(404, self.http.request("GET", path))
+
+    async def get_secret_value(self, namespace: str, name: str, key: str) -> str | None:
+        """One key of a Secret, decoded (a notification webhook's URL); None when the Secret
+        or the key is absent. Nothing here logs it."""
+        path = f"{CORE}/namespaces/{_q(namespace)}/secrets/{_q(name)}"
+        body = await _unless(404, self.http.request("GET", path))
+        value = ((body or {}).get("data") or {}).get(key)
+        return None if value is None else base64.b64decode(value).decode(errors="replace")
 
     # ---- jobs (reset / reboot hooks) -----------------------------------------------------
     async def get_job(self, namespace: str, name: str) -> JSON | None:

@@ -332,7 +332,8 @@ class Runtime:
         spec = nrem.spec
         policy = self.policies.get(spec.policy_ref.name)
         targets = merge_targets(
-            self.notify_targets, policy_targets(policy.spec.notifications if policy else None)
+            self.notify_targets,
+            policy_targets(policy.spec.notifications if policy else None, self.config.namespace),
         )
         if not targets:
             return
