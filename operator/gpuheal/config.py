@@ -72,8 +72,9 @@ class OperatorConfig(BaseSettings):
     notify_webhooks: str | None = Field(
         None,
         description="webhooks told when an incident opens, is blocked, needs approval, "
-        "completes or fails, comma-separated; 'slack:' before a URL sends Slack-compatible "
-        "messages (a policy's spec.notifications adds its own)",
+        "completes or fails, comma-separated: a URL or secret:NAME/KEY (the URL in that key "
+        "of a Secret in --namespace, read at each send); 'slack:' before one sends "
+        "Slack-compatible messages (a policy's spec.notifications adds its own)",
     )
     notify_events: str = Field(
         NOTIFY_EVENTS,
@@ -167,22 +168,38 @@ class OperatorConfig(BaseSettings):
         return frozenset(value)
 
 
+#: ``secret:NAME/KEY`` in --notify-webhooks: the URL is that key of a Secret in --namespace.
+_SECRET_ITEM = re.compile(r"^secret:([a-z0-9]([-a-z0-9.]*[a-z0-9])?)/([-._a-zA-Z0-9]+)$")
+
+
 def parse_webhooks(text: str) -> list[tuple[NotifyFormat, str]]:
-    """``"slack:https://hooks.slack.com/x,https://ops.example/hook"`` -> formats and URLs."""
+    """``"slack:https://hooks.slack.com/x,secret:gpuheal-notify/ops"`` -> formats and URLs
+    (or ``secret:NAME/KEY``: that key of a Secret in the operator's namespace).
+
+    An item that is neither is named by its place, not by its text: it may be a credential."""
     from gpuheal.api.remediationpolicy import NotifyFormat
 
     out = []
-    for item in (i.strip() for i in text.split(",")):
+    for place, item in enumerate((i.strip() for i in text.split(",")), start=1):
         if not item:
             continue
         fmt, url = NotifyFormat.GENERIC, item
         prefix, _, rest = item.partition(":")
         if prefix in ("slack", "generic"):
             fmt, url = NotifyFormat(prefix.capitalize()), rest
-        if not re.match(r"^https?://[^/\s]+", url):
-            raise ValueError(f"{item!r} is not an http(s) URL (optionally after 'slack:')")
+        if not (re.match(r"^https?://[^/\s]+", url) or _SECRET_ITEM.match(url)):
+            raise ValueError(
+                f"webhook {place} is neither an http(s) URL nor secret:NAME/KEY "
+                "(optionally after 'slack:' or 'generic:')"
+            )
         out.append((fmt, url))
     return out
+
+
+def secret_item(url: str) -> tuple[str, str] | None:
+    """``secret:NAME/KEY`` -> (NAME, KEY); None for a URL."""
+    found = _SECRET_ITEM.match(url)
+    return (found.group(1), found.group(3)) if found else None
 
 
 def parse_events(text: str) -> frozenset[NotifyEvent]:

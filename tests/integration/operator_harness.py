@@ -55,6 +55,7 @@ class OperatorProcess:
     kubeconfig: Path
     log_dir: Path
     extra: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
     proc: subprocess.Popen[bytes] | None = None
     metrics_port: int = 0
     health_port: int = 0
@@ -76,7 +77,11 @@ class OperatorProcess:
             "--sources", "conditions,events",
             *self.extra,
         ]  # fmt: skip
-        env = {**os.environ, "PYTHONPATH": f"{REPO / 'operator'}:{REPO / 'slurm-bridge'}"}
+        env = {
+            **os.environ,
+            "PYTHONPATH": f"{REPO / 'operator'}:{REPO / 'slurm-bridge'}",
+            **self.env,
+        }
         self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env)
         if wait_started:
             wait_for(self._healthy, "operator liveness endpoint", timeout=60)

@@ -7,6 +7,7 @@ The render tests need only the built `helm`; the install tests need the sandbox.
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import re
@@ -268,6 +269,38 @@ def test_external_bridge_uses_existing_secret_and_ca(helm: Helm) -> None:
     ]
 
 
+def test_notification_webhooks_are_read_from_secrets_never_from_the_pod_spec(helm: Helm) -> None:
+    values = CHART / "ci" / "notifications-values.yaml"
+    docs = helm.template("-f", str(values))
+    url = yaml.safe_load(values.read_text())["notifications"]["webhooks"][0]["url"]
+    made = _one(docs, "Secret", "-notify")
+    assert made["metadata"]["name"] == "r-gpuheal-notify"
+    assert made["data"] == {"webhook-0": base64.b64encode(url.encode()).decode()}
+    operator = _one(docs, "Deployment")
+    assert url not in json.dumps(operator)
+    args = _container(operator)["args"]
+    webhooks = "slack:secret:r-gpuheal-notify/webhook-0,generic:secret:ops-pager/webhook"
+    assert f"--notify-webhooks={webhooks}" in args
+    assert "--notify-events=Opened,Failed" in args
+    (rule,) = [r for kind, n, r in _rules(docs) if "secrets" in r["resources"]]
+    assert rule == {
+        "apiGroups": [""],
+        "resources": ["secrets"],
+        "resourceNames": ["ops-pager", "r-gpuheal-notify", "team-a-hooks"],
+        "verbs": ["get"],
+    }
+    # Without webhooks or policy Secrets: no Secret, no flag, no rule on Secrets at all.
+    plain = helm.template()
+    assert not _objects(plain, "Secret")
+    assert not any(a.startswith("--notify") for a in _container(_one(plain, "Deployment"))["args"])
+    assert not [r for _, _, r in _rules(plain) if "secrets" in r["resources"]]
+    both = '{"url": "https://x.example/h", "existingSecret": "s"}'
+    result = helm("template", "r", str(CHART), f"--kube-version={KUBE_VERSION}",
+                  "--set-json", f"notifications.webhooks=[{both}]", check=False)  # fmt: skip
+    assert result.returncode != 0
+    assert "notifications/webhooks/0" in result.stderr, result.stderr
+
+
 def test_invalid_values_are_rejected_by_the_schema_with_a_clear_message(helm: Helm) -> None:
     bad = CHART / "ci" / "invalid" / "typo-values.yaml"
     for cmd in (("lint", str(CHART)), ("template", "r", str(CHART))):
@@ -412,7 +445,11 @@ def test_rbac_is_least_privilege(helm: Helm, values: Path) -> None:
         where = f"{kind}/{name} {rule}"
         for field in ("apiGroups", "resources", "verbs"):
             assert "*" not in rule[field], f"wildcard in {where}"
-        assert not {"secrets", "serviceaccounts/token"} & set(rule["resources"]), where
+        assert "serviceaccounts/token" not in rule["resources"], where
+        if "secrets" in rule["resources"]:  # notification webhook URLs, by name, read only
+            assert (kind, name) == ("Role", "r-gpuheal-operator"), where
+            assert rule["resourceNames"], where
+            assert rule["verbs"] == ["get"], where
         if "configmaps" in rule["resources"]:  # the node Job templates, by name, read only
             assert (kind, name) == ("Role", "r-gpuheal-node-jobs"), where
             assert (rule["resourceNames"], rule["verbs"]) == (["gpuheal-node-jobs"], ["get"])

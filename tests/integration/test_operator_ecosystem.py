@@ -30,11 +30,14 @@ from tests.integration.operator_harness import (
     OperatorProcess,
     completed,
     condition,
+    free_port,
     hold,
+    node_events,
     wait_for,
 )
 from tests.integration.test_operator_k8s import (
     case,
+    cordon_only_rule,
     gpuheal_crds,
     objects,
     policy,
@@ -278,3 +281,83 @@ def test_a_webhook_hears_each_incident_transition_once(  # noqa: PLR0917
     assert f"gpuheal incident `{name}` on `{broken}` XID 79: *needs approval*" in slack[1]["text"]
     assert f"`{other}` on `{refused}` XID 95: *FAILED* (HookRefused)" in slack[5]["text"]
     assert {p for p, _ in receiver.got} == {"/ops", "/slack", "/hook"}
+
+
+def test_a_webhook_url_read_from_a_secret_is_used_and_never_shown(
+    sandbox: Sandbox,
+    case: Callable[..., list[str]],
+    objects: Objects,
+    run_operator: Callable[..., OperatorProcess],
+    receiver: Receiver,
+) -> None:
+    """The operator's receiver (`secret:NAME/KEY`) and the policy's (`secretRef`) take their
+    URLs from a Secret in the operator's namespace, read at each send (a rotated key counts
+    from the next message). Every URL carries a secret in its path (as Slack's do): none is
+    in the operator's log, the incident's status or its Events, not even that of a receiver
+    that is down or of a reset hook that cannot be reached."""
+    core = sandbox.core_v1()
+    cid = case.case_id  # type: ignore[attr-defined]
+    first, second, unhooked = case(3)
+    secret = f"notify-{cid}"
+    token = f"T0KEN{cid}"
+    url = lambda what: f"{receiver.url}/{token}-{what}"  # noqa: E731
+    dead = f"http://127.0.0.1:{free_port()}/{token}-dead"
+    core.create_namespaced_secret(
+        "default",  # the harness's --namespace
+        {"metadata": {"name": secret}, "stringData": {"ops": url("ops"), "team": url("team")}},
+    )
+    try:
+        hookless = {
+            "name": "uncontained",
+            "signals": {"xids": [95]},
+            "ladder": [{"name": "reset", "steps": [
+                {"action": "cordon"},
+                {"action": "reset", "reset": {"hook": {
+                    "type": "Webhook", "webhook": {"url": f"{dead}-hook?sig={token}"}}}},
+            ]}],
+        }  # fmt: skip
+        manifest = policy(f"p-{cid}", f"{cid}-work", [cordon_only_rule(94), hookless])
+        manifest["spec"]["notifications"] = {
+            "webhooks": [
+                {"secretRef": {"name": secret, "key": "team"}, "format": "Slack"},
+                {"url": dead, "events": ["Opened"]},  # down: its failure is logged
+            ]
+        }
+        objects.apply("remediationpolicies", manifest)
+        op = run_operator("--notify-webhooks", f"secret:{secret}/ops", "--notify-retries", "0")
+
+        simulate_xid(core, first, 94)
+        wait_for(lambda: receiver.at(f"/{token}-ops"), "the operator's receiver, by its Secret")
+        wait_for(lambda: receiver.at(f"/{token}-team"), "the policy's receiver, by its Secret")
+        assert receiver.at(f"/{token}-ops")[0]["node"] == first
+        assert first in receiver.at(f"/{token}-team")[0]["text"]
+
+        core.patch_namespaced_secret(secret, "default", {"stringData": {"team": url("rotated")}})
+        simulate_xid(core, second, 94)
+        wait_for(lambda: receiver.at(f"/{token}-rotated"), "the rotated URL at the next send")
+        assert second in receiver.at(f"/{token}-rotated")[0]["text"]
+
+        simulate_xid(core, unhooked, 95)
+        reset = wait_for(
+            lambda: (c := condition(objects.incident(unhooked), "Reset"))
+            and c["reason"] == "HookUnreachable" and c,
+            "the reset hook cannot be reached",
+        )  # fmt: skip
+        wait_for(lambda: "not delivered" in op.log(), "the dead receiver's failure logged")
+        shown = {
+            "operator log": op.log(),
+            "reset condition": json.dumps(reset),
+            # (their spec holds the policy's ladder as it was, hook URL and all: policy text)
+            "incidents' status": json.dumps(
+                [(objects.incident(n) or {}).get("status") for n in (first, second, unhooked)]
+            ),
+            "events": " ".join(
+                e.message or "" for n in (first, second, unhooked) for e in node_events(core, n)
+            ),
+        }
+        for where, text in shown.items():
+            assert token not in text, f"a webhook URL's secret part in the {where}"
+        assert "http://127.0.0.1:" in op.log()  # the dead receiver named by scheme and host
+        assert f"Secret default/{secret} key" not in op.log()  # both Secrets answered
+    finally:
+        core.delete_namespaced_secret(secret, "default")

@@ -55,10 +55,12 @@ def run_operator(
 ) -> Iterator[Callable[..., OperatorProcess]]:
     procs: list[OperatorProcess] = []
 
-    def start(*extra: str, wait_started: bool = True) -> OperatorProcess:
+    def start(
+        *extra: str, wait_started: bool = True, env: dict[str, str] | None = None
+    ) -> OperatorProcess:
         logs = tmp_path / f"op{len(procs)}"
         logs.mkdir()
-        op = OperatorProcess(Path(sandbox.kubeconfig), logs, list(extra))
+        op = OperatorProcess(Path(sandbox.kubeconfig), logs, list(extra), env or {})
         op.start(wait_started=wait_started)
         procs.append(op)
         return op
@@ -696,6 +698,43 @@ def test_a_second_copy_stands_by_until_the_lease_is_free(
     wait_for(lambda: "gpuheal started" in standby.log(), "standby takes over", timeout=30)
     simulate_xid(core, second_node, 94)
     wait_for(lambda: objects.node(second_node).spec.unschedulable, "cordoned by the new holder")
+
+
+def test_a_standby_with_a_skewed_clock_never_leads_beside_the_holder(
+    sandbox: Sandbox,
+    case: Callable[..., list[str]],
+    objects: Objects,
+    run_operator: Callable[..., OperatorProcess],
+) -> None:
+    """Clocks a minute apart (the harness's Lease: 3 s). A standby whose clock runs ahead
+    reads the holder's renewTime as a minute old; one whose clock runs behind reads it as a
+    minute ahead. Neither may matter: a standby takes the Lease after 3 s of no change on its
+    own monotonic clock, not before, and not a minute late."""
+    core = sandbox.core_v1()
+    (node,) = case(1)
+    cid = case.case_id  # type: ignore[attr-defined]
+    objects.apply("remediationpolicies", policy(f"p-{cid}", f"{cid}-work", [cordon_only_rule(94)]))
+    holder = run_operator()
+    ahead = run_operator(wait_started=False, env={"GPUHEAL_TEST_CLOCK_SKEW": "60"})
+    wait_for(lambda: "standing by" in ahead.log(), "the ahead copy standing by")
+    assert holder.proc is not None
+    hold(
+        lambda: "gpuheal started" not in ahead.log() and holder.proc.poll() is None,
+        "one leader while the holder renews",
+        12,
+    )
+    assert "lost Lease" not in holder.log()
+    holder.kill()  # no release: the Lease stops changing
+    wait_for(lambda: "gpuheal started" in ahead.log(), "the ahead copy takes over", timeout=30)
+    simulate_xid(core, node, 94)
+    wait_for(lambda: objects.node(node).spec.unschedulable, "cordoned by the new holder")
+    behind = run_operator(wait_started=False, env={"GPUHEAL_TEST_CLOCK_SKEW": "-60"})
+    wait_for(lambda: "standing by" in behind.log(), "the behind copy standing by")
+    hold(lambda: "gpuheal started" not in behind.log(), "still one leader", 6)
+    ahead.kill()
+    # The Lease says it was renewed a minute in the behind copy's future: it waits 3 s of no
+    # change (and its 1 s poll), not until its clock reaches that renewTime.
+    wait_for(lambda: "gpuheal started" in behind.log(), "the behind copy takes over", timeout=30)
 
 
 def test_replace_waits_for_approval_across_a_sigkill(

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import json
+import logging
 import threading
 import time
 from collections.abc import Iterator
@@ -15,12 +16,15 @@ from typing import Any
 import pytest
 
 from gpuheal.adapters.notify import WebhookSender
+from gpuheal.api.meta import redact_url, scrub_url
 from gpuheal.api.remediationpolicy import Notifications, NotifyEvent, NotifyFormat
 from gpuheal.config import parse_events, parse_webhooks
 from gpuheal.remediation.notify import (
     Notice,
     Notifier,
+    SecretUrl,
     Target,
+    UrlUnavailable,
     merge_targets,
     policy_targets,
 )
@@ -189,9 +193,14 @@ def test_targets_from_flags_and_policies() -> None:
     assert parse_webhooks("generic:http://127.0.0.1:9/x") == [
         (NotifyFormat.GENERIC, "http://127.0.0.1:9/x")
     ]
-    for bad in ("ftp://x", "slack:", "hooks.slack.com/x", "teams:https://x"):
-        with pytest.raises(ValueError, match="is not an http"):
+    assert parse_webhooks("slack:secret:gpuheal-notify/slack,secret:ops/url") == [
+        (NotifyFormat.SLACK, "secret:gpuheal-notify/slack"),
+        (NotifyFormat.GENERIC, "secret:ops/url"),
+    ]
+    for bad in ("ftp://x", "slack:", "hooks.slack.com/x", "teams:https://x", "secret:Bad/k"):
+        with pytest.raises(ValueError, match="webhook 1 is neither an http") as caught:
             parse_webhooks(bad)
+        assert "/" not in bad or bad not in str(caught.value)  # not shown: it may be a secret
     assert parse_events("Opened, Failed") == {NotifyEvent.OPENED, NotifyEvent.FAILED}
     with pytest.raises(ValueError, match="unknown event"):
         parse_events("Opened,Exploded")
@@ -201,13 +210,16 @@ def test_targets_from_flags_and_policies() -> None:
                 "webhooks": [
                     {"url": "https://a/x", "events": ["Failed"]},
                     {"url": "https://a/x", "format": "Slack"},
+                    {"secretRef": {"name": "hooks", "key": "ops"}},
                 ]
             }
-        )
+        ),
+        "gpuheal-system",
     )
     assert from_policy == [
         Target("https://a/x", NotifyFormat.GENERIC, frozenset({NotifyEvent.FAILED})),
         Target("https://a/x", NotifyFormat.SLACK),
+        Target(None, secret=SecretUrl("gpuheal-system", "hooks", "ops")),
     ]
     glob = [Target("https://a/x", events=frozenset({NotifyEvent.OPENED}))]
     merged = merge_targets(glob, from_policy)
@@ -215,3 +227,75 @@ def test_targets_from_flags_and_policies() -> None:
     assert merged[1].wants(NotifyEvent.BLOCKED)
     assert not merged[0].wants(NotifyEvent.BLOCKED)
     assert merge_targets(glob, [Target("https://a/x")])[0].events == frozenset()  # all
+    assert len(merge_targets(from_policy, from_policy[2:])) == 3  # one Secret key, one send
+    for both_or_neither in ({}, {"url": "https://a/x", "secretRef": {"name": "h", "key": "k"}}):
+        with pytest.raises(ValueError, match="exactly one of url and secretRef"):
+            Notifications.model_validate({"webhooks": [both_or_neither]})
+
+
+def test_a_url_from_a_secret_is_read_at_each_send_and_never_logged(
+    receiver: Receiver, caplog: pytest.LogCaptureFixture
+) -> None:
+    ref = SecretUrl("gpuheal-system", "hooks", "ops")
+    secret = {"url": f"{receiver.url}/T0KEN-one"}
+
+    async def resolve(asked: SecretUrl) -> str:
+        assert asked == ref
+        if not secret:
+            raise UrlUnavailable(f"{asked}: no such Secret or key")
+        return secret["url"]
+
+    async def go() -> list[str]:
+        sender = WebhookSender(timeout=5)
+        results: list[str] = []
+        n = Notifier(
+            lambda u, b, k: sender.post(u, b, key=k), retries=1, sleep=_no_sleep,
+            on_result=lambda e, r: results.append(r), resolve=resolve,
+        )  # fmt: skip
+        target = [Target(None, secret=ref)]
+        n.notify(notice(NotifyEvent.OPENED, "SignalMatched"), target)
+        await n.flush(10)
+        secret["url"] = f"{receiver.url}/T0KEN-two"  # the Secret changed: the next send uses it
+        n.notify(notice(NotifyEvent.COMPLETED, "Replaced"), target)
+        await n.flush(10)
+        receiver.answers = [500, 503]
+        n.notify(notice(NotifyEvent.BLOCKED, "Paused"), target)
+        await n.flush(10)
+        dead = f"http://user:PASSW0RD@127.0.0.1:{free_port()}/T0KEN-dead?sig=S1GNATURE"
+        n.notify(notice(NotifyEvent.FAILED, "DrainTimedOut"), [Target(dead)])
+        await n.flush(10)
+        secret.clear()
+        n.notify(notice(NotifyEvent.FAILED, "DrainTimedOut"), target)
+        await n.close(grace=10)
+        await sender.aclose()
+        return results
+
+    with caplog.at_level(logging.DEBUG, logger="gpuheal.notify"):
+        results = run(go())
+    assert results == ["sent", "sent", "failed", "failed", "failed"]
+    assert [p for p, _, _ in receiver.got][:2] == ["/T0KEN-one", "/T0KEN-two"]
+    logged = caplog.text
+    assert "Secret gpuheal-system/hooks key ops" in logged
+    assert "http://127.0.0.1:" in logged  # a plain URL is named by its scheme and host
+    for secret_part in ("T0KEN", "PASSW0RD", "S1GNATURE", "user"):
+        assert secret_part not in logged
+
+
+def test_redacted_urls_keep_scheme_and_host_only() -> None:
+    assert redact_url("https://hooks.slack.com/services/T/B/x") == "https://hooks.slack.com/..."
+    assert redact_url("http://u:p@[::1]:8080/a?b=c") == "http://[::1]:8080/..."
+    assert redact_url("not a url") == "<unparseable URL>"
+    url = "https://u:pw@h.example/hook/abc?token=zz"
+    said = scrub_url(f"Redirect for url '{url}'; path /hook/abc; token=zz", url)
+    assert said == "Redirect for url 'https://h.example/...'; path ...; ..."
+
+
+def test_httpx_request_lines_show_no_url_past_the_host() -> None:
+    from gpuheal.handlers.lifecycle import _redact_request_url
+
+    record = logging.LogRecord(
+        "httpx", logging.INFO, __file__, 1, 'HTTP Request: %s %s "%s %d %s"',
+        ("POST", "https://hooks.slack.com/services/T0/B0/S3CRET", "HTTP/1.1", 200, "OK"), None,
+    )  # fmt: skip
+    assert _redact_request_url(record)
+    assert record.getMessage() == 'HTTP Request: POST https://hooks.slack.com/... "HTTP/1.1 200 OK"'

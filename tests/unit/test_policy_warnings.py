@@ -24,9 +24,7 @@ def _rung(name: str, *steps: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 SLURM_CYCLE = {"powerCycle": True, "hook": {"type": "Slurm"}}
-WARM_CYCLE = [
-    {"name": "boot", "steps": [SLURM_DRAIN, {"action": "reboot", "reboot": SLURM_CYCLE}]}
-]
+WARM_CYCLE = [{"name": "boot", "steps": [SLURM_DRAIN, {"action": "reboot", "reboot": SLURM_CYCLE}]}]
 
 
 def _spec(*rules: dict[str, Any], **safety: Any) -> Any:

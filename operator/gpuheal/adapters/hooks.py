@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import httpx
 
+from gpuheal.api.meta import scrub_url
+
 
 class HookUnreachable(Exception):
     """The receiver could not be reached (connect error, timeout)."""
@@ -35,5 +37,6 @@ async def post_webhook(
                 url, json=payload, headers={"Idempotency-Key": f"{incident}-{action}"}
             )
     except httpx.HTTPError as exc:
-        raise HookUnreachable(f"{type(exc).__name__}: {exc}") from exc
+        # The message lands in a status condition and an Event: never the URL's secret parts.
+        raise HookUnreachable(scrub_url(f"{type(exc).__name__}: {exc}", url)) from None
     return resp.status_code

@@ -14,6 +14,7 @@ precondition. Nothing here decides *whether* to act; that is the caller's busine
 from __future__ import annotations
 
 import asyncio
+import base64
 import datetime as dt
 import enum
 import json
@@ -625,6 +626,14 @@ class Kube:
         path = f"{CORE}/namespaces/{_q(namespace)}/configmaps/{_q(name)}"
         return await _unless(404, self.http.request("GET", path))
 
+    async def get_secret_value(self, namespace: str, name: str, key: str) -> str | None:
+        """One key of a Secret, decoded (a notification webhook's URL); None when the Secret
+        or the key is absent. Nothing here logs it."""
+        path = f"{CORE}/namespaces/{_q(namespace)}/secrets/{_q(name)}"
+        body = await _unless(404, self.http.request("GET", path))
+        value = ((body or {}).get("data") or {}).get(key)
+        return None if value is None else base64.b64decode(value).decode(errors="replace")
+
     # ---- jobs (reset / reboot hooks) -----------------------------------------------------
     async def get_job(self, namespace: str, name: str) -> JSON | None:
         path = f"/apis/batch/v1/namespaces/{_q(namespace)}/jobs/{_q(name)}"
@@ -635,10 +644,24 @@ class Kube:
         path = f"/apis/batch/v1/namespaces/{_q(namespace)}/jobs"
         return await _unless(409, self.http.request("POST", path, body=body)) is not None
 
-    # ---- leases (`gpuheal.adapters.lease`) -----------------------------------------------
+    # ---- leases (`gpuheal.remediation.lease`) -------------------------------------------
     def lease_path(self, namespace: str, name: str | None = None) -> str:
         base = f"/apis/coordination.k8s.io/v1/namespaces/{_q(namespace)}/leases"
         return base if name is None else f"{base}/{_q(name)}"
+
+    async def read_lease(self, namespace: str, name: str) -> JSON:
+        """The Lease; ApiError 404 when there is none."""
+        result: JSON = await self.http.request("GET", self.lease_path(namespace, name))
+        return result
+
+    async def write_lease(self, body: JSON) -> None:
+        """Create (no resourceVersion) or replace (resourceVersion: 409 when it changed)."""
+        meta = body["metadata"]
+        if meta.get("resourceVersion") is None:
+            path, method = self.lease_path(meta["namespace"]), "POST"
+        else:
+            path, method = self.lease_path(meta["namespace"], meta["name"]), "PUT"
+        await self.http.request(method, path, body=body)
 
     # ---- gpuheal custom objects --------------------------------------------------------
     async def get_custom(self, plural: str, name: str) -> JSON | None:

@@ -11,6 +11,8 @@ from typing import Any
 
 import httpx
 
+from gpuheal.api.meta import scrub_url
+
 
 class Unreachable(Exception):
     """The receiver could not be reached (connect error, timeout)."""
@@ -28,7 +30,8 @@ class WebhookSender:
         try:
             resp = await self._http.post(url, json=dict(payload), headers={"Idempotency-Key": key})
         except httpx.HTTPError as exc:
-            raise Unreachable(f"{type(exc).__name__}: {exc}") from exc
+            # httpx names the URL in some errors (an invalid one, a redirect): not in a log.
+            raise Unreachable(scrub_url(f"{type(exc).__name__}: {exc}", url)) from None
         return resp.status_code
 
     async def aclose(self) -> None:

@@ -12,6 +12,7 @@ import datetime as dt
 import enum
 import json
 import re
+import urllib.parse
 from collections.abc import Sequence
 from typing import Annotated, Any, Literal
 
@@ -750,3 +751,33 @@ class CrdInfo:
             printer_columns=columns,
             description=resource.__doc__ or "",
         )
+
+
+def redact_url(url: str) -> str:
+    """``url`` as it may be logged or shown: scheme, host and port only, the rest ``...``.
+
+    A webhook URL is often a credential in itself (Slack's carries its token in the path;
+    others put one in the query or the user info), so nothing past the host is shown."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+        host, port = parts.hostname, parts.port
+    except ValueError:
+        return "<unparseable URL>"
+    if not parts.scheme or not host:
+        return "<unparseable URL>"
+    host = f"[{host}]" if ":" in host else host
+    return f"{parts.scheme}://{host}{f':{port}' if port else ''}/..."
+
+
+def scrub_url(text: str, url: str) -> str:
+    """``text`` (an error message, say) with ``url`` and the secret parts of it (path,
+    query, user info) replaced by `redact_url`'s form."""
+    out = text.replace(url, redact_url(url)) if url else text
+    try:
+        parts = urllib.parse.urlsplit(url)
+    except ValueError:
+        return out
+    for secret in (parts.path, parts.query, parts.username, parts.password):
+        if secret and len(secret) > 1:
+            out = out.replace(secret, "...")
+    return out

@@ -639,15 +639,46 @@ class WebhookHook(Model):
         return self
 
 
-class NotifyWebhook(Model):
-    """A receiver of incident notifications."""
+class SecretKeyRef(Model):
+    """A key of a Secret in the operator's own namespace (its ``--namespace``; the chart's
+    release namespace), which the operator must be allowed to ``get`` (the chart's
+    ``notifications.policySecrets``)."""
 
-    url: str = Field(
+    name: str = Field(
+        max_length=MAX_NAME, pattern=DNS_SUBDOMAIN_PATTERN, description="The Secret's name."
+    )
+    key: str = Field(
+        max_length=253,
+        pattern=r"^[-._a-zA-Z0-9]+$",
+        description="The key whose value is the webhook URL.",
+    )
+
+
+_NOTIFY_RULES = (
+    (
+        "has(self.url) != has(self.secretRef)",
+        "a notification webhook needs exactly one of url and secretRef",
+    ),
+)
+
+
+class NotifyWebhook(Model):
+    """A receiver of incident notifications: its URL written here or read from a Secret."""
+
+    model_config = ConfigDict(json_schema_extra=cel(*_NOTIFY_RULES))
+
+    url: str | None = Field(
+        default=None,
         max_length=2048,
         pattern=r"^https?://",
         description="URL gpuheal POSTs each message to (JSON). Readable by whoever can read "
-        "this policy: prefer the operator's --notify-webhooks (from a Secret) for URLs that "
-        "carry a secret, such as Slack's.",
+        "this policy: use secretRef for URLs that carry a secret, such as Slack's.",
+    )
+    secret_ref: SecretKeyRef | None = Field(
+        default=None,
+        description="Read the URL from this key of a Secret in the operator's namespace "
+        "instead, at each send (a changed Secret counts from the next message). The URL is "
+        "never logged nor written into a status or an Event.",
     )
     format: NotifyFormat = Field(
         default=NotifyFormat.GENERIC,
@@ -660,6 +691,12 @@ class NotifyWebhook(Model):
         "empty: all of them.",
         json_schema_extra={"x-kubernetes-list-type": "set"},
     )
+
+    @model_validator(mode="after")
+    def _mirror_cel(self) -> NotifyWebhook:
+        if (self.url is None) == (self.secret_ref is None):
+            raise ValueError(_NOTIFY_RULES[0][1])
+        return self
 
 
 class Notifications(Model):

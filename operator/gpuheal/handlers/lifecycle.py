@@ -12,6 +12,7 @@ from prometheus_client import CollectorRegistry
 
 from gpuheal import crashpoints
 from gpuheal.adapters.kube import connection
+from gpuheal.api.meta import redact_url
 from gpuheal.config import OperatorConfig
 from gpuheal.handlers import objects as _objects  # noqa: F401 - registers its handlers
 from gpuheal.metrics import Metrics
@@ -65,6 +66,18 @@ def configure_logging(log_format: str, verbose: bool = False) -> None:
         # kopf logs every on.event call at INFO ("Handler 'node_event' succeeded"): with
         # thousands of nodes that is noise; failures still log at WARNING and above.
         logging.getLogger("kopf.objects").setLevel(logging.WARNING)
+    # httpx logs each request's URL at INFO ("HTTP Request: POST https://hooks.slack.com/
+    # services/T../B../..."): a webhook URL is often a credential, so only its scheme and
+    # host reach the log, whatever the level.
+    httpx_log = logging.getLogger("httpx")
+    if _redact_request_url not in httpx_log.filters:
+        httpx_log.addFilter(_redact_request_url)
+
+
+def _redact_request_url(record: logging.LogRecord) -> bool:
+    if isinstance(record.args, tuple):
+        record.args = tuple(redact_url(str(a)) if "://" in str(a) else a for a in record.args)
+    return True
 
 
 def run(

@@ -17,7 +17,7 @@ import logging
 
 import httpx
 
-from gpuheal.api.meta import ConditionStatus, find_condition, parse_duration
+from gpuheal.api.meta import ConditionStatus, find_condition, parse_duration, scrub_url
 from gpuheal.api.names import API_VERSION, POOL_KIND, EventReason, PoolCondition
 from gpuheal.api.reservepool import RefillStatus, ReservePool
 from gpuheal.policy.pool import REFUSED, RefillAsk, refill_due
@@ -66,7 +66,7 @@ async def _post(pool: ReservePool, available: int, ask: RefillAsk) -> tuple[str,
         ) as http:
             resp = await http.post(webhook.url, json=payload, headers={"Idempotency-Key": ask.key})
     except httpx.HTTPError as exc:
-        return "Unreachable", f"{type(exc).__name__}: {exc}"[:1024]
+        return "Unreachable", scrub_url(f"{type(exc).__name__}: {exc}", webhook.url)[:1024]
     text = resp.text[:900]
     if 200 <= resp.status_code <= 299:
         return "Accepted", f"{resp.status_code} {text}".strip()

@@ -21,13 +21,13 @@ from tenacity import (
 
 from gpuheal.adapters.events import EventOutbox
 from gpuheal.adapters.kube import ApiError, Kube
-from gpuheal.adapters.lease import Lease
 from gpuheal.adapters.notify import WebhookSender
 from gpuheal.adapters.slurm import BridgeSlurm
 from gpuheal.api.names import HISTORY_PLURAL, POLICY_PLURAL, POOL_PLURAL
-from gpuheal.config import bridge_targets, parse_events, parse_webhooks
+from gpuheal.config import bridge_targets, parse_events, parse_webhooks, secret_item
 from gpuheal.remediation import history, objects, report, sources
-from gpuheal.remediation.notify import Notifier, Target
+from gpuheal.remediation.lease import Lease
+from gpuheal.remediation.notify import Notifier, SecretUrl, Target, secret_url
 from gpuheal.remediation.state import Runtime
 
 log = logging.getLogger("gpuheal.service")
@@ -64,15 +64,20 @@ async def start(rt: Runtime, *, serve_metrics: bool) -> None:
     if rt.notifier is None:
         events = parse_events(cfg.notify_events)
         rt.notify_targets = [
-            Target(url, fmt, events) for fmt, url in parse_webhooks(cfg.notify_webhooks or "")
+            Target(None, fmt, events, SecretUrl(cfg.namespace, *ref))
+            if (ref := secret_item(url))
+            else Target(url, fmt, events)
+            for fmt, url in parse_webhooks(cfg.notify_webhooks or "")
         ]
         sender = rt.notify_sender = WebhookSender(cfg.notify_timeout)
         sent = rt.metrics.notifications
+        kube = rt.kube
         rt.notifier = Notifier(
             lambda url, body, key: sender.post(url, body, key=key),
             queue_size=cfg.notify_queue_size,
             retries=cfg.notify_retries,
             on_result=lambda event, result: sent.labels(event.value, result).inc(),
+            resolve=lambda ref: secret_url(kube, ref),
         )
     if cfg.metrics_port and serve_metrics and not rt.metrics_served:
         start_http_server(cfg.metrics_port, registry=rt.metrics.registry)

@@ -20,7 +20,6 @@ from typing import Any
 
 from gpuheal.adapters.events import EventOutbox
 from gpuheal.adapters.kube import Kube
-from gpuheal.adapters.lease import Lease
 from gpuheal.adapters.notify import WebhookSender
 from gpuheal.adapters.slurm import BridgeSlurm, UnknownCluster
 from gpuheal.api.faulthistory import FaultHistory, HistoryEntry
@@ -48,6 +47,7 @@ from gpuheal.policy.types import (
     Observation,
     PoolCounts,
 )
+from gpuheal.remediation.lease import Lease
 from gpuheal.remediation.notify import (
     Notice,
     Notifier,
@@ -332,7 +332,8 @@ class Runtime:
         spec = nrem.spec
         policy = self.policies.get(spec.policy_ref.name)
         targets = merge_targets(
-            self.notify_targets, policy_targets(policy.spec.notifications if policy else None)
+            self.notify_targets,
+            policy_targets(policy.spec.notifications if policy else None, self.config.namespace),
         )
         if not targets:
             return

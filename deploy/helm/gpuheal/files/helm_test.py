@@ -187,7 +187,7 @@ def check_operator() -> str:
 
 def _holder_pod(kube: Kube, namespace: str, lease_name: str, holder: str) -> dict[str, Any]:
     """The release's operator pod that holds the Lease (gpuheal's identity is
-    "<pod name>-<6 hex>", adapters/lease.py)."""
+    "<pod name>-<6 hex>", remediation/lease.py)."""
     query = urllib.parse.urlencode({"labelSelector": env("GPUHEAL_TEST_SELECTOR")})
     pods = (kube.get(f"/api/v1/namespaces/{namespace}/pods?{query}") or {}).get("items") or []
     mine = [p for p in pods if holder.rsplit("-", 1)[0] == p["metadata"]["name"]]

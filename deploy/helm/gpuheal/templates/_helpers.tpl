@@ -220,3 +220,34 @@ tolerations:
   {{- toYaml . | nindent 2 }}
 {{- end }}
 {{- end -}}
+
+{{/*
+Notification webhooks (notifications.webhooks) as --notify-webhooks items: each one's URL sits
+in a Secret (the chart's <fullname>-notify for a `url` value, or your existingSecret), named as
+secret:NAME/KEY, so that no URL is in the pod spec; the operator reads it at each send.
+*/}}
+{{- define "gpuheal.notifySecret" -}}
+{{ include "gpuheal.fullname" . }}-notify
+{{- end }}
+
+{{- define "gpuheal.notifyWebhooks" -}}
+{{- $items := list }}
+{{- range $i, $w := .Values.notifications.webhooks }}
+{{- $ref := printf "%s/webhook-%d" (include "gpuheal.notifySecret" $) $i }}
+{{- if $w.existingSecret }}
+{{- $ref = printf "%s/%s" $w.existingSecret ($w.key | default "url") }}
+{{- end }}
+{{- $items = append $items (printf "%s:secret:%s" (lower ($w.format | default "Generic")) $ref) }}
+{{- end }}
+{{- join "," $items }}
+{{- end }}
+
+{{/* The Secrets the operator may get: the chart's, the existing ones, the policies'. */}}
+{{- define "gpuheal.notifySecretNames" -}}
+{{- $names := list }}
+{{- range .Values.notifications.webhooks }}
+{{- $names = append $names (.existingSecret | default (include "gpuheal.notifySecret" $)) }}
+{{- end }}
+{{- $names = concat $names .Values.notifications.policySecrets }}
+{{- $names | uniq | sortAlpha | toJson }}
+{{- end }}

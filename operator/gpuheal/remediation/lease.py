@@ -4,6 +4,8 @@ kopf has no leader election (peering only pauses lower-priority copies). gpuheal
 single replica with the Recreate strategy; this Lease makes an accidental second copy
 harmless: it waits in start-up (before any watch or signal source runs) until the Lease is
 free, and a holder that cannot renew in time exits rather than act next to a new holder.
+Both waits are timed on each copy's own monotonic clock (the rule: `gpuheal.policy.lease`): the wall
+clock only fills in the Lease's renewTime for people to read.
 """
 
 from __future__ import annotations
@@ -13,45 +15,42 @@ import datetime as dt
 import logging
 import os
 import socket
+import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 from gpuheal.adapters.kube import ApiError, Kube
+from gpuheal.policy.lease import (
+    Sighting,
+    may_take,
+    must_give_up,
+    record_of,
+    renewal_budget,
+    sight,
+)
 
 log = logging.getLogger("gpuheal.lease")
 
 LEASE_NAME = "gpuheal-operator"
 
+#: TEST ONLY, never in production: seconds added to this process's wall clock as the Lease
+#: reads it, to play a machine whose clock is off (tests/integration: a standby with a skewed
+#: clock never leads beside the holder). The Helm chart has no value for it.
+SKEW_ENV = "GPUHEAL_TEST_CLOCK_SKEW"
 
-def _now() -> dt.datetime:
-    return dt.datetime.now(dt.UTC)
+
+def _wall() -> dt.datetime:
+    skew = float(os.environ.get(SKEW_ENV) or 0)
+    return dt.datetime.now(dt.UTC) + dt.timedelta(seconds=skew)
 
 
 def _micro(ts: dt.datetime) -> str:
     return ts.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
-def _parse(value: Any) -> dt.datetime | None:
-    if not isinstance(value, str):
-        return None
-    try:
-        return dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-
-
 def default_identity() -> str:
     return f"{os.environ.get('POD_NAME') or socket.gethostname()}-{uuid.uuid4().hex[:6]}"
-
-
-def lease_free(spec: dict[str, Any], me: str, now: dt.datetime) -> bool:
-    """May ``me`` take the Lease described by ``spec`` (a dict of the wire fields) now?"""
-    holder = spec.get("holderIdentity")
-    if not holder or holder == me:
-        return True
-    renewed = _parse(spec.get("renewTime")) or _parse(spec.get("acquireTime"))
-    duration = float(spec.get("leaseDurationSeconds") or 15)
-    return renewed is None or now >= renewed + dt.timedelta(seconds=duration)
 
 
 class Lease:
@@ -63,13 +62,20 @@ class Lease:
         identity: str | None = None,
         duration: float = 15.0,
         name: str = LEASE_NAME,
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], dt.datetime] = _wall,
     ) -> None:
         self.kube = kube
         self.namespace = namespace
         self.name = name
         self.identity = identity or default_identity()
         self.duration = duration
-        self.renewed: dt.datetime | None = None
+        self.clock = clock
+        self.wall = wall
+        #: When (``clock``) the last successful renewal began; None: not holding.
+        self.renewed_at: float | None = None
+        #: The record as last read, and since when it has not changed (``clock``).
+        self.seen: Sighting | None = None
 
     def _body(self, spec: dict[str, Any], rv: str | None) -> dict[str, Any]:
         meta: dict[str, Any] = {"name": self.name, "namespace": self.namespace}
@@ -79,17 +85,14 @@ class Lease:
                 "spec": spec}  # fmt: skip
 
     async def _read(self) -> dict[str, Any]:
-        return await self.kube.http.request("GET", self.kube.lease_path(self.namespace, self.name))
+        return await self.kube.read_lease(self.namespace, self.name)
 
     async def _write(self, spec: dict[str, Any], rv: str | None) -> None:
-        if rv is None:
-            path, method = self.kube.lease_path(self.namespace), "POST"
-        else:
-            path, method = self.kube.lease_path(self.namespace, self.name), "PUT"
-        await self.kube.http.request(method, path, body=self._body(spec, rv))
+        await self.kube.write_lease(self._body(spec, rv))
 
     async def try_acquire(self) -> bool:
-        now = _now()
+        began = self.clock()  # before the read: what a standby sees is written after this
+        stamp = _micro(self.wall())
         try:
             current = await self._read()
         except ApiError as exc:
@@ -98,8 +101,8 @@ class Lease:
             spec = {
                 "holderIdentity": self.identity,
                 "leaseDurationSeconds": int(self.duration),
-                "acquireTime": _micro(now),
-                "renewTime": _micro(now),
+                "acquireTime": stamp,
+                "renewTime": stamp,
                 "leaseTransitions": 0,
             }
             try:
@@ -108,18 +111,19 @@ class Lease:
                 if create_exc.status == 409:
                     return False
                 raise
-            self.renewed = now
+            self.renewed_at = began
             return True
         wire = dict(current.get("spec") or {})
-        if not lease_free(wire, self.identity, now):
+        self.seen = sight(self.seen, record_of(current), began)
+        if not may_take(wire, self.identity, self.seen, began, self.duration):
             return False
         mine = wire.get("holderIdentity") == self.identity
         spec = {
             **wire,
             "holderIdentity": self.identity,
             "leaseDurationSeconds": int(self.duration),
-            "renewTime": _micro(now),
-            "acquireTime": wire.get("acquireTime") if mine else _micro(now),
+            "renewTime": stamp,
+            "acquireTime": wire.get("acquireTime") if mine else stamp,
             "leaseTransitions": int(wire.get("leaseTransitions") or 0) + (0 if mine else 1),
         }
         try:
@@ -128,7 +132,7 @@ class Lease:
             if exc.status == 409:
                 return False
             raise
-        self.renewed = now
+        self.renewed_at = began
         return True
 
     async def acquire(self, *, every: float = 1.0) -> None:
@@ -142,20 +146,25 @@ class Lease:
             await asyncio.sleep(every)
         log.info("holding Lease %s/%s as %s", self.namespace, self.name, self.identity)
 
-    async def keep(self, on_lost: Any) -> None:
-        """Renew every third of the duration; call ``on_lost()`` if the Lease is gone or was
-        not renewed within its duration (another copy may take it then)."""
+    async def keep(self, on_lost: Callable[[], None]) -> None:
+        """Renew every third of the duration (a failed renewal is tried again sooner); call
+        ``on_lost()`` once no renewal has succeeded within the renew deadline (two thirds of
+        the duration) on this process's clock: a renewal that hangs is cut off at it."""
+        ok = True
         while True:
-            await asyncio.sleep(self.duration / 3)
+            await asyncio.sleep(self.duration / 3 if ok else self.duration / 15)
+            budget = renewal_budget(self.renewed_at, self.clock(), self.duration)
             try:
-                ok = await self.try_acquire()
+                ok = budget > 0 and await asyncio.wait_for(self.try_acquire(), budget)
             except asyncio.CancelledError:
                 raise
+            except TimeoutError:
+                log.warning("Lease renewal took longer than the %.1fs left", budget)
+                ok = False
             except Exception as exc:
                 log.warning("Lease renewal failed: %s", exc)
                 ok = False
-            if not ok and (self.renewed is None or _now() - self.renewed >= dt.timedelta(
-                    seconds=self.duration * 0.9)):  # fmt: skip
+            if not ok and must_give_up(self.renewed_at, self.clock(), self.duration):
                 log.critical("lost Lease %s/%s; stopping", self.namespace, self.name)
                 on_lost()
                 return
