@@ -592,9 +592,10 @@ async def _finish(  # noqa: PLR0911
             await _complete(rt, nrem, rec, "Replaced", message)
             return None
         if decision.reason == Reason.NOTHING_OWNED:
+            # Nothing returned: what keeps the node out (if anything) is someone else's.
             message = f"{node} healthy; gpuheal had cordoned/drained nothing to undo"
-            rec.condition(NremCondition.RETURNED, "True", "NothingToUndo", message)
-            await _complete(rt, nrem, rec, "Returned", message)
+            rec.condition(NremCondition.RETURNED, "False", "NothingToUndo", message)
+            await _complete(rt, nrem, rec, "NothingToUndo", message)
             return None
         await _complete(rt, nrem, rec, decision.reason, decision.message)
         return None
