@@ -497,3 +497,66 @@ def test_a_refused_slurm_resume_is_not_a_return(  # noqa: PLR0917
     finally:
         op.stop()
         objects.cleanup([node])
+
+
+def test_a_return_while_the_bridge_is_down_waits_for_it(  # noqa: PLR0917
+    sandbox: Sandbox,
+    own_gpu_nodes: Callable[..., list[str]],
+    make_slurm_cluster: Callable[..., SlurmCluster],
+    bridge: Callable[..., tuple[str, Path, subprocess.Popen[bytes]]],
+    tmp_path: Path,
+    gpuheal_crds: None,
+) -> None:
+    """The bridge is down when the node is due back: the return does not claim it (Returned
+    False, Blocked: BridgeUnavailable) and the incident stays open until the bridge is back,
+    then resumes gpuheal's drain and ends Returned."""
+    core = sandbox.core_v1()
+    cid = os.urandom(3).hex()
+    (node,) = own_gpu_nodes(1, **{"gpuheal.io/case": f"{cid}-work"})
+    objects = Objects(sandbox.api_client())
+    cluster = make_slurm_cluster([node], name="opbd")
+    url, token_file, proc = bridge(cluster)
+    port = int(url.rsplit(":", 1)[1])
+    rule = {
+        "name": "bus",
+        "signals": {"xids": [79]},
+        "ladder": [{"name": "out", "steps": [
+            {"action": "cordon"}, {"action": "slurmDrain", "slurmDrain": {"requeue": "none"}},
+        ]}],
+    }  # fmt: skip
+    objects.apply("remediationpolicies", policy(f"p-{cid}", f"{cid}-work", [rule],
+                                                 healthy_for="3s"))  # fmt: skip
+    op = OperatorProcess(
+        Path(sandbox.kubeconfig), tmp_path,
+        ["--bridge-url", url, "--bridge-token-file", str(token_file)],
+    ).start()  # fmt: skip
+    try:
+        simulate_xid(core, node, 79)
+        wait_for(
+            lambda: (c := condition(objects.incident(node), "SlurmDrained"))
+            and c["status"] == "True",
+            "SlurmDrained", timeout=60,
+        )  # fmt: skip
+        proc.terminate()
+        proc.wait(timeout=10)
+        waiting = wait_for(
+            lambda: (o := objects.incident(node))
+            and (c := condition(o, "Returned")) and c["reason"] == "BridgeUnavailable" and o,
+            "the return waits for the bridge", timeout=60,
+        )  # fmt: skip
+        assert condition(waiting, "Returned")["status"] == "False"
+        blocked = condition(waiting, "Blocked")
+        assert (blocked["status"], blocked["reason"]) == ("True", "BridgeUnavailable")
+        assert not completed(waiting)
+        assert "DRAIN" in _slurm_state(cluster, node)
+        bridge(cluster, port)
+        done = wait_for(lambda: completed(o := objects.incident(node)) and o,
+                        "returned once the bridge is back", timeout=90)  # fmt: skip
+        assert completed(done) == "Returned", dump(done["status"])
+        returned = condition(done, "Returned")
+        assert (returned["status"], returned["reason"]) == ("True", "ReturnedToService")
+        assert "resumed" in returned["message"]
+        assert "DRAIN" not in _slurm_state(cluster, node), _node(cluster, node)
+    finally:
+        op.stop()
+        objects.cleanup([node])
