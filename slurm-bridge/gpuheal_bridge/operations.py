@@ -114,6 +114,15 @@ def node_state(k8s_name: str, node: SlurmNode) -> NodeState:
     )
 
 
+def held_out(state: NodeState) -> bool:
+    """Slurm keeps the node out of service until someone resumes it: a DRAIN or FAIL flag.
+    DOWN alone does not: with ``ReturnToService=2`` (1 for a node DOWN as not responding)
+    slurmctld puts a DOWN node back in service as soon as its slurmd registers again
+    (measured on 22.05: a node set DOWN whose slurmd still answered ran a job again ~20 s
+    later). DOWN+DRAIN stays out: the registration clears DOWN, not DRAIN."""
+    return state.drain or state.state == "FAIL" or "FAIL" in state.flags
+
+
 class Operations:
     def __init__(
         self,
@@ -187,13 +196,16 @@ class Operations:
             current = previous
             at = None
             results: list[JobResult] = []
-            if previous.owner is Owner.OTHER:
-                # Someone else's drain or DOWN: their reason stays (and so does the right to
-                # resume the node); the jobs are the fault's victims all the same.
+            if held_out(previous) and previous.owner is Owner.OTHER:
+                # Someone else's drain: their reason stays (and so does the right to resume
+                # the node); the jobs are the fault's victims all the same.
                 outcome = DrainOutcome.DRAINED_BY_OTHER
-            elif previous.owner is Owner.GPUHEAL:
+            elif held_out(previous) and previous.owner is Owner.GPUHEAL:
                 outcome = DrainOutcome.ALREADY_DRAINED
             else:
+                # In service, or only DOWN (not responding, or set DOWN): DOWN does not keep
+                # a node out, so it is drained with our reason all the same (`previous`
+                # says it was DOWN, and why).
                 await self.backend.drain(slurm_name, build_reason(req.incident, req.xid))
                 at = self._wall()
                 current = node_state(k8s_name, await self.backend.get_node(slurm_name))

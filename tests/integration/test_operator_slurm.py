@@ -312,3 +312,251 @@ def test_sigkill_at_each_held_step_of_an_xid79_repeats_nothing(  # noqa: PLR0917
     finally:
         op.stop()
         objects.cleanup([broken, other, *spares])
+
+
+def _slurm_state(cluster: SlurmCluster, node: str) -> str:
+    m = re.search(r"\bState=(\S+)", _node(cluster, node))
+    return m.group(1) if m else ""
+
+
+def test_a_node_down_in_slurm_is_drained_by_gpuheal_and_stays_out_when_slurmd_answers(  # noqa: PLR0917
+    sandbox: Sandbox,
+    own_gpu_nodes: Callable[..., list[str]],
+    make_slurm_cluster: Callable[..., SlurmCluster],
+    bridge: Callable[..., tuple[str, Path, subprocess.Popen[bytes]]],
+    tmp_path: Path,
+    gpuheal_crds: None,
+) -> None:
+    """The node's slurmd is gone and Slurm has the node DOWN when the XID comes. DOWN does
+    not keep it out (ReturnToService=2 returns it as soon as slurmd registers): gpuheal
+    drains it with its own reason, owns that drain, and the status says so; once slurmd
+    answers again the node stays drained."""
+    core = sandbox.core_v1()
+    cid = os.urandom(3).hex()
+    (node,) = own_gpu_nodes(1, **{"gpuheal.io/case": f"{cid}-work"})
+    objects = Objects(sandbox.api_client())
+    cluster = make_slurm_cluster([node], name="opdn")
+    url, token_file, _ = bridge(cluster)
+    cluster.stop_daemon(f"slurmd@{node}")
+    cluster.run("scontrol", "update", f"NodeName={node}", "State=DOWN", "Reason=Not responding")
+    assert _slurm_state(cluster, node).startswith("DOWN"), _node(cluster, node)
+    assert "DRAIN" not in _slurm_state(cluster, node), _node(cluster, node)
+    rule = {
+        "name": "bus",
+        "signals": {"xids": [79]},
+        "ladder": [{"name": "out", "steps": [
+            {"action": "cordon"}, {"action": "slurmDrain", "slurmDrain": {"requeue": "none"}},
+        ]}],
+    }  # fmt: skip
+    objects.apply("remediationpolicies", policy(f"p-{cid}", f"{cid}-work", [rule]))
+    op = OperatorProcess(
+        Path(sandbox.kubeconfig), tmp_path,
+        ["--bridge-url", url, "--bridge-token-file", str(token_file)],
+    ).start()  # fmt: skip
+    try:
+        simulate_xid(core, node, 79)
+        drained = wait_for(
+            lambda: (c := condition(objects.incident(node), "SlurmDrained"))
+            and c["status"] == "True" and c,
+            "SlurmDrained", timeout=60,
+        )  # fmt: skip
+        nrem = objects.incident(node)
+        name = nrem["metadata"]["name"]
+        print(dump(drained))
+        assert drained["reason"] == "DrainedWasDown", dump(nrem["status"])
+        assert "was DOWN" in drained["message"]
+        assert "'Not responding'" in drained["message"]
+        assert nrem["status"]["ownership"]["slurmDrained"] is True
+        state = _node(cluster, node)
+        assert re.search(rf"Reason=gpuheal: {name} xid=79\b", state), state
+        assert "DRAIN" in _slurm_state(cluster, node), state
+
+        cluster.start_daemon(f"slurmd@{node}")
+        back = wait_for(
+            lambda: not (s := _slurm_state(cluster, node)).startswith("DOWN") and s,
+            "slurmd registered (DOWN cleared)", timeout=60,
+        )  # fmt: skip
+        print(f"\nafter slurmd came back: {back}")
+        hold(lambda: "DRAIN" in _slurm_state(cluster, node), "still drained", 5)
+        assert f"Reason=gpuheal: {name}" in _node(cluster, node)
+    finally:
+        op.stop()
+        objects.cleanup([node])
+
+
+_STEPS = ("Cordoned", "SlurmDrained", "JobsRequeued", "Drained", "Reset", "Rebooted",
+          "ReplacementClaimed", "Retired", "Verified")  # fmt: skip
+
+
+def test_without_a_bridge_no_step_claims_what_it_did_not_do(
+    sandbox: Sandbox,
+    own_gpu_nodes: Callable[..., list[str]],
+    tmp_path: Path,
+    gpuheal_crds: None,
+) -> None:
+    """No Slurm bridge configured: the slurmDrain step is skipped (False, SlurmNotConfigured),
+    only the cordon is True, and the return says only Kubernetes was returned. A node an
+    admin had cordoned first: gpuheal owns nothing, so nothing is returned (Returned=False,
+    NothingToUndo) and the admin's cordon stays."""
+    core = sandbox.core_v1()
+    cid = os.urandom(3).hex()
+    node, admins = own_gpu_nodes(2, **{"gpuheal.io/case": f"{cid}-work"})
+    objects = Objects(sandbox.api_client())
+    core.patch_node(admins, {"spec": {"unschedulable": True}})
+    rule = {
+        "name": "bus",
+        "signals": {"xids": [79]},
+        "ladder": [{"name": "out", "steps": [
+            {"action": "cordon"}, {"action": "slurmDrain", "slurmDrain": {"requeue": "requeue"}},
+        ]}],
+    }  # fmt: skip
+    objects.apply("remediationpolicies", policy(f"p-{cid}", f"{cid}-work", [rule],
+                                                 healthy_for="3s"))  # fmt: skip
+    op = OperatorProcess(Path(sandbox.kubeconfig), tmp_path, []).start()
+    try:
+        for n in (node, admins):
+            simulate_xid(core, n, 79)
+        done = wait_for(lambda: completed(o := objects.incident(node)) and o,
+                        "incident completed", timeout=90)  # fmt: skip
+        print(dump(done["status"]))
+        conds = {c["type"]: c for c in done["status"]["conditions"]}
+        claimed = sorted(t for t in _STEPS if t in conds and conds[t]["status"] == "True")
+        assert claimed == ["Cordoned"], dump(done["status"])
+        skipped = conds["SlurmDrained"]
+        assert (skipped["status"], skipped["reason"]) == ("False", "SlurmNotConfigured")
+        assert "JobsRequeued" not in conds
+        assert done["status"]["ownership"] == {"cordoned": True, "slurmDrained": False}
+        returned = conds["Returned"]
+        assert (returned["status"], returned["reason"]) == ("True", "ReturnedInKubernetesOnly")
+        assert "no Slurm bridge configured" in returned["message"]
+        assert completed(done) == "ReturnedInKubernetesOnly"
+        assert not objects.node(node).spec.unschedulable
+
+        theirs = wait_for(lambda: completed(o := objects.incident(admins)) and o,
+                          "admin-cordoned incident completed", timeout=60)  # fmt: skip
+        nothing = condition(theirs, "Returned")
+        assert nothing is not None
+        assert (nothing["status"], nothing["reason"]) == ("False", "NothingToUndo"), nothing
+        assert completed(theirs) == "NothingToUndo"
+        assert objects.node(admins).spec.unschedulable, "the admin's cordon stays"
+    finally:
+        op.stop()
+        objects.cleanup([node, admins])
+
+
+def test_a_refused_slurm_resume_is_not_a_return(  # noqa: PLR0917
+    sandbox: Sandbox,
+    own_gpu_nodes: Callable[..., list[str]],
+    make_slurm_cluster: Callable[..., SlurmCluster],
+    bridge: Callable[..., tuple[str, Path, subprocess.Popen[bytes]]],
+    tmp_path: Path,
+    gpuheal_crds: None,
+) -> None:
+    """gpuheal drained the node; an admin takes the drain over (their reason) before the
+    return: the bridge refuses gpuheal's resume, the node stays drained with the admin's
+    reason, Returned is False (SlurmResumeRefused) and the incident does not end Returned."""
+    core = sandbox.core_v1()
+    cid = os.urandom(3).hex()
+    (node,) = own_gpu_nodes(1, **{"gpuheal.io/case": f"{cid}-work"})
+    objects = Objects(sandbox.api_client())
+    cluster = make_slurm_cluster([node], name="oprf")
+    url, token_file, _ = bridge(cluster)
+    rule = {
+        "name": "bus",
+        "signals": {"xids": [79]},
+        "ladder": [{"name": "out", "steps": [
+            {"action": "cordon"}, {"action": "slurmDrain", "slurmDrain": {"requeue": "none"}},
+        ]}],
+    }  # fmt: skip
+    objects.apply("remediationpolicies", policy(f"p-{cid}", f"{cid}-work", [rule],
+                                                 healthy_for="8s"))  # fmt: skip
+    op = OperatorProcess(
+        Path(sandbox.kubeconfig), tmp_path,
+        ["--bridge-url", url, "--bridge-token-file", str(token_file)],
+    ).start()  # fmt: skip
+    try:
+        simulate_xid(core, node, 79)
+        wait_for(
+            lambda: (c := condition(objects.incident(node), "SlurmDrained"))
+            and c["status"] == "True" and c["reason"] == "Drained",
+            "SlurmDrained", timeout=60,
+        )  # fmt: skip
+        cluster.run("scontrol", "update", f"NodeName={node}", "State=DRAIN",
+                    "Reason=admin: memtest")  # fmt: skip
+        done = wait_for(lambda: completed(o := objects.incident(node)) and o,
+                        "incident completed", timeout=90)  # fmt: skip
+        print(dump(done["status"]))
+        returned = condition(done, "Returned")
+        assert returned is not None
+        assert (returned["status"], returned["reason"]) == ("False", "SlurmResumeRefused")
+        assert completed(done) == "Remediated", dump(done["status"])
+        assert "not back in Slurm service" in condition(done, "Completed")["message"]
+        state = _node(cluster, node)
+        assert "DRAIN" in _slurm_state(cluster, node), state
+        assert "Reason=admin: memtest" in state, state
+    finally:
+        op.stop()
+        objects.cleanup([node])
+
+
+def test_a_return_while_the_bridge_is_down_waits_for_it(  # noqa: PLR0917
+    sandbox: Sandbox,
+    own_gpu_nodes: Callable[..., list[str]],
+    make_slurm_cluster: Callable[..., SlurmCluster],
+    bridge: Callable[..., tuple[str, Path, subprocess.Popen[bytes]]],
+    tmp_path: Path,
+    gpuheal_crds: None,
+) -> None:
+    """The bridge is down when the node is due back: the return does not claim it (Returned
+    False, Blocked: BridgeUnavailable) and the incident stays open until the bridge is back,
+    then resumes gpuheal's drain and ends Returned."""
+    core = sandbox.core_v1()
+    cid = os.urandom(3).hex()
+    (node,) = own_gpu_nodes(1, **{"gpuheal.io/case": f"{cid}-work"})
+    objects = Objects(sandbox.api_client())
+    cluster = make_slurm_cluster([node], name="opbd")
+    url, token_file, proc = bridge(cluster)
+    port = int(url.rsplit(":", 1)[1])
+    rule = {
+        "name": "bus",
+        "signals": {"xids": [79]},
+        "ladder": [{"name": "out", "steps": [
+            {"action": "cordon"}, {"action": "slurmDrain", "slurmDrain": {"requeue": "none"}},
+        ]}],
+    }  # fmt: skip
+    objects.apply("remediationpolicies", policy(f"p-{cid}", f"{cid}-work", [rule],
+                                                 healthy_for="3s"))  # fmt: skip
+    op = OperatorProcess(
+        Path(sandbox.kubeconfig), tmp_path,
+        ["--bridge-url", url, "--bridge-token-file", str(token_file)],
+    ).start()  # fmt: skip
+    try:
+        simulate_xid(core, node, 79)
+        wait_for(
+            lambda: (c := condition(objects.incident(node), "SlurmDrained"))
+            and c["status"] == "True",
+            "SlurmDrained", timeout=60,
+        )  # fmt: skip
+        proc.terminate()
+        proc.wait(timeout=10)
+        waiting = wait_for(
+            lambda: (o := objects.incident(node))
+            and (c := condition(o, "Returned")) and c["reason"] == "BridgeUnavailable" and o,
+            "the return waits for the bridge", timeout=60,
+        )  # fmt: skip
+        assert condition(waiting, "Returned")["status"] == "False"
+        blocked = condition(waiting, "Blocked")
+        assert (blocked["status"], blocked["reason"]) == ("True", "BridgeUnavailable")
+        assert not completed(waiting)
+        assert "DRAIN" in _slurm_state(cluster, node)
+        bridge(cluster, port)
+        done = wait_for(lambda: completed(o := objects.incident(node)) and o,
+                        "returned once the bridge is back", timeout=90)  # fmt: skip
+        assert completed(done) == "Returned", dump(done["status"])
+        returned = condition(done, "Returned")
+        assert (returned["status"], returned["reason"]) == ("True", "ReturnedToService")
+        assert "resumed" in returned["message"]
+        assert "DRAIN" not in _slurm_state(cluster, node), _node(cluster, node)
+    finally:
+        op.stop()
+        objects.cleanup([node])

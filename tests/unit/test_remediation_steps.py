@@ -143,10 +143,11 @@ async def test_noop_hook_and_unreachable_webhook() -> None:
     assert (gone.kind, gone.reason) == ("wait", "HookUnreachable")
 
 
-async def test_slurm_drain_without_a_bridge_is_recorded_not_failed() -> None:
+async def test_slurm_drain_without_a_bridge_is_skipped_not_done() -> None:
     result = await steps.slurm_drain(None, "n1", "nrem-1", 79, SlurmDrainOptions(), now=NOW,
                                      attempt=0)  # fmt: skip
-    assert (result.kind, result.reason) == ("done", "SlurmNotConfigured")
+    assert (result.kind, result.reason) == ("skipped", "SlurmNotConfigured")
+    assert "ownership" not in result.status
 
 
 class _Work:

@@ -310,3 +310,61 @@ def test_a_step_dated_when_slurm_acted_takes_its_place_in_the_timeline() -> None
         "replace/slurmDrain",
         "spareClaimed",
     ]
+
+
+async def test_a_node_only_down_in_slurm_is_drained_by_gpuheal_and_the_status_says_so(
+    world: World,
+) -> None:
+    """DOWN does not keep a node out of Slurm (ReturnToService returns it when slurmd
+    answers): gpuheal drains it with its own reason, owns that drain, and says so."""
+    world.slurm.add_node(NODE, "DOWN", ("NOT_RESPONDING",), "Not responding")
+    result = await world.step(requeue="none")
+    assert (result.kind, result.reason) == ("done", "DrainedWasDown")
+    assert result.status["ownership"] == {"slurmDrained": True}
+    assert "was DOWN+NOT_RESPONDING, reason 'Not responding'" in result.message
+    assert "drained by gpuheal (reason 'gpuheal: nrem-1 xid=79')" in result.message
+    assert world.slurm.nodes[NODE].reason == "gpuheal: nrem-1 xid=79"
+
+
+async def test_a_node_slurm_does_not_know_is_skipped_not_drained(world: World) -> None:
+    result = await steps.slurm_drain(world.bridge, "gpu-x", "nrem-1", 79, SlurmDrainOptions(),
+                                     now=NOW, attempt=0)  # fmt: skip
+    assert (result.kind, result.reason) == ("skipped", "NotASlurmNode")
+    assert "ownership" not in result.status
+
+
+async def _resume(world: World, incident: str = "nrem-1") -> steps.StepResult:
+    return await steps.resume_in_slurm(
+        world.bridge, NODE, incident, "ReturnedToService", ["gpu-7 uncordoned"], retry=5.0
+    )
+
+
+async def test_the_return_resumes_only_this_incidents_drain(world: World) -> None:
+    await world.step(requeue="none")
+    back = await _resume(world)
+    assert (back.kind, back.reason) == ("done", "ReturnedToService")
+    assert back.message == "gpu-7 uncordoned; Slurm gpu-7: resumed (MIXED)"
+    # Another incident's return (its own idempotency key) finds the node in service: back.
+    again = await _resume(world, "nrem-2")
+    assert (again.kind, again.reason) == ("done", "ReturnedToService")
+    assert again.message == "gpu-7 uncordoned; Slurm gpu-7: back in service already (MIXED)"
+
+
+async def test_a_refused_resume_is_no_return(world: World) -> None:
+    await world.step(requeue="none")
+    world.slurm.add_node(NODE, "MIXED", ("DRAIN",), "admin: memtest")  # took the drain over
+    refused = await _resume(world)
+    assert (refused.kind, refused.reason) == ("skipped", "SlurmResumeRefused")
+    assert "drained by someone else" in refused.message
+    assert world.slurm.nodes[NODE].reason == "admin: memtest"
+
+
+async def test_a_resume_while_slurm_is_down_waits(world: World) -> None:
+    await world.step(requeue="none")
+    world.slurm.down = True
+    later = await _resume(world)
+    assert (later.kind, later.reason) == ("wait", "BridgeUnavailable")
+    assert later.message.startswith("gpu-7 uncordoned; ")
+    world.slurm.down = False
+    back = await _resume(world)
+    assert (back.kind, back.reason) == ("done", "ReturnedToService")

@@ -129,8 +129,8 @@ class HistoryEntry(Model):
     outcome: str | None = Field(
         default=None,
         max_length=32,
-        description="Outcomes: Returned, ReturnedToPool, Replaced, Retired, Failed, "
-        "Remediated, DryRun.",
+        description="Outcomes: Returned, ReturnedToPool, ReturnedInKubernetesOnly, Replaced, "
+        "Retired, Failed, Remediated, NothingToUndo, DryRun.",
     )
     message: str = Field(
         default="",

@@ -598,24 +598,19 @@ async def _finish(  # noqa: PLR0911
             await _complete(rt, nrem, rec, "Replaced", message)
             return None
         if decision.reason == Reason.NOTHING_OWNED:
+            # Nothing returned: what keeps the node out (if anything) is someone else's.
             message = f"{node} healthy; gpuheal had cordoned/drained nothing to undo"
-            rec.condition(NremCondition.RETURNED, "True", "NothingToUndo", message)
-            await _complete(rt, nrem, rec, "Returned", message)
+            rec.condition(NremCondition.RETURNED, "False", "NothingToUndo", message)
+            await _complete(rt, nrem, rec, "NothingToUndo", message)
             return None
         await _complete(rt, nrem, rec, decision.reason, decision.message)
         return None
     if isinstance(decision, Act) and decision.operation is Move.RETURN_TO_SERVICE:
         if decision.to_pool is not None:
-            message = await steps.return_to_pool(rt, nrem, decision, decision.to_pool)
-            rec.condition(NremCondition.RETURNED, "True", "ReturnedToPool", message)
-            rec.set(returned_to=f"ReservePool/{decision.to_pool}")
-            await _complete(rt, nrem, rec, "ReturnedToPool", message)
-            return None
-        message = await steps.return_to_service(rt, nrem, decision)
-        rec.condition(NremCondition.RETURNED, "True", "ReturnedToService", message)
-        rec.set(returned_to="Service")
-        await _complete(rt, nrem, rec, "Returned", message)
-        return None
+            result = await steps.return_to_pool(rt, nrem, decision, decision.to_pool)
+        else:
+            result = await steps.return_to_service(rt, nrem, decision)
+        return await _returned(rt, nrem, rec, result, decision.to_pool)
     if isinstance(decision, Idle) and decision.reason == Reason.RETURN_DISABLED:
         await _complete(rt, nrem, rec, "Remediated", decision.message)
         return None
@@ -629,6 +624,42 @@ async def _finish(  # noqa: PLR0911
     rec.condition(NremCondition.RETURNED, "False", decision.reason, decision.message)
     await rec.write(rt.require_kube())
     return retry
+
+
+# Completed's reason for a return that happened (Returned=True with this reason).
+_RETURN_OUTCOME = {
+    "ReturnedToService": "Returned",
+    "ReturnedToPool": "ReturnedToPool",
+    "ReturnedInKubernetesOnly": "ReturnedInKubernetesOnly",
+}
+
+
+async def _returned(
+    rt: Runtime,
+    nrem: NodeRemediation,
+    rec: Recorder,
+    result: steps.StepResult,
+    pool: str | None,
+) -> float | None:
+    """Record the return to service as it happened. Done: Returned=True and the incident
+    completes as returned. Wait (the bridge cannot be reached or is missing for a node
+    gpuheal drained): Returned=False, Blocked with why, tried again. Skipped (the Slurm
+    resume was refused, Slurm no longer knows the node): Returned=False with the reason and
+    the incident completes `Remediated`, repaired but not back in Slurm service."""
+    if result.kind == "wait":
+        rec.condition(NremCondition.RETURNED, "False", result.reason, result.message)
+        await _block(rt, nrem, rec, result.reason, result.message)
+        return result.retry_after or rt.config.retry_interval
+    if result.kind == "done":
+        rec.condition(NremCondition.RETURNED, "True", result.reason, result.message)
+        to_pool = result.reason == "ReturnedToPool"
+        rec.set(returned_to=f"ReservePool/{pool}" if to_pool else "Service")
+        await _complete(rt, nrem, rec, _RETURN_OUTCOME[result.reason], result.message)
+        return None
+    rec.condition(NremCondition.RETURNED, "False", result.reason, result.message)
+    message = f"{nrem.spec.node_name} repaired, not back in Slurm service: {result.message}"
+    await _complete(rt, nrem, rec, "Remediated", message)
+    return None
 
 
 async def _complete(  # noqa: PLR0917

@@ -77,7 +77,13 @@ from gpuheal.xid.identity import (
     parse_gpu_map,
     parse_gpu_report,
 )
-from gpuheal_bridge.api.models import DrainOutcome, JobState, RequeueOptions
+from gpuheal_bridge.api.models import (
+    DrainOutcome,
+    DrainResponse,
+    JobState,
+    RequeueOptions,
+    ResumeOutcome,
+)
 
 log = logging.getLogger("gpuheal.adapters.steps")
 
@@ -176,8 +182,10 @@ async def slurm_drain(  # noqa: PLR0911 - one return per outcome
     """Drain the Slurm node (unless someone else has), then requeue the fault's victims
     (`victims.requeue_victims`): the node's running jobs and those that died there."""
     if slurm is None:
-        return StepResult.done(
-            C.SLURM_DRAINED, "SlurmNotConfigured", "no Slurm bridge configured (--bridge-url)"
+        return StepResult.skipped(
+            C.SLURM_DRAINED,
+            "SlurmNotConfigured",
+            "nothing drained in Slurm: no Slurm bridge configured (--bridge-url)",
         )
     try:
         resp = await slurm.drain(
@@ -188,19 +196,16 @@ async def slurm_drain(  # noqa: PLR0911 - one return per outcome
             idempotency_key=f"{incident}-slurm-drain",
         )
     except SlurmNotFound:
-        return StepResult.done(C.SLURM_DRAINED, "NotASlurmNode", f"Slurm does not know {node}")
+        return StepResult.skipped(
+            C.SLURM_DRAINED, "NotASlurmNode", f"nothing drained: Slurm does not know {node}"
+        )
     except SlurmUnavailable as exc:
         delay = exc.retry_after or min(60.0, 2.0 ** min(attempt, 6))
         return StepResult.wait(C.SLURM_DRAINED, "BridgeUnavailable", str(exc), delay)
     except SlurmError as exc:
         return StepResult.failed(C.SLURM_DRAINED, "BridgeError", str(exc))
     ours = resp.outcome is not DrainOutcome.DRAINED_BY_OTHER
-    drained = f"Slurm node {resp.slurm_node}: {resp.outcome.value} (reason {resp.current.reason!r})"
-    reason = {
-        DrainOutcome.DRAINED: "Drained",
-        DrainOutcome.ALREADY_DRAINED: "AlreadyDrained",
-        DrainOutcome.DRAINED_BY_OTHER: "DrainedByOther",
-    }[resp.outcome]
+    reason, drained = drain_outcome(resp)
     if opts.requeue is PolicyRequeue.NONE:
         result = StepResult.done(C.SLURM_DRAINED, reason, drained, ownership={"slurmDrained": ours})
         result.at = _acted_at(resp.at)
@@ -244,6 +249,33 @@ async def slurm_drain(  # noqa: PLR0911 - one return per outcome
     result.status["jobs"] = jobs_status
     result.extra_conditions.append((C.JOBS_REQUEUED, *victims.condition))
     return result
+
+
+def drain_outcome(resp: DrainResponse) -> tuple[str, str]:
+    """The SlurmDrained reason and message for the bridge's answer. A node that was only
+    DOWN (not responding, or set DOWN) is drained by gpuheal like one in service, and the
+    status says so: Slurm would have put it back in service by itself once its slurmd
+    answered again (ReturnToService), with the fault still there."""
+    slurm_node, prev, cur = resp.slurm_node, resp.previous, resp.current
+    if resp.outcome is DrainOutcome.DRAINED and prev.unavailable and not prev.drain:
+        was = "+".join([prev.state, *prev.flags])
+        why = f", reason {prev.reason!r}" if prev.reason else ""
+        return "DrainedWasDown", (
+            f"Slurm node {slurm_node} was {was}{why}: drained by gpuheal (reason "
+            f"{cur.reason!r}) so that Slurm does not return it to service when slurmd answers"
+        )
+    reason = {
+        DrainOutcome.DRAINED: "Drained",
+        DrainOutcome.ALREADY_DRAINED: "AlreadyDrained",
+        DrainOutcome.DRAINED_BY_OTHER: "DrainedByOther",
+    }[resp.outcome]
+    if resp.outcome is DrainOutcome.DRAINED_BY_OTHER:
+        who = f"{cur.reason_user}: " if cur.reason_user else ""
+        return reason, (
+            f"Slurm node {slurm_node} already drained by someone else ({who}{cur.reason!r}): "
+            "left as it is; gpuheal will not resume it"
+        )
+    return reason, f"Slurm node {slurm_node}: {resp.outcome.value} (reason {cur.reason!r})"
 
 
 def _acted_at(*times: dt.datetime | None) -> dt.datetime | None:
@@ -1049,11 +1081,14 @@ async def execute(  # noqa: PLR0911
     return StepResult.failed(C.DETECTED, "UnknownAction", f"no executor for {action}")
 
 
-async def return_to_pool(rt: Runtime, nrem: NodeRemediation, decision: Act, pool_name: str) -> str:
+async def return_to_pool(  # noqa: PLR0911 - one return per outcome
+    rt: Runtime, nrem: NodeRemediation, decision: Act, pool_name: str
+) -> StepResult:
     """Put a verified, repaired node back into the ReservePool that gave its replacement:
     the pool's labels (and none of its promotion labels), the pool's taints back, no claim;
     then our cordon is lifted (the taints keep work off) and, in Slurm, our drain becomes
-    the pool's ('reserve pool'), which promotion resumes. Says what happened."""
+    the pool's ('reserve pool'), which promotion resumes. The Returned condition says what
+    happened, as for `return_to_service`."""
     kube = rt.require_kube()
     node, name = nrem.spec.node_name, nrem.metadata.name
     pool = rt.pools.get(pool_name)
@@ -1066,8 +1101,9 @@ async def return_to_pool(rt: Runtime, nrem: NodeRemediation, decision: Act, pool
     labels[CLAIMED_BY_LABEL] = None
     now_labels = {**(current.get("metadata", {}).get("labels") or {}), **labels}
     if not pool.spec.node_selector.matches({k: v for k, v in now_labels.items() if v}):
-        message = await return_to_service(rt, nrem, decision)
-        return f"ReservePool {pool_name}'s selector cannot be set by labels; {message}"
+        back = await return_to_service(rt, nrem, decision)
+        back.message = f"ReservePool {pool_name}'s selector cannot be set by labels; {back.message}"
+        return back
     taints = tuple(
         {"key": t.key, "effect": (t.effect or TaintEffect.NO_SCHEDULE).value}
         for t in promo.remove_taints
@@ -1082,23 +1118,23 @@ async def return_to_pool(rt: Runtime, nrem: NodeRemediation, decision: Act, pool
     messages = [f"{node} back in ReservePool {pool_name} as a spare"]
     if decision.uncordon:
         messages.append(await uncordon(kube, node, name))
+    if promo.slurm is None or not nrem.status.ownership.slurm_drained:
+        if decision.resume_slurm:
+            return await _resume(rt, node, name, "ReturnedToPool", messages)
+        return StepResult.done(C.RETURNED, "ReturnedToPool", "; ".join(messages))
+    # Our drain becomes the pool's: the node stays out of Slurm until promotion resumes it.
+    bridge = _bridge_to_return(rt, node, messages)
+    if isinstance(bridge, StepResult):
+        return bridge
+    reason = promo.slurm.reserve_reason
     try:
-        bridge = rt.slurm_for(node)
-    except UnknownCluster as exc:
-        messages.append(f"nothing done in Slurm: {exc}")
-        return "; ".join(messages)
-    if promo.slurm is not None and bridge is not None and nrem.status.ownership.slurm_drained:
-        reason = promo.slurm.reserve_reason
-        try:
-            resp = await bridge.reserve(
-                node, incident=name, reason=reason, idempotency_key=f"{name}-reserve"
-            )
-            messages.append(f"Slurm {resp.slurm_node}: {resp.outcome.value} ({reason!r})")
-        except SlurmConflict as exc:
-            messages.append(f"Slurm drain of {node} is not ours, left as it is ({exc})")
-    elif decision.resume_slurm:
-        messages.append(await slurm_resume(bridge, node, name))
-    return "; ".join(messages)
+        resp = await bridge.reserve(
+            node, incident=name, reason=reason, idempotency_key=f"{name}-reserve"
+        )
+    except SlurmError as exc:
+        return _not_returned(exc, "Reserve", messages, rt.config.retry_interval)
+    said = f"Slurm {resp.slurm_node}: {resp.outcome.value} ({reason!r})"
+    return StepResult.done(C.RETURNED, "ReturnedToPool", _joined(messages, said))
 
 
 async def _slurm_drain_step(
@@ -1144,8 +1180,11 @@ async def _slurm_drain_step(
     )
 
 
-async def return_to_service(rt: Runtime, nrem: NodeRemediation, decision: Act) -> str:
-    """Undo what gpuheal did (only that): uncordon, resume in Slurm. Says what happened."""
+async def return_to_service(rt: Runtime, nrem: NodeRemediation, decision: Act) -> StepResult:
+    """Undo what gpuheal did (only that): uncordon, resume in Slurm. The Returned condition
+    says what happened: `done` only when every side gpuheal had taken out is back (reason
+    ReturnedToService, or ReturnedInKubernetesOnly when the policy's Slurm drain found no
+    bridge: Slurm was never asked, either way); see `resume_in_slurm` for the rest."""
     node = nrem.spec.node_name
     name = nrem.metadata.name
     messages = []
@@ -1154,8 +1193,100 @@ async def return_to_service(rt: Runtime, nrem: NodeRemediation, decision: Act) -
     else:
         messages.append(f"{node}: cordon was not gpuheal's, left as it is")
     if decision.resume_slurm:
-        try:
-            messages.append(await slurm_resume(rt.slurm_for(node), node, name))
-        except UnknownCluster as exc:
-            messages.append(f"not resumed in Slurm: {exc}")
-    return "; ".join(messages)
+        return await _resume(rt, node, name, "ReturnedToService", messages)
+    drained = _condition(nrem, C.SLURM_DRAINED)
+    if drained is not None and drained[1] == "SlurmNotConfigured":
+        messages.append("Slurm not asked: no Slurm bridge configured (--bridge-url)")
+        return StepResult.done(C.RETURNED, "ReturnedInKubernetesOnly", "; ".join(messages))
+    if drained is not None and drained[1] == "DrainedByOther":
+        messages.append("its Slurm drain is someone else's: left as it is")
+    return StepResult.done(C.RETURNED, "ReturnedToService", "; ".join(messages))
+
+
+def _condition(nrem: NodeRemediation, type_: str) -> tuple[str, str] | None:
+    """(status, reason) of the incident's condition ``type_``, None when it has none."""
+    for c in nrem.status.conditions:
+        if c.type == type_:
+            return c.status, c.reason
+    return None
+
+
+async def resume_in_slurm(  # noqa: PLR0917
+    bridge: BridgeSlurm,
+    node: str,
+    incident: str,
+    returned: str,
+    messages: list[str],
+    retry: float,
+) -> StepResult:
+    """Lift this incident's Slurm drain at the return to service, after ``messages`` (what
+    was done before). ``done`` (reason ``returned``): resumed, or back in service already.
+    ``wait`` (Returned False): the bridge cannot be reached or failed: retried, the
+    incident stays open. ``skipped`` (Returned False): the bridge refused (the drain is
+    someone else's now, or another incident's) or Slurm no longer knows the node: the
+    incident ends without claiming the node is back in Slurm."""
+    try:
+        resp = await bridge.resume(
+            node, incident=incident, idempotency_key=f"{incident}-slurm-resume-{node}"
+        )
+    except SlurmError as exc:
+        return _not_returned(exc, "Resume", messages, retry)
+    lifted = resp.exclusion_lifted_from
+    no_longer = (
+        f"; no longer excluded from jobs {', '.join(map(str, lifted[:10]))}" if lifted else ""
+    )
+    if resp.outcome is ResumeOutcome.NOT_DRAINED:
+        said = f"Slurm {resp.slurm_node}: back in service already ({resp.current.state})"
+    else:
+        said = f"Slurm {resp.slurm_node}: resumed ({resp.current.state})"
+    return StepResult.done(C.RETURNED, returned, _joined(messages, said + no_longer))
+
+
+async def _resume(
+    rt: Runtime, node: str, incident: str, returned: str, messages: list[str]
+) -> StepResult:
+    bridge = _bridge_to_return(rt, node, messages)
+    if isinstance(bridge, StepResult):
+        return bridge
+    return await resume_in_slurm(
+        bridge, node, incident, returned, messages, rt.config.retry_interval
+    )
+
+
+def _bridge_to_return(rt: Runtime, node: str, messages: list[str]) -> BridgeSlurm | StepResult:
+    """The bridge that lifts gpuheal's Slurm drain of ``node``, or the wait that says why
+    there is none: the node names a cluster without a bridge, or no bridge is configured
+    any more (gpuheal drained the node through one: the drain stays until it is back)."""
+    retry = rt.config.retry_interval
+    try:
+        bridge = rt.slurm_for(node)
+    except UnknownCluster as exc:
+        return StepResult.wait(C.RETURNED, "SlurmClusterUnknown", _joined(messages, exc), retry)
+    if bridge is None:
+        why = (
+            f"gpuheal drained {node} in Slurm and no Slurm bridge is configured now to lift "
+            "that drain: configure --bridge-url (the return is retried)"
+        )
+        return StepResult.wait(C.RETURNED, "SlurmNotConfigured", _joined(messages, why), retry)
+    return bridge
+
+
+def _not_returned(exc: SlurmError, what: str, messages: list[str], retry: float) -> StepResult:
+    """A Slurm ``what`` (Resume, Reserve) of the return that did not happen: refused (the
+    drain is not this incident's any more) or the node unknown to Slurm: skipped, it will
+    not happen; the bridge unreachable or failing: wait and try again."""
+    if isinstance(exc, SlurmConflict):
+        why = f"not {what.lower()}d in Slurm: the bridge refused ({exc})"
+        return StepResult.skipped(C.RETURNED, f"Slurm{what}Refused", _joined(messages, why))
+    if isinstance(exc, SlurmNotFound):
+        why = f"not {what.lower()}d in Slurm: Slurm does not know the node any more"
+        return StepResult.skipped(C.RETURNED, "NotASlurmNode", _joined(messages, why))
+    if isinstance(exc, SlurmUnavailable):
+        delay = exc.retry_after or retry
+        return StepResult.wait(C.RETURNED, "BridgeUnavailable", _joined(messages, exc), delay)
+    why = f"Slurm {what.lower()} failed: {exc}"
+    return StepResult.wait(C.RETURNED, f"Slurm{what}Failed", _joined(messages, why), retry)
+
+
+def _joined(messages: list[str], last: object) -> str:
+    return "; ".join([*messages, str(last)])

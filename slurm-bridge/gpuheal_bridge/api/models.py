@@ -303,9 +303,9 @@ class DrainRequest(_Model):
 
 
 class DrainOutcome(StrEnum):
-    DRAINED = "drained"  # we set DRAIN now
+    DRAINED = "drained"  # we set DRAIN now (also on a node only DOWN: `previous` says so)
     ALREADY_DRAINED = "already_drained"  # gpuheal had drained it already (maybe another incident)
-    DRAINED_BY_OTHER = "drained_by_other"  # someone else's drain/down: reason left untouched
+    DRAINED_BY_OTHER = "drained_by_other"  # someone else's drain (or FAIL): reason left untouched
 
 
 class DrainResponse(_Model):

@@ -72,6 +72,42 @@ async def test_drain_of_admin_drained_node_without_requeue_touches_nothing(
     assert slurm.mutating_calls() == []
 
 
+@pytest.mark.parametrize(
+    ("flags", "reason"),
+    [(("NOT_RESPONDING",), "Not responding"), ((), "admin: set down"), ((), None)],
+)
+async def test_drain_of_a_node_only_down_drains_it_with_our_reason(
+    ops: Operations, slurm: FakeSlurm, flags: tuple[str, ...], reason: str | None
+) -> None:
+    """DOWN does not keep a node out (ReturnToService puts it back when slurmd registers):
+    gpuheal drains it with its own reason, and `previous` says it was DOWN."""
+    slurm.add_node("node4", "DOWN", flags, reason)
+    resp = await ops.drain("node4", "node4", DrainRequest(incident="nrem-abc", xid=79))
+    assert resp.outcome is DrainOutcome.DRAINED
+    assert resp.owner is Owner.GPUHEAL
+    was = resp.previous
+    assert (was.state, was.drain, was.reason) == ("DOWN", False, reason)
+    assert slurm.nodes["node4"].reason == "gpuheal: nrem-abc xid=79"
+    assert "DRAIN" in slurm.nodes["node4"].flags
+    again = await ops.drain("node4", "node4", DrainRequest(incident="nrem-abc", xid=79))
+    assert again.outcome is DrainOutcome.ALREADY_DRAINED
+    assert slurm.mutating_calls() == ["drain"]
+
+
+@pytest.mark.parametrize(
+    ("state", "flags"),
+    [("DOWN", ("DRAIN",)), ("DOWN", ("DRAIN", "NOT_RESPONDING")), ("IDLE", ("FAIL",))],
+)
+async def test_drain_of_a_node_down_and_drained_or_failed_by_an_admin_keeps_theirs(
+    ops: Operations, slurm: FakeSlurm, state: str, flags: tuple[str, ...]
+) -> None:
+    slurm.add_node("node4", state, flags, "admin: PSU")
+    resp = await ops.drain("node4", "node4", DrainRequest(incident="nrem-abc", xid=79))
+    assert resp.outcome is DrainOutcome.DRAINED_BY_OTHER
+    assert slurm.nodes["node4"].reason == "admin: PSU"
+    assert slurm.mutating_calls() == []
+
+
 async def test_drain_unknown_node_raises_not_found(ops: Operations) -> None:
     with pytest.raises(NotFound):
         await ops.drain("nodeX", "nodeX", DrainRequest(incident="nrem-abc"))
