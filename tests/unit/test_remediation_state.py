@@ -135,6 +135,10 @@ def test_incremental_counts_equal_a_full_scan(steps: list[tuple[str, object]]) -
         assert rt.incidents.last_resolved(node) == last_resolved(values, node)
     for key in ("k1", "k2", "k3"):
         for identity in (("a", 0), ("b", 2)):
-            expected = any(key in i.trigger_keys or identity in i.recorded for i in values)
-            assert rt.incidents.recorded(key, identity) == expected
+            for node in NODES:
+                expected = any(
+                    key in i.trigger_keys or (i.node == node and identity in i.recorded)
+                    for i in values
+                )
+                assert rt.incidents.recorded(key, node, identity) == expected
     assert rt.incidents.open_count == sum(1 for i in values if i.active)

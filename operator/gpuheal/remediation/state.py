@@ -127,7 +127,9 @@ class Incidents(MutableMapping[str, IncidentSummary]):
         self._items: dict[str, IncidentSummary] = {}
         self._open_on: dict[str, set[str]] = {}  # node -> open incident names
         self._keys: Counter[str] = Counter()  # trigger keys of every incident
-        self._recorded: Counter[tuple[object, ...]] = Counter()  # signal identities
+        # (node, signal identity): an identity has no node (a condition's is its type and
+        # second), and two nodes' conditions turning in the same second are two signals
+        self._recorded: Counter[tuple[str, tuple[object, ...]]] = Counter()
         self._ended: dict[str, dict[str, dt.datetime]] = {}  # node -> {name: completed_at}
         self._tallies: dict[str, _Tally] = {}
         self._replaced: Counter[str] = Counter()  # incidents that brought in a spare
@@ -157,7 +159,7 @@ class Incidents(MutableMapping[str, IncidentSummary]):
     def _index(self, i: IncidentSummary, sign: int) -> None:
         tally = self._tallies.setdefault(i.policy, _Tally())
         _bump(self._keys, i.trigger_keys, sign)
-        _bump(self._recorded, i.recorded, sign)
+        _bump(self._recorded, ((i.node, r) for r in i.recorded), sign)
         if i.active:
             self.open_count += sign
             _member(self._open_on, i.node, i.name, sign)
@@ -189,9 +191,9 @@ class Incidents(MutableMapping[str, IncidentSummary]):
         names = self._open_on.get(node)
         return self._items[min(names)] if names else None
 
-    def recorded(self, key: str, identity: tuple[object, ...]) -> bool:
-        """Did an incident open on this signal key, or record this signal?"""
-        return key in self._keys or identity in self._recorded
+    def recorded(self, key: str, node: str, identity: tuple[object, ...]) -> bool:
+        """Did an incident open on this signal key, or record this signal of this node?"""
+        return key in self._keys or (node, identity) in self._recorded
 
     def replaced(self, name: str) -> bool:
         """Did this incident bring in a spare (its node then holds no slot)?"""
