@@ -18,6 +18,7 @@ from gpuheal.policy.inputs import (
     NodeEvent,
     event_observation,
     event_observations,
+    kept_conditions,
     node_event,
     node_view,
     signal_record,
@@ -215,3 +216,26 @@ def test_npds_two_events_for_one_fall_off_the_bus_are_one_fault() -> None:
     assert again is not None
     assert not same_fault(xid_line, again)
     assert len(faults([xid_line, fallen, again])) == 2
+
+
+def _pressure_policy(*types: str) -> Any:
+    from tests.unit.test_policy_select import make_policy
+
+    rule = {
+        "name": "pressure",
+        "signals": {"conditions": [{"type": t, "status": "True"} for t in types]},
+        "ladder": [{"name": "cordon", "steps": [{"action": "cordon"}]}],
+    }
+    return make_policy(rules=[rule])
+
+
+def test_a_kubelet_condition_a_rule_names_is_kept_the_others_dropped() -> None:
+    keep = kept_conditions([_pressure_policy("MemoryPressure", "GpuDegraded").spec])
+    assert keep == {"MemoryPressure"}  # not GpuDegraded: only kubelet conditions are dropped
+    body = node_body()
+    body["status"]["conditions"].append({"type": "DiskPressure", "status": "True"})
+    assert [c.type for c in node_view(body, keep).conditions] == [
+        "Ready",
+        "MemoryPressure",
+        "GpuXid",
+    ]

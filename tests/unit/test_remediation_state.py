@@ -142,3 +142,41 @@ def test_incremental_counts_equal_a_full_scan(steps: list[tuple[str, object]]) -
                 )
                 assert rt.incidents.recorded(key, node, identity) == expected
     assert rt.incidents.open_count == sum(1 for i in values if i.active)
+
+
+def test_views_keep_the_kubelet_conditions_the_policies_name_and_no_more() -> None:
+    from gpuheal.policy.inputs import node_view
+
+    rule = {
+        "name": "memory",
+        "signals": {"conditions": [{"type": "MemoryPressure", "status": "True"}]},
+        "ladder": [{"name": "cordon", "steps": [{"action": "cordon"}]}],
+    }
+    body = {
+        "metadata": {"name": "n1", "labels": {"pool": "m"}},
+        "status": {"conditions": [
+            {"type": "Ready", "status": "True"},
+            {"type": "MemoryPressure", "status": "True"},
+            {"type": "DiskPressure", "status": "False"},
+        ]},
+    }  # fmt: skip
+    rt = Runtime(OperatorConfig(), Metrics(CollectorRegistry()))
+    rt.set_policy(make_policy("q", labels={"pool": "q"}))
+    assert rt.kept_conditions == frozenset()
+    rt.set_node(node_view(body, rt.kept_conditions))
+    assert not rt.relist_nodes.is_set()
+    # A policy names MemoryPressure: the views dropped it, so the Node watch must list again.
+    rt.set_policy(make_policy("m", labels={"pool": "m"}, rules=[rule]))
+    assert rt.kept_conditions == {"MemoryPressure"}
+    assert rt.relist_nodes.is_set()
+    rt.relist_nodes.clear()
+    rt.set_node(node_view(body, rt.kept_conditions))
+    assert [c.type for c in rt.nodes["n1"].conditions] == ["Ready", "MemoryPressure"]
+    # The same policy again (a status write): nothing to list.
+    rt.set_policy(make_policy("m", labels={"pool": "m"}, rules=[rule]))
+    assert not rt.relist_nodes.is_set()
+    # No policy names it any more: dropped from the views at once, no relist.
+    rt.drop_policy("m")
+    assert rt.kept_conditions == frozenset()
+    assert not rt.relist_nodes.is_set()
+    assert [c.type for c in rt.nodes["n1"].conditions] == ["Ready"]

@@ -23,7 +23,8 @@ from gpuheal.api.names import (
     Reason,
 )
 from gpuheal.api.noderemediation import NodeRemediation, SignalRecord, SignalSource
-from gpuheal.api.remediationpolicy import Action, RemediationPolicy
+from gpuheal.api.remediationpolicy import Action, RemediationPolicy, RemediationPolicySpec
+from gpuheal.policy.select import watched_conditions
 from gpuheal.policy.types import (
     ALWAYS,
     ClusterCounts,
@@ -37,13 +38,26 @@ from gpuheal.policy.types import (
 from gpuheal.xid.identity import GPU_MAP_ANNOTATION, GpuMap, normalize_uuid, parse_gpu_map
 from gpuheal.xid.parse import parse_event_all
 
-# Conditions every kubelet reports and that say nothing about GPUs; dropped from the view
-# unless a policy names them (then `keep` carries them).
-_KUBELET_CONDITIONS = frozenset({"MemoryPressure", "DiskPressure", "PIDPressure"})
+# Conditions every kubelet reports and that say nothing about GPUs: at 5,000 nodes they are
+# most of a view's conditions, so they are dropped unless a policy's rule names them (then
+# `kept_conditions` says so and `keep` carries them).
+KUBELET_CONDITIONS = frozenset({"MemoryPressure", "DiskPressure", "PIDPressure"})
+
+
+def kept_conditions(policies: Iterable[RemediationPolicySpec]) -> frozenset[str]:
+    """The kubelet conditions that some policy's rule waits for: what `node_view` must keep
+    for those rules to fire (the operator and `gpuheal explain` both ask here)."""
+    return frozenset(
+        type_
+        for spec in policies
+        for type_, _ in watched_conditions(spec)
+        if type_ in KUBELET_CONDITIONS
+    )
 
 
 def node_view(body: Mapping[str, Any], keep: frozenset[str] = frozenset()) -> NodeView:
-    """Reduce a Node body to the view. Total: a malformed body gives an empty-ish view."""
+    """Reduce a Node body to the view. Total: a malformed body gives an empty-ish view.
+    ``keep``: the kubelet conditions to keep (`kept_conditions`); the others are dropped."""
     meta = body.get("metadata") or {}
     spec = body.get("spec") or {}
     status = body.get("status") or {}
@@ -55,7 +69,7 @@ def node_view(body: Mapping[str, Any], keep: frozenset[str] = frozenset()) -> No
         if not isinstance(c, Mapping):
             continue
         type_ = c.get("type")
-        if not isinstance(type_, str) or (type_ in _KUBELET_CONDITIONS and type_ not in keep):
+        if not isinstance(type_, str) or (type_ in KUBELET_CONDITIONS and type_ not in keep):
             continue
         conds.append(
             NodeCondition(

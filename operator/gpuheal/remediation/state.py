@@ -34,8 +34,10 @@ from gpuheal.metrics import Metrics
 from gpuheal.policy import history as fault_history
 from gpuheal.policy import select_policy
 from gpuheal.policy.inputs import (
+    KUBELET_CONDITIONS,
     breaker_state,
     incident_summary,
+    kept_conditions,
     merge_observations,
 )
 from gpuheal.policy.select import slurm_cluster
@@ -236,6 +238,11 @@ class Runtime:
     notify_targets: list[Target] = field(default_factory=list)  # --notify-webhooks
     events: EventOutbox | None = None
     nodes: dict[str, NodeView] = field(default_factory=dict)
+    # The kubelet conditions some policy's rule names: the node views keep them (the others
+    # are dropped to keep 5,000 views small). When a policy names a new one, the views lack
+    # it: `relist_nodes` asks the Node watch to list again and rebuild them.
+    kept_conditions: frozenset[str] = frozenset()
+    relist_nodes: asyncio.Event = field(default_factory=asyncio.Event)
     policies: dict[str, RemediationPolicy] = field(default_factory=dict)
     pools: dict[str, ReservePool] = field(default_factory=dict)
     unparsed: dict[tuple[str, str], Unparsed] = field(default_factory=dict)  # (plural, name)
@@ -393,10 +400,30 @@ class Runtime:
             policy.spec.priority,
         ):
             self.reassign()
+        self._keep_conditions()
 
     def drop_policy(self, name: str) -> None:
         if self.policies.pop(name, None) is not None:
             self.reassign()
+            self._keep_conditions()
+
+    def _keep_conditions(self) -> None:
+        """Keep in the node views the kubelet conditions the policies name now: one more
+        asks for a relist (the views dropped it); one fewer is dropped from them at once."""
+        keep = kept_conditions(p.spec for p in self.policies.values())
+        if keep == self.kept_conditions:
+            return
+        grown = bool(keep - self.kept_conditions)
+        self.kept_conditions = keep
+        if grown:
+            self.relist_nodes.set()
+            return
+        for name, view in self.nodes.items():
+            conds = tuple(
+                c for c in view.conditions if c.type not in KUBELET_CONDITIONS or c.type in keep
+            )
+            if len(conds) != len(view.conditions):
+                self.nodes[name] = dataclasses.replace(view, conditions=conds)
 
     def reassign(self) -> None:
         """Which policy governs each node, after the set of policies changed (rare)."""
