@@ -398,6 +398,27 @@ def breaker_state(policy: RemediationPolicy) -> tuple[bool, dt.datetime | None]:
     return False, cond.last_transition_time if closed else None
 
 
+def breaker_from_incidents(
+    policy: RemediationPolicy, incidents: Iterable[NodeRemediation]
+) -> tuple[bool, dt.datetime | None] | None:
+    """The breaker from what the incidents recorded, for a policy whose status says nothing
+    of it (re-created, its status wiped): open since the earliest open incident of the policy
+    it holds back (Blocked=True, CircuitBreakerOpen), so the storm cooldown still follows when
+    it closes. None: the status says (trust it), or no incident tells."""
+    if find_condition(policy.status.conditions, PolicyCondition.CIRCUIT_BREAKER_OPEN):
+        return None
+    held = [
+        c.last_transition_time
+        for n in incidents
+        if n.spec.policy_ref.name == policy.metadata.name and not is_completed(n)
+        for c in n.status.conditions
+        if c.type == NremCondition.BLOCKED
+        and c.status is ConditionStatus.TRUE
+        and c.reason == Reason.BREAKER_OPEN
+    ]
+    return (True, min(held)) if held else None
+
+
 def policy_counts(policy: RemediationPolicy, incidents: Iterable[IncidentSummary]) -> ClusterCounts:
     """A policy's counts as its status reports them (what the CLI can read cheaply)."""
     is_open, changed_at = breaker_state(policy)

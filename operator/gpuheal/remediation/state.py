@@ -35,6 +35,7 @@ from gpuheal.policy import history as fault_history
 from gpuheal.policy import select_policy
 from gpuheal.policy.inputs import (
     KUBELET_CONDITIONS,
+    breaker_from_incidents,
     breaker_state,
     incident_summary,
     kept_conditions,
@@ -401,6 +402,17 @@ class Runtime:
         ):
             self.reassign()
         self._keep_conditions()
+
+    def breakers_from_incidents(self) -> list[str]:
+        """After the incidents are listed: the breaker of a policy whose status lost it (a
+        policy re-created) as its open incidents recorded it. Returns the policies rebuilt."""
+        rebuilt = []
+        for name, policy in self.policies.items():
+            found = breaker_from_incidents(policy, self.latest.values())
+            if found is not None and not self.breakers.get(name, Breaker()).open:
+                self.breakers[name] = Breaker(open=found[0], changed_at=found[1])
+                rebuilt.append(name)
+        return rebuilt
 
     def drop_policy(self, name: str) -> None:
         if self.policies.pop(name, None) is not None:
