@@ -685,21 +685,40 @@ def test_alerts_are_per_incident_and_per_pool(helm: Helm) -> None:
 
 
 def test_default_policy_is_the_catalogue_in_dry_run(helm: Helm) -> None:
-    """`--set defaultPolicy.enabled=true` creates examples/default-policy.yaml in dry run; a
-    spec of your own replaces it whole; dryRun applies to either."""
+    """`--set defaultPolicy.enabled=true` creates examples/default-policy.yaml in dry run (once
+    its CRD is served); a spec of your own replaces it whole; dryRun applies to either."""
     example = yaml.safe_load((ROOT / "examples" / "default-policy.yaml").read_text())
     assert example["spec"]["safety"]["dryRun"] is True  # docs/install.md: start in dry run
     assert (CHART / "files" / "default-policy.yaml").read_text() == (
         ROOT / "examples" / "default-policy.yaml"
     ).read_text(), "chart copy drifted: cp examples/default-policy.yaml deploy/helm/gpuheal/files/"
 
-    policy = _one(helm.template("--set", "defaultPolicy.enabled=true"), "RemediationPolicy")
+    # Rendered once the CRDs are served (helm asks the cluster; `--api-versions` here):
+    # a release object, patched in place by upgrades and rollbacks so that its status (the
+    # breaker) stays, never deleted by Helm. Not a hook: a hook is re-created every upgrade.
+    served = (
+        "--api-versions", "gpuheal.io/v1alpha1/RemediationPolicy",
+        "--api-versions", "gpuheal.io/v1alpha1/ReservePool",
+    )  # fmt: skip
+    pool = (
+        "--set", "defaultReservePool.enabled=true",
+        "--set-json", 'defaultReservePool.spec={"nodeSelector":{"matchLabels":{"a":"b"}}}',
+    )  # fmt: skip
+    docs = helm.template("--set", "defaultPolicy.enabled=true", *pool, *served)
+    policy = _one(docs, "RemediationPolicy")
     assert policy["metadata"]["name"] == "default"
-    assert policy["metadata"]["annotations"]["helm.sh/hook"] == "post-install,post-upgrade"
     assert policy["spec"] == example["spec"]
+    for kind in ("RemediationPolicy", "ReservePool"):
+        meta = _one(docs, kind)["metadata"]
+        assert not any(k.startswith("helm.sh/hook") for k in meta["annotations"]), meta
+        assert meta["annotations"]["helm.sh/resource-policy"] == "keep"
+    # Not served yet (the install that creates the CRDs): left out, for the next upgrade.
+    unserved = helm.template("--set", "defaultPolicy.enabled=true", *pool)
+    assert not _objects(unserved, "RemediationPolicy")
+    assert not _objects(unserved, "ReservePool")
 
     live = helm.template(
-        "--set", "defaultPolicy.enabled=true", "--set", "defaultPolicy.dryRun=false"
+        "--set", "defaultPolicy.enabled=true", "--set", "defaultPolicy.dryRun=false", *served
     )
     assert _one(live, "RemediationPolicy")["spec"]["safety"]["dryRun"] is False
 
@@ -715,8 +734,9 @@ def test_default_policy_is_the_catalogue_in_dry_run(helm: Helm) -> None:
         "safety": {"maxUnhealthy": 1},
     }
     mine = helm.template(
-        "--set", "defaultPolicy.enabled=true", "--set-json", f"defaultPolicy.spec={json.dumps(own)}"
-    )
+        "--set", "defaultPolicy.enabled=true",
+        "--set-json", f"defaultPolicy.spec={json.dumps(own)}", *served,
+    )  # fmt: skip
     assert _one(mine, "RemediationPolicy")["spec"] == {
         **own,
         "safety": {"maxUnhealthy": 1, "dryRun": True},
@@ -860,6 +880,11 @@ def test_install_upgrade_uninstall_on_a_real_apiserver(
 ) -> None:
     release = f"gh-{uuid.uuid4().hex[:6]}"
     fullname = f"{release}-gpuheal"
+    # CRDs another test applied are served at install: the default objects come with it;
+    # else this install creates the CRDs, and the default objects come with the upgrade.
+    served = all(
+        sandbox.kubectl("get", "crd", crd, check=False).returncode == 0 for crd in GPUHEAL_CRDS
+    )
     _adopt_cluster_objects(sandbox, release, namespace)
     values = _install_values(
         tmp_path,
@@ -890,16 +915,13 @@ def test_install_upgrade_uninstall_on_a_real_apiserver(
             ns_args = ["-n", meta["namespace"]] if "namespace" in meta else []
             got = sandbox.kubectl("get", doc["kind"], meta["name"], *ns_args, check=False)
             assert got.returncode == 0, f"{doc['kind']}/{meta['name']} missing: {got.stderr}"
-        # The hooks: the default objects exist once the CRDs do.
         values_doc = yaml.safe_load(values.read_text())
-        sandbox.kubectl("get", "reservepool", values_doc["defaultReservePool"]["name"])
-        policy = json.loads(
-            sandbox.kubectl(
-                "get", "remediationpolicy", values_doc["defaultPolicy"]["name"], "-o", "json"
-            ).stdout
-        )
-        assert policy["spec"]["safety"]["dryRun"] is True  # a safe first install
-        assert {r["name"] for r in policy["spec"]["rules"]} >= {"fell-off-bus", "gpu-reset"}
+        pool_name = values_doc["defaultReservePool"]["name"]
+        policy_name = values_doc["defaultPolicy"]["name"]
+        got = sandbox.kubectl("get", "remediationpolicy", policy_name, check=False)
+        assert (got.returncode == 0) == served, got.stderr
+        if not served:
+            assert "NOT created yet" in out.stdout, out.stdout  # NOTES.txt: upgrade once
         # kwok runs the pod: scheduled on the system node, never on a GPU node.
         pods = json.loads(
             sandbox.kubectl(
@@ -932,6 +954,13 @@ def test_install_upgrade_uninstall_on_a_real_apiserver(
         )
         assert "STATUS: deployed" in out.stdout
         assert "REVISION: 2" in out.stdout
+        # The default objects exist once the CRDs are served (created, or patched in place).
+        sandbox.kubectl("get", "reservepool", pool_name)
+        policy = json.loads(
+            sandbox.kubectl("get", "remediationpolicy", policy_name, "-o", "json").stdout
+        )
+        assert policy["spec"]["safety"]["dryRun"] is True  # a safe first install
+        assert {r["name"] for r in policy["spec"]["rules"]} >= {"fell-off-bus", "gpu-reset"}
         sandbox.kubectl("get", "configmap", f"{fullname}-dashboard", "-n", namespace)
         dep = json.loads(
             sandbox.kubectl("get", "deploy", fullname, "-n", namespace, "-o", "json").stdout

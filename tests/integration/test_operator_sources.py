@@ -9,6 +9,7 @@ node's address (127.0.0.1) and the operator scrapes it exactly as it would in a 
 
 from __future__ import annotations
 
+import datetime as dt
 import threading
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, HTTPServer
@@ -125,3 +126,50 @@ def test_an_xid_from_an_event_and_from_dcgm_exporter_is_one_observation(
         assert nrem["spec"]["signals"][0]["pciBusId"] == "0000:3b:00"
     finally:
         core.delete_namespaced_pod(f"dcgm-{cid}", "default", grace_period_seconds=0)
+
+
+def test_a_kubelet_memory_pressure_rule_fires_added_before_or_after_the_condition(
+    sandbox: Sandbox,
+    case: Callable[..., list[str]],
+    objects: Objects,
+    run_operator: Callable[..., OperatorProcess],
+) -> None:
+    """A rule on MemoryPressure (a condition the node views drop unless a policy names it):
+    the policy arrives after the operator listed the nodes and after the condition was set
+    (the views are rebuilt), and a second node's condition arrives after the policy, turned
+    in the same second as the first's (a rack short of memory: two signals, not one)."""
+    core = sandbox.core_v1()
+    early, late = case(2)
+    cid = case.case_id  # type: ignore[attr-defined]
+    for node in (early, late):  # kwok must not rewrite the conditions the test sets
+        core.patch_node(node, {"metadata": {"annotations": {"gpuheal.io/sandbox-frozen": "1"}}})
+    since = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+    def pressure(node: str) -> None:
+        # What the kubelet's eviction manager posts: a strategic-merge patch of nodes/status.
+        core.patch_node_status(
+            node,
+            {"status": {"conditions": [{
+                "type": "MemoryPressure", "status": "True",
+                "reason": "KubeletHasInsufficientMemory",
+                "message": "kubelet has insufficient memory available",
+                "lastHeartbeatTime": since, "lastTransitionTime": since,
+            }]}},
+        )  # fmt: skip
+
+    run_operator()
+    pressure(early)
+    rule = {
+        "name": "memory",
+        "signals": {"conditions": [{"type": "MemoryPressure", "status": "True"}]},
+        "ladder": [{"name": "cordon", "steps": [{"action": "cordon"}]}],
+    }
+    objects.apply("remediationpolicies", policy(f"p-{cid}", f"{cid}-work", [rule]))
+    nrem = wait_for(lambda: objects.incident(early), "incident on the node already under pressure")
+    assert nrem["spec"]["signals"][0]["conditionType"] == "MemoryPressure", dump(nrem["spec"])
+    wait_for(lambda: objects.node(early).spec.unschedulable, "cordoned")
+    assert objects.incident(late) is None
+    pressure(late)
+    nrem = wait_for(lambda: objects.incident(late), "incident on the node put under pressure")
+    assert nrem["spec"]["signals"][0]["conditionType"] == "MemoryPressure", dump(nrem["spec"])
+    wait_for(lambda: objects.node(late).spec.unschedulable, "second node cordoned")

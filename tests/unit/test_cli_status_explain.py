@@ -191,3 +191,23 @@ def _counts() -> Any:
     from gpuheal.policy.types import ClusterCounts
 
     return ClusterCounts(0, 0, 0)
+
+
+def test_explain_sees_a_kubelet_pressure_condition_a_policy_names() -> None:
+    rule = {
+        "name": "memory",
+        "signals": {"conditions": [{"type": "MemoryPressure", "status": "True"}]},
+        "ladder": [{"name": "cordon", "steps": [{"action": "cordon"}]}],
+    }
+    node = {
+        "metadata": {"name": "n1", "uid": "u", "labels": {"pool": "train"}},
+        "status": {"conditions": [
+            {"type": "Ready", "status": "True", "lastTransitionTime": "2026-11-21T00:00:00Z"},
+            {"type": "MemoryPressure", "status": "True", "reason": "KubeletHasInsufficientMemory",
+             "lastTransitionTime": "2026-11-22T06:00:00Z"},
+        ]},
+    }  # fmt: skip
+    lines, _ = explain_node(node, [make_policy(rules=[rule])], [], [], now=NOW)
+    text = "\n".join(lines)
+    assert "condition MemoryPressure (acts on True): True since" in text, text
+    assert "now: opens an incident (rule memory, rung 0)" in text, text

@@ -18,6 +18,7 @@ from gpuheal.policy.inputs import (
     NodeEvent,
     event_observation,
     event_observations,
+    kept_conditions,
     node_event,
     node_view,
     signal_record,
@@ -250,3 +251,26 @@ def test_a_reset_moved_past_without_its_condition_true_is_a_skipped_repair() -> 
     done = {Action.CORDON, Action.RESET}
     assert skipped_repairs(nrem("False", "NoopHook"), done) == {Action.RESET}
     assert skipped_repairs(nrem("True", "GpusReported"), done) == frozenset()
+
+
+def _pressure_policy(*types: str) -> Any:
+    from tests.unit.test_policy_select import make_policy
+
+    rule = {
+        "name": "pressure",
+        "signals": {"conditions": [{"type": t, "status": "True"} for t in types]},
+        "ladder": [{"name": "cordon", "steps": [{"action": "cordon"}]}],
+    }
+    return make_policy(rules=[rule])
+
+
+def test_a_kubelet_condition_a_rule_names_is_kept_the_others_dropped() -> None:
+    keep = kept_conditions([_pressure_policy("MemoryPressure", "GpuDegraded").spec])
+    assert keep == {"MemoryPressure"}  # not GpuDegraded: only kubelet conditions are dropped
+    body = node_body()
+    body["status"]["conditions"].append({"type": "DiskPressure", "status": "True"})
+    assert [c.type for c in node_view(body, keep).conditions] == [
+        "Ready",
+        "MemoryPressure",
+        "GpuXid",
+    ]

@@ -135,6 +135,89 @@ def test_incremental_counts_equal_a_full_scan(steps: list[tuple[str, object]]) -
         assert rt.incidents.last_resolved(node) == last_resolved(values, node)
     for key in ("k1", "k2", "k3"):
         for identity in (("a", 0), ("b", 2)):
-            expected = any(key in i.trigger_keys or identity in i.recorded for i in values)
-            assert rt.incidents.recorded(key, identity) == expected
+            for node in NODES:
+                expected = any(
+                    key in i.trigger_keys or (i.node == node and identity in i.recorded)
+                    for i in values
+                )
+                assert rt.incidents.recorded(key, node, identity) == expected
     assert rt.incidents.open_count == sum(1 for i in values if i.active)
+
+
+def test_views_keep_the_kubelet_conditions_the_policies_name_and_no_more() -> None:
+    from gpuheal.policy.inputs import node_view
+
+    rule = {
+        "name": "memory",
+        "signals": {"conditions": [{"type": "MemoryPressure", "status": "True"}]},
+        "ladder": [{"name": "cordon", "steps": [{"action": "cordon"}]}],
+    }
+    body = {
+        "metadata": {"name": "n1", "labels": {"pool": "m"}},
+        "status": {"conditions": [
+            {"type": "Ready", "status": "True"},
+            {"type": "MemoryPressure", "status": "True"},
+            {"type": "DiskPressure", "status": "False"},
+        ]},
+    }  # fmt: skip
+    rt = Runtime(OperatorConfig(), Metrics(CollectorRegistry()))
+    rt.set_policy(make_policy("q", labels={"pool": "q"}))
+    assert rt.kept_conditions == frozenset()
+    rt.set_node(node_view(body, rt.kept_conditions))
+    assert not rt.relist_nodes.is_set()
+    # A policy names MemoryPressure: the views dropped it, so the Node watch must list again.
+    rt.set_policy(make_policy("m", labels={"pool": "m"}, rules=[rule]))
+    assert rt.kept_conditions == {"MemoryPressure"}
+    assert rt.relist_nodes.is_set()
+    rt.relist_nodes.clear()
+    rt.set_node(node_view(body, rt.kept_conditions))
+    assert [c.type for c in rt.nodes["n1"].conditions] == ["Ready", "MemoryPressure"]
+    # The same policy again (a status write): nothing to list.
+    rt.set_policy(make_policy("m", labels={"pool": "m"}, rules=[rule]))
+    assert not rt.relist_nodes.is_set()
+    # No policy names it any more: dropped from the views at once, no relist.
+    rt.drop_policy("m")
+    assert rt.kept_conditions == frozenset()
+    assert not rt.relist_nodes.is_set()
+    assert [c.type for c in rt.nodes["n1"].conditions] == ["Ready"]
+
+
+def test_a_policy_that_lost_its_status_gets_its_breaker_back_from_its_held_incidents() -> None:
+    from gpuheal.api.meta import Condition, ConditionStatus
+    from gpuheal.api.noderemediation import NodeRemediation
+
+    def incident(name: str, policy: str, blocked_at: str, *, done: bool = False) -> NodeRemediation:
+        conds = [{"type": "Blocked", "status": "True", "reason": "CircuitBreakerOpen",
+                  "lastTransitionTime": blocked_at}]  # fmt: skip
+        if done:
+            conds.append({"type": "Completed", "status": "True", "reason": "Returned",
+                          "lastTransitionTime": blocked_at})  # fmt: skip
+        return NodeRemediation.model_validate({
+            "metadata": {"name": name, "creationTimestamp": "2026-11-22T05:00:00Z"},
+            "spec": {"nodeName": name, "policyRef": {"name": policy}, "rule": "ecc",
+                     "signals": [{"source": "Event", "observedAt": "2026-11-22T05:00:00Z",
+                                  "xid": 94}],
+                     "ladder": [{"name": "r", "steps": [{"action": "cordon"}]}]},
+            "status": {"conditions": conds},
+        })  # fmt: skip
+
+    rt = Runtime(OperatorConfig(), Metrics(CollectorRegistry()))
+    rt.set_policy(make_policy("p", labels={"pool": "p"}))  # re-created: an empty status
+    said = make_policy("q", labels={"pool": "q"})
+    said.status.conditions = [
+        Condition(type="CircuitBreakerOpen", status=ConditionStatus.FALSE,
+                  reason="BreakerClosed", last_transition_time=MINUTES_AGO(1))
+    ]  # fmt: skip
+    rt.set_policy(said)
+    for n in (
+        incident("a", "p", "2026-11-22T05:02:00Z"),
+        incident("b", "p", "2026-11-22T05:01:00Z"),
+        incident("c", "p", "2026-11-22T04:00:00Z", done=True),  # closed: says nothing now
+        incident("d", "q", "2026-11-22T05:00:00Z"),  # q's status says closed: trusted
+    ):
+        rt.incident_seen(n)
+    assert rt.breakers_from_incidents() == ["p"]
+    assert rt.breakers["p"].open
+    assert rt.breakers["p"].changed_at == dt.datetime(2026, 11, 22, 5, 1, tzinfo=dt.UTC)
+    assert not rt.breakers["q"].open
+    assert rt.breakers_from_incidents() == []  # once

@@ -23,6 +23,7 @@ from gpuheal.policy.inputs import (
     event_observations,
     incident_summary,
     incident_view,
+    kept_conditions,
     merge_observations,
     node_event,
     node_view,
@@ -43,7 +44,7 @@ def explain_node(
 ) -> tuple[list[str], list[Verdict]]:
     """The lines `gpuheal explain` prints, from the objects it read (pure), and the engine's
     verdicts behind them."""
-    view = node_view(node)
+    view = node_view(node, kept_conditions(p.spec for p in policies))
     observations = []
     for body in events:
         ev = node_event(body)

@@ -23,7 +23,8 @@ from gpuheal.api.names import (
     Reason,
 )
 from gpuheal.api.noderemediation import NodeRemediation, SignalRecord, SignalSource
-from gpuheal.api.remediationpolicy import Action, RemediationPolicy
+from gpuheal.api.remediationpolicy import Action, RemediationPolicy, RemediationPolicySpec
+from gpuheal.policy.select import watched_conditions
 from gpuheal.policy.types import (
     ALWAYS,
     ClusterCounts,
@@ -37,13 +38,26 @@ from gpuheal.policy.types import (
 from gpuheal.xid.identity import GPU_MAP_ANNOTATION, GpuMap, normalize_uuid, parse_gpu_map
 from gpuheal.xid.parse import parse_event_all
 
-# Conditions every kubelet reports and that say nothing about GPUs; dropped from the view
-# unless a policy names them (then `keep` carries them).
-_KUBELET_CONDITIONS = frozenset({"MemoryPressure", "DiskPressure", "PIDPressure"})
+# Conditions every kubelet reports and that say nothing about GPUs: at 5,000 nodes they are
+# most of a view's conditions, so they are dropped unless a policy's rule names them (then
+# `kept_conditions` says so and `keep` carries them).
+KUBELET_CONDITIONS = frozenset({"MemoryPressure", "DiskPressure", "PIDPressure"})
+
+
+def kept_conditions(policies: Iterable[RemediationPolicySpec]) -> frozenset[str]:
+    """The kubelet conditions that some policy's rule waits for: what `node_view` must keep
+    for those rules to fire (the operator and `gpuheal explain` both ask here)."""
+    return frozenset(
+        type_
+        for spec in policies
+        for type_, _ in watched_conditions(spec)
+        if type_ in KUBELET_CONDITIONS
+    )
 
 
 def node_view(body: Mapping[str, Any], keep: frozenset[str] = frozenset()) -> NodeView:
-    """Reduce a Node body to the view. Total: a malformed body gives an empty-ish view."""
+    """Reduce a Node body to the view. Total: a malformed body gives an empty-ish view.
+    ``keep``: the kubelet conditions to keep (`kept_conditions`); the others are dropped."""
     meta = body.get("metadata") or {}
     spec = body.get("spec") or {}
     status = body.get("status") or {}
@@ -55,7 +69,7 @@ def node_view(body: Mapping[str, Any], keep: frozenset[str] = frozenset()) -> No
         if not isinstance(c, Mapping):
             continue
         type_ = c.get("type")
-        if not isinstance(type_, str) or (type_ in _KUBELET_CONDITIONS and type_ not in keep):
+        if not isinstance(type_, str) or (type_ in KUBELET_CONDITIONS and type_ not in keep):
             continue
         conds.append(
             NodeCondition(
@@ -400,6 +414,27 @@ def breaker_state(policy: RemediationPolicy) -> tuple[bool, dt.datetime | None]:
         return True, cond.last_transition_time
     closed = cond.reason == Reason.BREAKER_CLOSED
     return False, cond.last_transition_time if closed else None
+
+
+def breaker_from_incidents(
+    policy: RemediationPolicy, incidents: Iterable[NodeRemediation]
+) -> tuple[bool, dt.datetime | None] | None:
+    """The breaker from what the incidents recorded, for a policy whose status says nothing
+    of it (re-created, its status wiped): open since the earliest open incident of the policy
+    it holds back (Blocked=True, CircuitBreakerOpen), so the storm cooldown still follows when
+    it closes. None: the status says (trust it), or no incident tells."""
+    if find_condition(policy.status.conditions, PolicyCondition.CIRCUIT_BREAKER_OPEN):
+        return None
+    held = [
+        c.last_transition_time
+        for n in incidents
+        if n.spec.policy_ref.name == policy.metadata.name and not is_completed(n)
+        for c in n.status.conditions
+        if c.type == NremCondition.BLOCKED
+        and c.status is ConditionStatus.TRUE
+        and c.reason == Reason.BREAKER_OPEN
+    ]
+    return (True, min(held)) if held else None
 
 
 def policy_counts(policy: RemediationPolicy, incidents: Iterable[IncidentSummary]) -> ClusterCounts:

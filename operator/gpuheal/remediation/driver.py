@@ -325,7 +325,7 @@ async def _vet(rt: Runtime, nrem: NodeRemediation) -> str | None:
     view = rt.nodes.get(node)
     if view is None:  # not in the views (yet, at start-up; or no such Node): ask
         body = await rt.require_kube().get_node(node)
-        view = node_view(body) if body is not None else None
+        view = node_view(body, rt.kept_conditions) if body is not None else None
     governing = choose_policy(rt.policies.values(), view.labels)[0] if view else None
     why = refusal(
         nrem.metadata.name,

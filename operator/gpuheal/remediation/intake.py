@@ -119,7 +119,7 @@ async def _observe(rt: Runtime, node: str, obs: Observation) -> str:  # noqa: PL
         return "duplicate"
     if any(same_fault(o, obs) for o in earlier):
         return "duplicate"  # another reporter of a fault seen already (NPD's two Events, dcgm)
-    if rt.incidents.recorded(obs.key, obs.identity):
+    if rt.incidents.recorded(obs.key, node, obs.identity):
         return "duplicate"  # a signal an incident recorded, seen again (relist, restart)
     if rt.seen_in_history(node, obs):
         return "duplicate"  # in the node's FaultHistory: handled before a restart

@@ -32,7 +32,7 @@ def node_changed(rt: Runtime, type_: str | None, body: dict[str, Any]) -> None:
     if type_ == "DELETED":
         rt.drop_node(name)
     else:
-        view = node_view(body)
+        view = node_view(body, rt.kept_conditions)
         rt.set_node(view)
         if "conditions" in rt.config.sources:
             intake.check_conditions(rt, view)

@@ -87,6 +87,7 @@ async def start(rt: Runtime, *, serve_metrics: bool) -> None:
         incidents_ready = asyncio.Event()
         _spawn(rt, "incidents", sources.watch_incidents(rt, incidents_ready))
         await asyncio.wait_for(incidents_ready.wait(), timeout=300)  # before any signal
+        _breakers_from_incidents(rt)
     if "nodes" not in _running(rt):
         nodes_ready = asyncio.Event()
         _spawn(rt, "nodes", sources.watch_nodes(rt, nodes_ready))
@@ -114,6 +115,17 @@ async def _watch_bridge(
     while True:
         gauge.set(1 if await bridge.ready() else 0)
         await asyncio.sleep(every)
+
+
+def _breakers_from_incidents(rt: Runtime) -> None:
+    """A policy whose status lost its breaker (deleted and re-created) gets it back from its
+    incidents, so a storm cooldown is not skipped (`Runtime.breakers_from_incidents`)."""
+    for name in rt.breakers_from_incidents():
+        log.warning(
+            "RemediationPolicy %s: its status says nothing of the breaker (re-created?); "
+            "open, as its held incidents recorded",
+            name,
+        )
 
 
 def _lost_lease() -> None:

@@ -65,7 +65,8 @@ async def _follow(rt: Runtime, resource: Watched, source: str, ready: asyncio.Ev
 
 async def watch_nodes(rt: Runtime, ready: asyncio.Event | None = None) -> None:
     """Keep ``rt.nodes`` (compact views) in sync with the cluster's Nodes, forever; after a
-    relist, drop the views of Nodes that disappeared meanwhile."""
+    relist, drop the views of Nodes that disappeared meanwhile. Lists again when asked
+    (``rt.relist_nodes``: a policy now names a kubelet condition the views dropped)."""
 
     async def handle(kind: str, obj: dict[str, Any]) -> None:
         if kind in ("LISTED", "ADDED", "MODIFIED", "DELETED"):
@@ -74,7 +75,22 @@ async def watch_nodes(rt: Runtime, ready: asyncio.Event | None = None) -> None:
             for gone in set(rt.nodes) - set(obj["names"]):
                 node_changed(rt, "DELETED", {"metadata": {"name": gone}})
 
-    await _follow(rt, "nodes", "nodes", ready, handle)
+    while True:
+        rt.relist_nodes.clear()  # before the list: a request during it lists once more
+        follow = asyncio.create_task(_follow(rt, "nodes", "nodes", ready, handle))
+        asked = asyncio.create_task(rt.relist_nodes.wait())
+        try:
+            await asyncio.wait((follow, asked), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (follow, asked):
+                task.cancel()
+            await asyncio.gather(follow, asked, return_exceptions=True)
+        if not follow.cancelled() and (failed := follow.exception()) is not None:
+            raise failed
+        log.info(
+            "listing Nodes again: the policies now name the kubelet conditions %s",
+            ",".join(sorted(rt.kept_conditions)) or "none",
+        )
 
 
 async def watch_incidents(rt: Runtime, ready: asyncio.Event | None = None) -> None:

@@ -33,8 +33,11 @@ from gpuheal.metrics import Metrics
 from gpuheal.policy import history as fault_history
 from gpuheal.policy import select_policy
 from gpuheal.policy.inputs import (
+    KUBELET_CONDITIONS,
+    breaker_from_incidents,
     breaker_state,
     incident_summary,
+    kept_conditions,
     merge_observations,
 )
 from gpuheal.policy.select import slurm_cluster
@@ -127,7 +130,9 @@ class Incidents(MutableMapping[str, IncidentSummary]):
         self._items: dict[str, IncidentSummary] = {}
         self._open_on: dict[str, set[str]] = {}  # node -> open incident names
         self._keys: Counter[str] = Counter()  # trigger keys of every incident
-        self._recorded: Counter[tuple[object, ...]] = Counter()  # signal identities
+        # (node, signal identity): an identity has no node (a condition's is its type and
+        # second), and two nodes' conditions turning in the same second are two signals
+        self._recorded: Counter[tuple[str, tuple[object, ...]]] = Counter()
         self._ended: dict[str, dict[str, dt.datetime]] = {}  # node -> {name: completed_at}
         self._tallies: dict[str, _Tally] = {}
         self._replaced: Counter[str] = Counter()  # incidents that brought in a spare
@@ -157,7 +162,7 @@ class Incidents(MutableMapping[str, IncidentSummary]):
     def _index(self, i: IncidentSummary, sign: int) -> None:
         tally = self._tallies.setdefault(i.policy, _Tally())
         _bump(self._keys, i.trigger_keys, sign)
-        _bump(self._recorded, i.recorded, sign)
+        _bump(self._recorded, ((i.node, r) for r in i.recorded), sign)
         if i.active:
             self.open_count += sign
             _member(self._open_on, i.node, i.name, sign)
@@ -189,9 +194,9 @@ class Incidents(MutableMapping[str, IncidentSummary]):
         names = self._open_on.get(node)
         return self._items[min(names)] if names else None
 
-    def recorded(self, key: str, identity: tuple[object, ...]) -> bool:
-        """Did an incident open on this signal key, or record this signal?"""
-        return key in self._keys or identity in self._recorded
+    def recorded(self, key: str, node: str, identity: tuple[object, ...]) -> bool:
+        """Did an incident open on this signal key, or record this signal of this node?"""
+        return key in self._keys or (node, identity) in self._recorded
 
     def replaced(self, name: str) -> bool:
         """Did this incident bring in a spare (its node then holds no slot)?"""
@@ -234,6 +239,11 @@ class Runtime:
     notify_targets: list[Target] = field(default_factory=list)  # --notify-webhooks
     events: EventOutbox | None = None
     nodes: dict[str, NodeView] = field(default_factory=dict)
+    # The kubelet conditions some policy's rule names: the node views keep them (the others
+    # are dropped to keep 5,000 views small). When a policy names a new one, the views lack
+    # it: `relist_nodes` asks the Node watch to list again and rebuild them.
+    kept_conditions: frozenset[str] = frozenset()
+    relist_nodes: asyncio.Event = field(default_factory=asyncio.Event)
     policies: dict[str, RemediationPolicy] = field(default_factory=dict)
     pools: dict[str, ReservePool] = field(default_factory=dict)
     unparsed: dict[tuple[str, str], Unparsed] = field(default_factory=dict)  # (plural, name)
@@ -392,10 +402,41 @@ class Runtime:
             policy.spec.priority,
         ):
             self.reassign()
+        self._keep_conditions()
+
+    def breakers_from_incidents(self) -> list[str]:
+        """After the incidents are listed: the breaker of a policy whose status lost it (a
+        policy re-created) as its open incidents recorded it. Returns the policies rebuilt."""
+        rebuilt = []
+        for name, policy in self.policies.items():
+            found = breaker_from_incidents(policy, self.latest.values())
+            if found is not None and not self.breakers.get(name, Breaker()).open:
+                self.breakers[name] = Breaker(open=found[0], changed_at=found[1])
+                rebuilt.append(name)
+        return rebuilt
 
     def drop_policy(self, name: str) -> None:
         if self.policies.pop(name, None) is not None:
             self.reassign()
+            self._keep_conditions()
+
+    def _keep_conditions(self) -> None:
+        """Keep in the node views the kubelet conditions the policies name now: one more
+        asks for a relist (the views dropped it); one fewer is dropped from them at once."""
+        keep = kept_conditions(p.spec for p in self.policies.values())
+        if keep == self.kept_conditions:
+            return
+        grown = bool(keep - self.kept_conditions)
+        self.kept_conditions = keep
+        if grown:
+            self.relist_nodes.set()
+            return
+        for name, view in self.nodes.items():
+            conds = tuple(
+                c for c in view.conditions if c.type not in KUBELET_CONDITIONS or c.type in keep
+            )
+            if len(conds) != len(view.conditions):
+                self.nodes[name] = dataclasses.replace(view, conditions=conds)
 
     def reassign(self) -> None:
         """Which policy governs each node, after the set of policies changed (rare)."""

@@ -117,7 +117,7 @@ app.kubernetes.io/component: slurm-bridge
 {{- end -}}
 
 
-{{/* A defaultPolicy that would only fail later, at the API server (in a post-install hook,
+{{/* A defaultPolicy that would only fail later, at the API server (when Helm creates it,
 after the operator is deployed), fails the rendering instead, naming the field. */}}
 {{- define "gpuheal.validateDefaultPolicy" -}}
 {{- $p := .Values.defaultPolicy -}}

@@ -1,0 +1,216 @@
+"""What gpuheal remembers survives the chart's own life cycle: the chart's default policy is
+updated in place by `helm upgrade` and `helm rollback` (never deleted and re-created), so its
+status (the breaker, open, and since when) and the incidents under it outlive an upgrade made
+mid-incident, an operator restart and rollbacks.
+
+The chart is installed on the sandbox's kube-apiserver (which serves the CRDs already, so the
+first revision creates the policy); the operator runs as a local process (kwok runs no
+containers), with the policy the chart created.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from gpuheal.cli.simulate import simulate_xid
+from gpuheal_dev.sandbox import Sandbox
+from gpuheal_dev.sandbox.kube import cluster_bin_dir
+from tests.integration.operator_harness import (
+    Objects,
+    OperatorProcess,
+    completed,
+    condition,
+    dump,
+    hold,
+    node_events,
+    wait_for,
+)
+from tests.integration.test_helm_chart import CHART, Helm, _adopt_cluster_objects
+from tests.integration.test_operator_k8s import gpuheal_crds, objects, run_operator
+
+pytestmark = pytest.mark.integration
+__all__ = ["gpuheal_crds", "objects", "run_operator"]  # fixtures shared with the k8s tests
+
+
+@pytest.fixture
+def helm(sandbox: Sandbox, tmp_path: Path) -> Helm:
+    binary = cluster_bin_dir() / "helm"
+    if not binary.exists():
+        pytest.fail(f"{binary} missing: run `make bins`")
+    return Helm(binary, tmp_path / "helm-home", kubeconfig=sandbox.kubeconfig)
+
+
+def _values(tmp_path: Path, policy: str, label: dict[str, str]) -> Path:
+    spec = {
+        "nodeSelector": {"matchLabels": label},
+        "rules": [
+            {
+                "name": "fell-off-bus",
+                "signals": {"xids": [79]},
+                "ladder": [{"name": "cordon", "steps": [{"action": "cordon"}]}],
+            }
+        ],
+        # One node out at a time: the second fault opens the breaker. The rate limit counts
+        # the incidents' starts, which live on the incidents.
+        "safety": {
+            "maxUnhealthy": 1,
+            "stormCooldown": "1h",
+            "rateLimit": {"remediations": 3, "window": "1h"},
+        },
+        # The first incident stays open: its node must be healthy for an hour to return.
+        "returnToService": {"enabled": True, "healthyFor": "1h"},
+    }
+    values = {
+        "agent": {"enabled": False},
+        "defaultPolicy": {"enabled": True, "name": policy, "dryRun": False, "spec": spec},
+    }
+    path = tmp_path / "values.yaml"
+    path.write_text(yaml.safe_dump(values))
+    return path
+
+
+@pytest.fixture
+def release(sandbox: Sandbox, helm: Helm, namespace: str, gpuheal_crds: None) -> Iterator[str]:
+    name = f"up-{uuid.uuid4().hex[:6]}"
+    _adopt_cluster_objects(sandbox, name, namespace)
+    yield name
+    helm("uninstall", name, "-n", namespace, check=False)
+    sandbox.kubectl(
+        "delete", "remediationpolicy", "-l", f"app.kubernetes.io/instance={name}",
+        "--ignore-not-found",
+    )  # fmt: skip
+
+
+def test_upgrade_mid_incident_restart_and_rollback_keep_breaker_and_incidents(  # noqa: PLR0917
+    sandbox: Sandbox,
+    helm: Helm,
+    namespace: str,
+    release: str,
+    own_gpu_nodes: Callable[..., list[str]],
+    objects: Objects,
+    run_operator: Callable[..., OperatorProcess],
+    tmp_path: Path,
+) -> None:
+    tid = uuid.uuid4().hex[:6]
+    label = {"gpuheal.io/upgrade-test": tid}
+    first, second = own_gpu_nodes(2, **label)
+    pname = f"default-{tid}"
+    values = _values(tmp_path, pname, label)
+    helm("install", release, str(CHART), "-n", namespace, "-f", str(values))
+    try:
+        _upgrade_mid_incident(
+            helm,
+            release=release,
+            chart=("-n", namespace, "-f", str(values)),
+            pname=pname,
+            nodes=(first, second),
+            objects=objects,
+            run_operator=run_operator,
+        )
+    finally:
+        objects.cleanup([first, second])
+
+
+def _upgrade_mid_incident(
+    helm: Helm,
+    *,
+    release: str,
+    chart: tuple[str, ...],
+    pname: str,
+    nodes: tuple[str, str],
+    objects: Objects,
+    run_operator: Callable[..., OperatorProcess],
+) -> None:
+    core = objects.core
+    first, second = nodes
+    namespace = chart[1]
+
+    def get_policy() -> dict[str, Any]:
+        found = objects.get("remediationpolicies", pname)
+        assert found is not None, f"RemediationPolicy {pname} is gone"
+        return found
+
+    def remediations() -> int:
+        return int(get_policy()["spec"]["safety"]["rateLimit"]["remediations"])
+
+    def blocked_by_breaker(node: str) -> bool:
+        c = condition(objects.incident(node), "Blocked")
+        return bool(c and c["status"] == "True" and c["reason"] == "CircuitBreakerOpen")
+
+    op = run_operator()
+    try:
+        simulate_xid(core, first, 79)
+        wait_for(lambda: objects.node(first).spec.unschedulable, "first node cordoned")
+        simulate_xid(core, second, 79)
+        wait_for(lambda: blocked_by_breaker(second), "second incident held by the breaker")
+        opened = wait_for(
+            lambda: (c := condition(get_policy(), "CircuitBreakerOpen")) and c["status"] == "True"
+            and c,
+            "policy breaker open",
+        )  # fmt: skip
+        wait_for(lambda: get_policy()["status"].get("remediatingNodes") == 1, "1 remediating")
+        uid = get_policy()["metadata"]["uid"]
+        incidents = [objects.incident(n)["metadata"]["name"] for n in (first, second)]
+
+        def kept(step: str) -> None:
+            """The policy is the same object, its breaker open since the first time, both
+            incidents open, and the second still held by the breaker."""
+            policy = get_policy()
+            assert policy["metadata"]["uid"] == uid, f"{step}: the policy was re-created"
+            now = condition(policy, "CircuitBreakerOpen")
+            assert now is not None, f"{step}: breaker forgotten: {dump(policy.get('status'))}"
+            assert (now["status"], now["lastTransitionTime"]) == (
+                "True",
+                opened["lastTransitionTime"],
+            ), f"{step}: {dump(now)}"
+            for name in incidents:
+                nrem = objects.get("noderemediations", name)
+                assert nrem is not None, f"{step}: incident {name} is gone"
+                assert completed(nrem) is None, f"{step}: {dump(nrem)}"
+            assert blocked_by_breaker(second), f"{step}: {dump(objects.incident(second))}"
+            assert objects.node(first).spec.unschedulable
+            assert not objects.node(second).spec.unschedulable
+
+        def upgrade(step: str, *args: str) -> None:
+            out = helm(*args).stdout
+            assert "STATUS: deployed" in out or "Rollback was a success" in out, out
+            kept(step)
+            hold(lambda: blocked_by_breaker(second), f"second incident held after {step}", 3)
+            kept(f"{step}, 3 s later")
+
+        # Mid-incident, a value of the policy changes: the spec follows, the status stays.
+        upgrade(
+            "helm upgrade", "upgrade", release, str(CHART), *chart,
+            "--set", "defaultPolicy.spec.safety.rateLimit.remediations=4",
+        )  # fmt: skip
+        assert remediations() == 4
+    finally:
+        op.stop()
+    # A new operator starts from what is stored: the breaker as the status says.
+    op = run_operator()
+    try:
+        hold(lambda: blocked_by_breaker(second), "second incident held after a restart", 4)
+        kept("operator restart")
+        upgrade(
+            "a second helm upgrade", "upgrade", release, str(CHART), *chart,
+            "--set", "defaultPolicy.spec.safety.rateLimit.remediations=5",
+        )  # fmt: skip
+        assert remediations() == 5
+        upgrade("helm rollback to revision 1", "rollback", release, "1", "-n", namespace)
+        assert remediations() == 3
+        upgrade("helm rollback to revision 3", "rollback", release, "3", "-n", namespace)
+        assert remediations() == 5
+    finally:
+        op.stop()
+    # The breaker opened once: nothing forgot it and opened it again.
+    reasons = [e.reason for e in node_events(core, pname, "RemediationPolicy")]
+    assert reasons.count("CircuitBreakerOpen") == 1, reasons
+    history = json.loads(helm("history", release, "-n", namespace, "-o", "json").stdout)
+    assert [h["revision"] for h in history] == [1, 2, 3, 4, 5]
