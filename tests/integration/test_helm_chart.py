@@ -167,6 +167,7 @@ def test_defaults_render_the_operator_as_the_flag_contract_says(helm: Helm) -> N
     assert "--metrics-port=9090" in args
     assert "--health-port=8080" in args
     assert "--sources=conditions,events" in args
+    assert "--trusted-reporters=gpuheal-agent" in args  # docs/security.md
     assert "--log-format=json" in args
     assert "--lease-duration=15" in args
     assert dep["spec"]["replicas"] == 1
@@ -197,6 +198,8 @@ def test_defaults_render_the_operator_as_the_flag_contract_says(helm: Helm) -> N
         "RoleBinding",
         "Service",
         "ServiceAccount",
+        "ValidatingAdmissionPolicy",  # the agent's reporter name reserved (test_helm_agent.py)
+        "ValidatingAdmissionPolicyBinding",
     ]
     for absent in ("ServiceMonitor", "PrometheusRule", "Secret"):
         assert not _objects(docs, absent), f"{absent} must be off by default"
