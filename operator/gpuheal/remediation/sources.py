@@ -133,8 +133,9 @@ async def handle_event(rt: Runtime, body: dict[str, Any]) -> None:
 
 
 UNTRUSTED_WARN_EVERY = dt.timedelta(minutes=10)
-"""One Warning per node and reporter in this time: a flood of forged Events must not become a
-flood of gpuheal's own Events."""
+"""One Warning per node in this time, whichever reporters: a flood of forged Events (each
+naming another reporter, say) must become neither a flood of gpuheal's own Events nor a
+memory that grows with the forger's text (the metric counts every one)."""
 
 
 def _warn_untrusted(
@@ -143,11 +144,10 @@ def _warn_untrusted(
     node = view.name
     if ev.last_seen is not None and (now - ev.last_seen).total_seconds() > rt.config.event_max_age:
         return  # old enough to start nothing anyway (a relist replays it at every start)
-    key = (node, verdict.reporter)
-    last = rt.untrusted_warned.get(key)
+    last = rt.untrusted_warned.get(node)
     if last is not None and now - last < UNTRUSTED_WARN_EVERY:
         return
-    rt.untrusted_warned[key] = now
+    rt.untrusted_warned[node] = now
     log.warning("untrusted signal on %s: %s", node, verdict.message, extra={"node": node})
     rt.post_event(
         {"apiVersion": "v1", "kind": "Node", "metadata": {"name": node, "uid": view.uid}},
