@@ -781,6 +781,9 @@ def test_install_upgrade_uninstall_on_a_real_apiserver(
     )
     assert "STATUS: deployed" in out.stdout
     assert "kubectl get noderemediations -w" in out.stdout  # NOTES.txt
+    # The trial's simulated XID is node-problem-detector's, not trusted by default: said so.
+    assert "the node gets a Warning UntrustedSignal naming the reporter" in out.stdout
+    assert "is not reserved by an admission policy" not in out.stdout
     try:
         for crd in GPUHEAL_CRDS:
             sandbox.kubectl("wait", "--for=condition=Established", f"crd/{crd}", "--timeout=60s")
