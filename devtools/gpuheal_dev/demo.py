@@ -492,6 +492,8 @@ class Demo:
             "--kubeconfig", str(self.sb.kubeconfig),
             "--bridge-url", self.bridge_url, "--bridge-token-file", str(self.token_file),
             "--sources", "events,conditions", "--namespace", NAMESPACE,
+            # The demo's faults are node-problem-detector's Events (`gpuheal simulate xid`).
+            "--trusted-reporters", "gpuheal-agent,kernel-monitor",
             "--metrics-port", str(metrics), "--health-port", str(health),
             "--retry-interval", f"{self.settings.operator_retry_interval:g}",
             "--log-format", "plain",
@@ -501,7 +503,8 @@ class Demo:
             f"  operator       gpuheal run --bridge-url {self.bridge_url} --bridge-token-file ..."
         )
         self.say(
-            "                 --sources events,conditions --retry-interval"
+            "                 --sources events,conditions"
+            " --trusted-reporters gpuheal-agent,kernel-monitor --retry-interval"
             f" {self.settings.operator_retry_interval:g} --namespace {NAMESPACE}"
         )
         return health

@@ -34,6 +34,7 @@ ENV_PREFIX = "GPUHEAL_"
 DNS_LABEL_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 SLURM_CLUSTER_LABEL = "gpuheal.io/slurm-cluster"
 NOTIFY_EVENTS = "Opened,Blocked,ApprovalPending,Completed,Failed"
+AGENT_REPORTER = "gpuheal-agent"  # gpuheal.policy.trust.AGENT_REPORTER
 
 
 class OperatorConfig(BaseSettings):
@@ -90,6 +91,13 @@ class OperatorConfig(BaseSettings):
     sources: Annotated[frozenset[str], NoDecode] = Field(
         frozenset(SOURCES),
         description="detection sources, comma-separated: conditions,events,dcgm",
+    )
+    trusted_reporters: Annotated[frozenset[str], NoDecode] = Field(
+        frozenset({AGENT_REPORTER}),
+        description="reporters (an Event's source.component / reportingComponent) whose Events "
+        "may start a remediation, comma-separated; an Event naming any other starts nothing "
+        "(a Warning names it). Trust only names an admission policy reserves: "
+        "docs/security.md",
     )
     dcgm_namespace: str | None = Field(
         None, description="namespace of the dcgm-exporter pods (default: all namespaces)"
@@ -154,6 +162,13 @@ class OperatorConfig(BaseSettings):
         if value:
             crashpoints.parse(value)
         return value or None
+
+    @field_validator("trusted_reporters", mode="before")
+    @classmethod
+    def _trusted_reporters(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            value = {r.strip() for r in value.split(",") if r.strip()}
+        return frozenset(value)
 
     @field_validator("sources", mode="before")
     @classmethod

@@ -36,7 +36,8 @@ class Metrics:
         self.signals = counter(
             "gpuheal_signals_total",
             "Signals seen, by source (events, conditions, dcgm) and what became of them "
-            "(incident, attached, alerted, duplicate, stale, pending, ignored, blocked).",
+            "(incident, attached, alerted, duplicate, stale, pending, ignored, blocked; "
+            "untrusted: an Event from a reporter not in --trusted-reporters, never handed on).",
             ["source", "result"],
         )
         self.incidents = counter(

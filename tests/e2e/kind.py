@@ -138,6 +138,8 @@ def installed(kind_cluster: KindCluster, images: dict[str, str]) -> str:
         "--set", f"operator.image.tag={kind_cluster.image_tag}",
         "--set", "operator.image.pullPolicy=Never",
         "--set", "operator.logFormat=plain",
+        # `gpuheal simulate xid` posts what node-problem-detector posts (kernel-monitor).
+        "--set", "signalTrust.trustedReporters={gpuheal-agent,kernel-monitor}",
         "--wait", "--timeout=5m",
     )  # fmt: skip
     return NAMESPACE

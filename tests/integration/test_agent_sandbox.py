@@ -38,6 +38,7 @@ GPUHEAL_CRDS = (
     "noderemediations.gpuheal.io",
     "remediationpolicies.gpuheal.io",
     "reservepools.gpuheal.io",
+    "faulthistories.gpuheal.io",  # applied already when another module's fixture came first
 )
 UUID_A = "GPU-b850f46d-d5ea-c752-ddf3-c4453e44d3f7"
 UUID_B = "GPU-0b6b7808-c002-f593-ac86-cd8e57757b94"
@@ -104,8 +105,39 @@ def release(
 
 @pytest.fixture(scope="module")
 def agent_kubeconfig(sandbox: Sandbox, release: tuple[str, str]) -> Path:
+    """The agent's ServiceAccount, token bound to no pod: what RBAC alone allows."""
     name, namespace = release
     return sandbox.control_plane.kubeconfig_for_service_account(namespace, f"{name}-gpuheal-agent")
+
+
+def agent_pod(sandbox: Sandbox, release: tuple[str, str], node: str) -> str:
+    """The DaemonSet's pod on ``node`` (kwok runs it), once Running."""
+    _, namespace = release
+
+    def find() -> str | None:
+        out = sandbox.kubectl(
+            "get", "pods", "-n", namespace, "-l", "app.kubernetes.io/component=agent",
+            f"--field-selector=spec.nodeName={node},status.phase=Running", "-o", "json",
+        )  # fmt: skip
+        items = json.loads(out.stdout)["items"]
+        return str(items[0]["metadata"]["name"]) if items else None
+
+    return str(wait_for(find, f"the agent pod on {node}"))
+
+
+def node_agent_kubeconfig(sandbox: Sandbox, release: tuple[str, str], node: str) -> Path:
+    """The agent's credentials on ``node`` as the kubelet mounts them: the ServiceAccount's
+    token bound to the agent pod there (the chart's admission policy admits the agent's
+    Events about that node only with such a token)."""
+    name, namespace = release
+    return sandbox.control_plane.kubeconfig_for_service_account(
+        namespace, f"{name}-gpuheal-agent", bound_pod=agent_pod(sandbox, release, node)
+    )
+
+
+@pytest.fixture
+def node_kubeconfig(sandbox: Sandbox, release: tuple[str, str], agent_node: str) -> Path:
+    return node_agent_kubeconfig(sandbox, release, agent_node)
 
 
 @pytest.fixture
@@ -287,14 +319,14 @@ def test_agent_service_account_can_exactly_what_the_agent_calls(
 def test_replay_posts_the_faults_once_with_only_the_charts_rbac(
     sandbox: Sandbox,
     release: tuple[str, str],
-    agent_kubeconfig: Path,
+    node_kubeconfig: Path,
     agent_node: str,
     tmp_path: Path,
 ) -> None:
     node = agent_node
     log = tmp_path / "kern.log"
     log.write_text(FAULT_LOG)
-    run_agent(agent_kubeconfig, node, log)
+    run_agent(node_kubeconfig, node, log)
 
     events = events_of(sandbox, node)
     assert summary(events) == [
@@ -322,7 +354,7 @@ def test_replay_posts_the_faults_once_with_only_the_charts_rbac(
     # A restart without a state file: same names, 409, counts reconciled: nothing changes.
     versions = {e["metadata"]["name"]: e["metadata"]["resourceVersion"] for e in events}
     node_version = node_obj(sandbox, node)["metadata"]["resourceVersion"]
-    run_agent(agent_kubeconfig, node, log)
+    run_agent(node_kubeconfig, node, log)
     again = events_of(sandbox, node)
     assert {e["metadata"]["name"]: e["metadata"]["resourceVersion"] for e in again} == versions
     cond_again = gpu_xid_condition(sandbox, node)
@@ -332,7 +364,7 @@ def test_replay_posts_the_faults_once_with_only_the_charts_rbac(
     # More of the same records: the same Event is bumped, no new one.
     with log.open("a") as fh:
         fh.write(FAULT_LOG.splitlines()[6] + "\n" + FAULT_LOG.splitlines()[7] + "\n")
-    run_agent(agent_kubeconfig, node, log)
+    run_agent(node_kubeconfig, node, log)
     assert summary(events_of(sandbox, node)) == [
         ("GpuXid", 13, "0000:86:00", 5),
         ("GpuXid", 79, "0000:3b:00", 1),
@@ -343,7 +375,7 @@ def test_replay_posts_the_faults_once_with_only_the_charts_rbac(
 def test_restart_with_state_file_writes_nothing_and_a_flood_is_one_event(
     sandbox: Sandbox,
     release: tuple[str, str],
-    agent_kubeconfig: Path,
+    node_kubeconfig: Path,
     agent_node: str,
     tmp_path: Path,
 ) -> None:
@@ -351,13 +383,13 @@ def test_restart_with_state_file_writes_nothing_and_a_flood_is_one_event(
     log, state = tmp_path / "kern.log", tmp_path / "state" / "state.json"
     line = FAULT_LOG.splitlines()[6]
     log.write_text("\n".join([line] * 2000) + "\n")
-    run_agent(agent_kubeconfig, node, log, f"--state-file={state}")
+    run_agent(node_kubeconfig, node, log, f"--state-file={state}")
     events = events_of(sandbox, node)
     assert summary(events) == [("GpuXid", 13, "0000:86:00", 2000)]
     saved = json.loads(state.read_text())
     assert saved["cursor"] == 2000
     version = events[0]["metadata"]["resourceVersion"]
-    run_agent(agent_kubeconfig, node, log, f"--state-file={state}")
+    run_agent(node_kubeconfig, node, log, f"--state-file={state}")
     (again,) = events_of(sandbox, node)
     assert again["metadata"]["resourceVersion"] == version
 
@@ -365,14 +397,14 @@ def test_restart_with_state_file_writes_nothing_and_a_flood_is_one_event(
 def test_look_alikes_post_nothing(
     sandbox: Sandbox,
     release: tuple[str, str],
-    agent_kubeconfig: Path,
+    node_kubeconfig: Path,
     agent_node: str,
     tmp_path: Path,
 ) -> None:
     node = agent_node
     log = tmp_path / "kern.log"
     log.write_text(LOOK_ALIKES)
-    run_agent(agent_kubeconfig, node, log)
+    run_agent(node_kubeconfig, node, log)
     assert events_of(sandbox, node) == []
     cond = gpu_xid_condition(sandbox, node)
     assert cond is not None
@@ -382,7 +414,7 @@ def test_look_alikes_post_nothing(
 def test_following_a_log_posts_new_records_promptly_and_stops_cleanly(
     sandbox: Sandbox,
     release: tuple[str, str],
-    agent_kubeconfig: Path,
+    node_kubeconfig: Path,
     agent_node: str,
     tmp_path: Path,
 ) -> None:
@@ -396,7 +428,7 @@ def test_following_a_log_posts_new_records_promptly_and_stops_cleanly(
     proc = subprocess.Popen(
         [
             sys.executable, "-m", "gpuheal.agent", f"--kmsg={log}", f"--node={node}",
-            f"--kubeconfig={agent_kubeconfig}", "--nvml=off", f"--state-file={state}",
+            f"--kubeconfig={node_kubeconfig}", "--nvml=off", f"--state-file={state}",
         ],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
     )  # fmt: skip
@@ -438,7 +470,11 @@ def crds(sandbox: Sandbox) -> None:
 
 
 def test_operator_opens_one_incident_per_real_fault_and_none_for_look_alikes(
-    sandbox: Sandbox, crds: None, own_gpu_nodes: Callable[..., list[str]], tmp_path: Path
+    sandbox: Sandbox,
+    release: tuple[str, str],
+    crds: None,
+    own_gpu_nodes: Callable[..., list[str]],
+    tmp_path: Path,
 ) -> None:
     case = uuid.uuid4().hex[:6]
     faulty, quiet = own_gpu_nodes(2, **{"gpuheal.io/case": f"{case}-agent"})
@@ -472,8 +508,9 @@ def test_operator_opens_one_incident_per_real_fault_and_none_for_look_alikes(
         log.write_text("\n".join(FAULT_LOG.splitlines()[:2] + FAULT_LOG.splitlines()[10:15]) + "\n")
         quiet_log = tmp_path / "quiet.log"
         quiet_log.write_text(LOOK_ALIKES)
+        kubeconfigs = {n: node_agent_kubeconfig(sandbox, release, n) for n in (faulty, quiet)}
         for node, path in ((faulty, log), (quiet, quiet_log)):
-            run_agent(Path(sandbox.kubeconfig), node, path)
+            run_agent(kubeconfigs[node], node, path)
         incident = wait_for(lambda: objects.incident(faulty), "an incident on the faulty node")
         hold(lambda: len(objects.incidents(faulty)) == 1, "exactly one incident", seconds=5)
         assert objects.incidents(quiet) == []
@@ -482,7 +519,7 @@ def test_operator_opens_one_incident_per_real_fault_and_none_for_look_alikes(
         assert signal.get("gpuUuid") == UUID_A or signal.get("pciBusId") == "0000:3b:00", signal
         assert "0000:3b:00" in signal["message"]
         # A restart of the agent re-posts nothing: still one incident, one signal.
-        run_agent(Path(sandbox.kubeconfig), faulty, log)
+        run_agent(kubeconfigs[faulty], faulty, log)
         hold(lambda: len(objects.incidents(faulty)) == 1, "still one incident", seconds=5)
         latest = objects.incident(faulty)
         assert latest is not None

@@ -145,3 +145,76 @@ def test_schema_rejects(tmp_path: Path, value: str, error: str) -> None:
     )
     assert result.returncode != 0
     assert error in result.stderr
+
+
+def signal_trust(docs: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[str, Any]]:
+    (vap,) = [d for d in docs if d["kind"] == "ValidatingAdmissionPolicy"]
+    (binding,) = [d for d in docs if d["kind"] == "ValidatingAdmissionPolicyBinding"]
+    return vap, binding
+
+
+def test_admission_policy_reserves_the_agents_reporter_name_for_the_agent(tmp_path: Path) -> None:
+    """docs/security.md: Events naming gpuheal-agent only from the agent's ServiceAccount on
+    the Event's node, enforced (Deny) in every namespace; the operator trusts that name only.
+    What the API server makes of it: test_signal_trust.py."""
+    docs = render(tmp_path)
+    vap, binding = signal_trust(docs)
+    assert vap["metadata"]["name"] == binding["spec"]["policyName"] == "r-gpuheal-signal-trust"
+    assert binding["spec"]["validationActions"] == ["Deny"]
+    assert "matchResources" not in binding["spec"]  # every namespace
+    assert vap["spec"]["failurePolicy"] == "Fail"
+    rules = vap["spec"]["matchConstraints"]["resourceRules"]
+    assert {(g, op) for r in rules for g in r["apiGroups"] for op in r["operations"]} == {
+        (g, op) for g in ("", "events.k8s.io") for op in ("CREATE", "UPDATE")
+    }
+    agent = "system:serviceaccount:gpuheal:r-gpuheal-agent"
+    reserved, own_node = vap["spec"]["validations"]
+    assert '"gpuheal-agent" in variables.names' in reserved["expression"]
+    assert f'request.userInfo.username == "{agent}" && variables.ownNode' in reserved["expression"]
+    assert f'request.userInfo.username != "{agent}" || variables.ownNode' in own_node["expression"]
+    (dep,) = [d for d in docs if d["kind"] == "Deployment"]
+    args = dep["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--trusted-reporters=gpuheal-agent" in args
+
+
+def test_more_reporters_are_reserved_and_trusted_as_configured(tmp_path: Path) -> None:
+    docs = render(
+        tmp_path,
+        "signalTrust.trustedReporters={gpuheal-agent,kernel-monitor}",
+        "signalTrust.admissionPolicy.reporters[0].name=kernel-monitor",
+        "signalTrust.admissionPolicy.reporters[0].serviceAccount=kube-system/npd",
+        "signalTrust.admissionPolicy.reporters[1].name=dcgm-bridge",
+        "signalTrust.admissionPolicy.reporters[1].serviceAccount=gpu-operator/dcgm",
+        "signalTrust.admissionPolicy.reporters[1].sameNode=false",
+    )
+    vap, _ = signal_trust(docs)
+    _, npd, dcgm, _ = vap["spec"]["validations"]
+    assert (
+        'request.userInfo.username == "system:serviceaccount:kube-system:npd" && '
+        "variables.ownNode" in npd["expression"]
+    )
+    assert dcgm["expression"].endswith(
+        '|| (request.userInfo.username == "system:serviceaccount:gpu-operator:dcgm")'
+    )
+    (dep,) = [d for d in docs if d["kind"] == "Deployment"]
+    args = dep["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--trusted-reporters=gpuheal-agent,kernel-monitor" in args
+    off = render(tmp_path, "signalTrust.admissionPolicy.enabled=false")
+    assert not [d for d in off if d["kind"].startswith("ValidatingAdmissionPolicy")]
+
+
+@pytest.mark.parametrize(
+    ("value", "error"),
+    [
+        ("signalTrust.admissionPolicy.reporters[0].name=gpuheal-agent", "name"),
+        ("signalTrust.admissionPolicy.reporters[0].serviceAccount=npd", "reporters"),
+        ("signalTrust.trustedReporters[0]=a b", "trustedReporters"),
+        ("signalTrust.typo=1", "typo"),
+    ],
+)
+def test_schema_rejects_a_bad_trust_setting(tmp_path: Path, value: str, error: str) -> None:
+    result = helm(
+        tmp_path, "template", "r", str(CHART), "--set", value, "--kube-version=v1.36.3", check=False
+    )
+    assert result.returncode != 0
+    assert error in result.stderr

@@ -168,6 +168,7 @@ def test_defaults_render_the_operator_as_the_flag_contract_says(helm: Helm) -> N
     assert "--metrics-port=9090" in args
     assert "--health-port=8080" in args
     assert "--sources=conditions,events" in args
+    assert "--trusted-reporters=gpuheal-agent" in args  # docs/security.md
     assert "--log-format=json" in args
     assert "--lease-duration=15" in args
     assert dep["spec"]["replicas"] == 1
@@ -198,6 +199,8 @@ def test_defaults_render_the_operator_as_the_flag_contract_says(helm: Helm) -> N
         "RoleBinding",
         "Service",
         "ServiceAccount",
+        "ValidatingAdmissionPolicy",  # the agent's reporter name reserved (test_helm_agent.py)
+        "ValidatingAdmissionPolicyBinding",
     ]
     for absent in ("ServiceMonitor", "PrometheusRule", "Secret"):
         assert not _objects(docs, absent), f"{absent} must be off by default"
@@ -906,6 +909,9 @@ def test_install_upgrade_uninstall_on_a_real_apiserver(
     )
     assert "STATUS: deployed" in out.stdout
     assert "kubectl get noderemediations -w" in out.stdout  # NOTES.txt
+    # The trial's simulated XID is node-problem-detector's, not trusted by default: said so.
+    assert "the node gets a Warning UntrustedSignal naming the reporter" in out.stdout
+    assert "is not reserved by an admission policy" not in out.stdout
     try:
         for crd in GPUHEAL_CRDS:
             sandbox.kubectl("wait", "--for=condition=Established", f"crd/{crd}", "--timeout=60s")

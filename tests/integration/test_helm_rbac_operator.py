@@ -228,6 +228,7 @@ def test_operator_runs_an_xid79_incident_with_only_the_charts_rbac(
                 *command,
                 f"--namespace={namespace}",
                 "--sources=conditions,events",
+                "--trusted-reporters=gpuheal-agent,kernel-monitor",  # simulate_xid posts as NPD
                 "--metrics-port=0",
                 "--health-port=0",
                 "--log-format=plain",

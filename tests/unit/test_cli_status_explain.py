@@ -80,6 +80,8 @@ def xid_events(*minutes: int, code: int = 94) -> list[dict[str, Any]]:
     for i, m in enumerate(minutes):
         ev = xid_event({"metadata": {"name": "n1", "uid": "u"}}, kernel_line(code))
         ev["metadata"]["uid"] = f"e{i}"
+        # the node agent's, the reporter the operator trusts by default
+        ev["source"]["component"] = ev["reportingComponent"] = "gpuheal-agent"
         ev["lastTimestamp"] = f"2026-11-22T05:{m:02d}:00Z"
         out.append(ev)
     return out
@@ -126,6 +128,23 @@ def test_explain_judges_each_signal_then_the_node_now() -> None:
     other, _ = explain_node({"metadata": {"name": "x", "labels": {}}}, [make_policy()], [], [],
                          now=NOW)  # fmt: skip
     assert "no RemediationPolicy selects this node" in other[-1]
+
+
+def test_explain_counts_untrusted_events_for_nothing_and_names_them_first() -> None:
+    """As the operator (policy.trust): an Event from a reporter not trusted is no signal."""
+    policy = make_policy()
+    forged = xid_events(50)
+    forged[0]["source"]["component"] = forged[0]["reportingComponent"] = "kernel-monitor"
+    lines, _ = explain_node(NODE, [policy], forged, [], now=NOW)
+    assert lines[0].startswith(
+        "untrusted: XID 94 on GPU 0000:3b:00: Event e0 from reporter 'kernel-monitor', "
+        "not a trusted one"
+    )
+    assert "now: opens an incident" not in "\n".join(lines)
+    trusting, _ = explain_node(
+        NODE, [policy], forged, [], now=NOW, trusted={"gpuheal-agent", "kernel-monitor"}
+    )
+    assert "now: opens an incident (rule ecc, rung 0)" in "\n".join(trusting)
 
 
 def test_explain_puts_signals_during_an_incident_on_it_and_asks_for_its_next_move() -> None:

@@ -372,13 +372,22 @@ class ControlPlane:
         return self.write_cert_kubeconfig(self.root / "kubeconfigs" / f"{name}.kubeconfig", name)
 
     def kubeconfig_for_service_account(
-        self, namespace: str, name: str, *, duration_seconds: int = 3600
+        self,
+        namespace: str,
+        name: str,
+        *,
+        duration_seconds: int = 3600,
+        bound_pod: str | None = None,
     ) -> Path:
-        """A kubeconfig with a TokenRequest token of ``namespace/name`` (what a pod would get)."""
+        """A kubeconfig with a TokenRequest token of ``namespace/name``; with ``bound_pod`` (a
+        pod of that namespace), the token bound to it, exactly what the kubelet mounts in the
+        pod: its user then carries the pod's node (`authentication.kubernetes.io/node-name`)."""
+        bound = ["--bound-object-kind=Pod", f"--bound-object-name={bound_pod}"] if bound_pod else []
         out = self.kubectl(
-            "create", "token", name, "-n", namespace, f"--duration={duration_seconds}s"
+            "create", "token", name, "-n", namespace, f"--duration={duration_seconds}s", *bound
         )
-        path = self.root / "kubeconfigs" / f"sa-{namespace}-{name}.kubeconfig"
+        suffix = f"-{bound_pod}" if bound_pod else ""
+        path = self.root / "kubeconfigs" / f"sa-{namespace}-{name}{suffix}.kubeconfig"
         return _write_kubeconfig(path, self.server, self.pki.ca.cert, {"token": out.stdout.strip()})
 
 

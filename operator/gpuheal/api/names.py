@@ -196,6 +196,7 @@ class EventReason(enum.StrEnum):
     RETIRED = "Retired"
     REFUSED = "RemediationRefused"
     SOURCE_BLIND = "SourceUnavailable"
+    UNTRUSTED_SIGNAL = "UntrustedSignal"  # an Event from a reporter not trusted: nothing done
     RETURNED_TO_POOL = "ReturnedToPool"
     VERIFICATION_FAILED = "VerificationFailed"
     REFILL_REQUESTED = "RefillRequested"

@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import sys
+from collections.abc import Collection
 from typing import Any, TypeVar
 
 from pydantic import ValidationError
@@ -30,6 +31,7 @@ from gpuheal.policy.inputs import (
     policy_counts,
     recorded_observations,
 )
+from gpuheal.policy.trust import DEFAULT_TRUSTED_REPORTERS, judge_event
 
 
 def explain_node(
@@ -41,15 +43,26 @@ def explain_node(
     now: dt.datetime,
     max_signal_age: dt.timedelta | None = None,
     history: FaultHistory | None = None,
+    trusted: Collection[str] = DEFAULT_TRUSTED_REPORTERS,
 ) -> tuple[list[str], list[Verdict]]:
     """The lines `gpuheal explain` prints, from the objects it read (pure), and the engine's
-    verdicts behind them."""
+    verdicts behind them. Events from reporters not ``trusted`` (the operator's
+    --trusted-reporters) count for nothing, as in the operator; those a rule would have taken
+    are named first."""
     view = node_view(node, kept_conditions(p.spec for p in policies))
+    rules = [r for p in policies for r in p.spec.rules]
     observations = []
+    distrusted = []
     for body in events:
         ev = node_event(body)
-        if ev is not None:
-            observations.extend(event_observations(ev, now, view.gpus))
+        if ev is None:
+            continue
+        found = event_observations(ev, now, view.gpus)
+        verdict = judge_event(ev, found, trusted, rules) if found else None
+        if verdict is None:
+            observations.extend(found)
+        elif verdict.matters:
+            distrusted.append(f"untrusted: {verdict.message}")
     open_ = next((n for n in incidents if n.spec.node_name == view.name and not _done(n)), None)
     summaries = [incident_summary(n) for n in incidents]
     recorded = [
@@ -71,7 +84,7 @@ def explain_node(
         if n.spec.node_name == view.name:
             state = "open" if not _done(n) else "closed"
             lines.append(f"incident {n.metadata.name} ({state}, rule {n.spec.rule})")
-    return lines, verdicts
+    return [*distrusted, *lines], verdicts
 
 
 def _done(nrem: NodeRemediation) -> bool:
@@ -132,6 +145,7 @@ def _run(args: argparse.Namespace) -> int:
         now=now,
         max_signal_age=max_age,
         history=histories[0] if histories else None,
+        trusted=frozenset(r.strip() for r in args.trusted_reporters.split(",") if r.strip()),
     )
     if args.output == "text":
         print("\n".join(lines))
@@ -168,6 +182,13 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         default=3600.0,
         metavar="SECONDS",
         help="seconds after which an Event starts nothing (the operator's --event-max-age)",
+    )
+    p.add_argument(
+        "--trusted-reporters",
+        default=",".join(sorted(DEFAULT_TRUSTED_REPORTERS)),
+        metavar="NAMES",
+        help="Event reporters whose Events count, comma-separated (the operator's "
+        "--trusted-reporters; default: %(default)s)",
     )
     add_cluster_flags(p)
     p.set_defaults(func=_run)

@@ -110,6 +110,11 @@ class NodeEvent:
     last_seen: dt.datetime | None
     type: str = "Warning"
     component: str = ""
+    # Every name the Event gives its reporter (source.component, reportingComponent), each
+    # once: free text the creator chose, which `policy.trust` judges.
+    reporters: tuple[str, ...] = ()
+    namespace: str = ""
+    name: str = ""
 
     @property
     def dedupe_key(self) -> str:
@@ -133,6 +138,7 @@ def node_event(body: Mapping[str, Any]) -> NodeEvent | None:
         or parse_time(meta.get("creationTimestamp"))
     )
     source = body.get("source") or {}
+    claimed = (source.get("component"), body.get("reportingComponent"))
     return NodeEvent(
         uid=str(meta.get("uid", "")),
         node=str(involved["name"]),
@@ -142,6 +148,9 @@ def node_event(body: Mapping[str, Any]) -> NodeEvent | None:
         last_seen=last,
         type=str(body.get("type") or "Normal"),
         component=str(source.get("component") or body.get("reportingComponent") or ""),
+        reporters=tuple(dict.fromkeys(str(c) for c in claimed if c)),
+        namespace=str(meta.get("namespace") or ""),
+        name=str(meta.get("name") or ""),
     )
 
 

@@ -16,8 +16,10 @@ from typing import Any
 from gpuheal.adapters.dcgm import DcgmScraper, ScrapeFailed
 from gpuheal.adapters.kube import Watched
 from gpuheal.api.meta import rfc3339_ms
-from gpuheal.policy.inputs import event_observations, node_event, reporter_of
-from gpuheal.policy.types import Observation
+from gpuheal.api.names import EventReason
+from gpuheal.policy.inputs import NodeEvent, event_observations, node_event, reporter_of
+from gpuheal.policy.trust import Untrusted, judge_event
+from gpuheal.policy.types import NodeView, Observation
 from gpuheal.remediation import intake
 from gpuheal.remediation.objects import incident_changed, node_changed
 from gpuheal.remediation.state import Runtime
@@ -122,13 +124,53 @@ async def watch_events(rt: Runtime) -> None:
 
 async def handle_event(rt: Runtime, body: dict[str, Any]) -> None:
     """Hand each XID the Event reports (or the Warning itself) to the intake (which handles
-    it while the watch reads on)."""
+    it while the watch reads on), if a trusted reporter sent it (`policy.trust`)."""
     ev = node_event(body)
     if ev is None or ev.component == rt.require_kube().component:
         return  # not about a Node, or one of our own Events
     view = rt.nodes.get(ev.node)
-    for obs in event_observations(ev, _now(), view.gpus if view is not None else None):
+    now = _now()
+    observations = event_observations(ev, now, view.gpus if view is not None else None)
+    if not observations:
+        return
+    policy = rt.policy_of(ev.node) if view is not None else None
+    verdict = judge_event(
+        ev, observations, rt.config.trusted_reporters, policy.spec.rules if policy else ()
+    )
+    if verdict is not None:
+        # Never to the intake: an untrusted signal must not even count in the node's history
+        # (repeats there escalate a later real fault).
+        rt.metrics.signals.labels("events", "untrusted").inc(len(observations))
+        if verdict.matters and view is not None:
+            _warn_untrusted(rt, view, ev, verdict, now)
+        return
+    for obs in observations:
         await intake.submit(rt, ev.node, obs)
+
+
+UNTRUSTED_WARN_EVERY = dt.timedelta(minutes=10)
+"""One Warning per node in this time, whichever reporters: a flood of forged Events (each
+naming another reporter, say) must become neither a flood of gpuheal's own Events nor a
+memory that grows with the forger's text (the metric counts every one)."""
+
+
+def _warn_untrusted(
+    rt: Runtime, view: NodeView, ev: NodeEvent, verdict: Untrusted, now: dt.datetime
+) -> None:
+    node = view.name
+    if ev.last_seen is not None and (now - ev.last_seen).total_seconds() > rt.config.event_max_age:
+        return  # old enough to start nothing anyway (a relist replays it at every start)
+    last = rt.untrusted_warned.get(node)
+    if last is not None and now - last < UNTRUSTED_WARN_EVERY:
+        return
+    rt.untrusted_warned[node] = now
+    log.warning("untrusted signal on %s: %s", node, verdict.message, extra={"node": node})
+    rt.post_event(
+        {"apiVersion": "v1", "kind": "Node", "metadata": {"name": node, "uid": view.uid}},
+        reason=EventReason.UNTRUSTED_SIGNAL,
+        message=verdict.message,
+        type_="Warning",
+    )
 
 
 async def scrape_dcgm(rt: Runtime) -> None:

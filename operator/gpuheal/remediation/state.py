@@ -287,6 +287,8 @@ class Runtime:
     history_wakeup: asyncio.Event = field(default_factory=asyncio.Event)
     node_locks: dict[str, asyncio.Lock] = field(default_factory=dict)
     condition_timers: dict[str, asyncio.TimerHandle] = field(default_factory=dict)
+    # node -> when an untrusted Event about it was last reported (one Warning per 10 min)
+    untrusted_warned: dict[str, dt.datetime] = field(default_factory=dict)
     metrics_served: bool = False
     intake_slots: asyncio.Semaphore = field(init=False)  # see intake.submit
 

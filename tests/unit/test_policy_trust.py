@@ -1,0 +1,131 @@
+"""The trust decision over an Event's reporter (`policy.trust`): only Events whose every named
+reporter is trusted may act; an untrusted one that a rule would have taken is worth a Warning
+that names the reporter; the names are the sender's text and are shown quoted and cut."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from gpuheal.agent.detect import COMPONENT as AGENT_COMPONENT
+from gpuheal.api.remediationpolicy import Rule
+from gpuheal.cli.simulate import kernel_line, xid_event
+from gpuheal.config import AGENT_REPORTER as CONFIG_AGENT_REPORTER
+from gpuheal.config import OperatorConfig
+from gpuheal.policy.inputs import NodeEvent, event_observations, node_event
+from gpuheal.policy.trust import (
+    AGENT_REPORTER,
+    DEFAULT_TRUSTED_REPORTERS,
+    Untrusted,
+    judge_event,
+)
+
+NOW = dt.datetime(2026, 11, 22, 6, 0, tzinfo=dt.UTC)
+XID79 = Rule.model_validate(
+    {
+        "name": "fell-off",
+        "signals": {"xids": [79]},
+        "ladder": [{"name": "c", "steps": [{"action": "cordon"}]}],
+    }
+)
+
+
+def xid_body(xid: int = 79, **over: Any) -> dict[str, Any]:
+    body = xid_event({"metadata": {"name": "n1", "uid": "nu"}}, kernel_line(xid))
+    body["metadata"].update(uid="e1", name="n1.forged")
+    body.update(over)
+    return body
+
+
+def judge(
+    body: dict[str, Any],
+    trusted: frozenset[str] = DEFAULT_TRUSTED_REPORTERS,
+    rules: tuple[Rule, ...] = (XID79,),
+) -> Untrusted | None:
+    ev = node_event(body)
+    assert ev is not None
+    return judge_event(ev, event_observations(ev, NOW), trusted, rules)
+
+
+def test_the_agent_name_is_one_name_everywhere() -> None:
+    assert AGENT_REPORTER == AGENT_COMPONENT == CONFIG_AGENT_REPORTER
+    assert OperatorConfig().trusted_reporters == DEFAULT_TRUSTED_REPORTERS
+
+
+def test_the_agents_event_is_trusted_by_default() -> None:
+    body = xid_body(source={"component": "gpuheal-agent", "host": "n1"},
+                    reportingComponent="gpuheal-agent")  # fmt: skip
+    assert judge(body) is None
+
+
+def test_another_reporter_is_not_trusted_by_default_and_the_warning_names_it() -> None:
+    verdict = judge(xid_body())  # what node-problem-detector's kernel monitor posts
+    assert verdict is not None
+    assert verdict.matters  # XID 79 matches the rule: a Warning is due
+    assert verdict.reporter == "'kernel-monitor'"
+    assert verdict.message.startswith(
+        "XID 79 on GPU 0000:3b:00: Event default/n1.forged from reporter 'kernel-monitor', "
+        "not a trusted one (trusted: 'gpuheal-agent'); nothing done"
+    )
+
+
+def test_a_reporter_the_site_trusts_acts() -> None:
+    assert judge(xid_body(), trusted=frozenset({"gpuheal-agent", "kernel-monitor"})) is None
+
+
+def test_every_named_reporter_must_be_trusted_not_one_of_them() -> None:
+    # A forger copies the agent's name into one field and its own into the other.
+    body = xid_body(source={"component": "gpuheal-agent"}, reportingComponent="ci-bot")
+    verdict = judge(body)
+    assert verdict is not None
+    assert verdict.reporter == "'ci-bot'"
+    body = xid_body(source={"component": "ci-bot"}, reportingComponent="gpuheal-agent")
+    assert judge(body) is not None
+
+
+def test_an_event_naming_no_reporter_is_not_trusted() -> None:
+    body = xid_body(source={}, reportingComponent="")
+    verdict = judge(body, trusted=frozenset({"gpuheal-agent", ""}))
+    assert verdict is not None
+    assert verdict.reporter == "no reporter"
+    assert "names no reporter" in verdict.message
+
+
+def test_an_untrusted_event_no_rule_takes_is_dropped_without_a_warning() -> None:
+    # The kubelet's own Warnings about nodes: nothing a policy acts on, nothing to report.
+    kubelet = xid_body(reason="FreeDiskSpaceFailed", message="failed to garbage collect",
+                       source={"component": "kubelet"}, reportingComponent="kubelet")  # fmt: skip
+    verdict = judge(kubelet)
+    assert verdict is not None
+    assert not verdict.matters
+    no_rule = judge(xid_body(xid=94))
+    assert no_rule is not None
+    assert not no_rule.matters
+    # No policy governs the node: nothing matters there either.
+    unmanaged = judge(xid_body(), rules=())
+    assert unmanaged is not None
+    assert not unmanaged.matters
+
+
+def test_a_reporter_name_is_shown_quoted_cut_and_without_control_characters() -> None:
+    body = xid_body(source={"component": "evil\n" + "x" * 500}, reportingComponent="")
+    verdict = judge(body)
+    assert verdict is not None
+    assert "\n" not in verdict.message
+    assert verdict.reporter == ascii("evil\n" + "x" * 58)
+
+
+def test_node_event_keeps_every_name_once() -> None:
+    ev = node_event(xid_body(source={"component": "a"}, reportingComponent="a"))
+    assert ev is not None
+    assert ev.reporters == ("a",)
+    ev = node_event(xid_body(source={"component": "a"}, reportingComponent="b"))
+    assert ev is not None
+    assert (ev.reporters, ev.namespace, ev.name) == (("a", "b"), "default", "n1.forged")
+    assert NodeEvent("u", "n", "R", "m", 1, NOW).reporters == ()
+
+
+def test_trusted_reporters_flag_is_a_comma_separated_set() -> None:
+    cfg = OperatorConfig(trusted_reporters="gpuheal-agent, kernel-monitor,")  # type: ignore[arg-type]
+    assert cfg.trusted_reporters == frozenset({"gpuheal-agent", "kernel-monitor"})
+    assert OperatorConfig(trusted_reporters="").trusted_reporters == frozenset()  # type: ignore[arg-type]
