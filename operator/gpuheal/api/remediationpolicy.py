@@ -41,6 +41,7 @@ from gpuheal.api.meta import (
     column,
     condition_column,
     conditions_field,
+    duration_ok,
     list_of,
     parse_duration,
 )
@@ -1223,8 +1224,7 @@ class HistorySettings(Model):
         "policy.",
         json_schema_extra=cel(
             (
-                "!self.matches('^([0-9]+([.][0-9]+)?(ms|s|m|h))+$') || "
-                "duration(self) >= duration('24h')",
+                f"!{duration_ok('self')} || duration(self) >= duration('24h')",
                 "history.retention must be at least 24h (the default escalation window)",
             )
         ),
@@ -1241,10 +1241,15 @@ class HistorySettings(Model):
 
 _POLICY_RULES = (
     (
+        # Each duration() guarded by its format (duration_ok): a malformed window or
+        # retention (`7d`) gets its field's own readable message, not CEL's "type conversion
+        # error from 'string' to 'google.protobuf.Duration'" on the whole spec.
         "self.rules.all(r, !has(r.escalation) || !has(r.escalation.window) || "
-        "duration(r.escalation.window) <= "
+        f"!{duration_ok('r.escalation.window')} || "
         "(has(self.history) && has(self.history.retention) ? "
-        "duration(self.history.retention) : duration('720h')))",
+        f"(!{duration_ok('self.history.retention')} || "
+        "duration(r.escalation.window) <= duration(self.history.retention)) : "
+        "duration(r.escalation.window) <= duration('720h')))",
         "history.retention (default 720h) must cover every rule's escalation window",
     ),
 )
