@@ -3,6 +3,7 @@ the reset/reboot hook contract against a real local HTTP server."""
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import json
 import threading
@@ -16,9 +17,10 @@ from gpuheal.api.remediationpolicy import HookSpec, SlurmDrainOptions
 from gpuheal.api.remediationpolicy import RequeueMode as PolicyRequeue
 from gpuheal.api.reservepool import ReservePool
 from gpuheal.policy import spare_candidates
+from gpuheal.policy.pool import Unavailable, slurm_unavailable, spare_unavailable
 from gpuheal.policy.types import NodeCondition, NodeView
 from gpuheal.remediation import steps
-from gpuheal_bridge.api.models import RequeueMode
+from gpuheal_bridge.api.models import NodeState, Owner, RequeueMode
 
 NOW = dt.datetime(2026, 11, 22, 6, 0, tzinfo=dt.UTC)
 
@@ -70,6 +72,38 @@ def test_spare_candidates_are_ready_unclaimed_uncordoned_pool_members() -> None:
         view("s5", cordoned="nrem-b"), view("w1", pool="train"), view("broken"),
     ]  # fmt: skip
     assert spare_candidates(pool, nodes, "broken") == ["s1", "s3"]
+
+
+def test_a_spare_someone_else_cordoned_or_drained_in_slurm_is_not_a_candidate() -> None:
+    pool = ReservePool.model_validate(
+        {"metadata": {"name": "spares"},
+         "spec": {"nodeSelector": {"matchLabels": {"pool": "reserve"}}}}
+    )  # fmt: skip
+    cordoned = dataclasses.replace(view("s2"), unschedulable=True)
+    nodes = [view("s1"), cordoned, view("s3"), view("s4")]
+    admin = NodeState(
+        node="s3", slurm_node="s3", state="IDLE", flags=["DRAIN"], drain=True,
+        unavailable=True, reason="admin: bad fan", reason_user="root", owner=Owner.OTHER,
+    )  # fmt: skip
+    down = admin.model_copy(
+        update={"flags": [], "drain": False, "state": "DOWN", "reason": "Not responding"}
+    )
+    pools_own = admin.model_copy(update={"reason": "reserve pool"})
+    assert slurm_unavailable(pools_own, "reserve pool") is None
+    out = {
+        "s3": slurm_unavailable(admin, "reserve pool"),
+        "s4": slurm_unavailable(down, "reserve pool"),
+    }
+    assert out["s3"] == Unavailable(
+        "DrainedInSlurm",
+        "drained in Slurm by root: 'admin: bad fan' (not the pool's 'reserve pool'); left as it is",
+    )
+    assert out["s4"] is not None
+    assert out["s4"].reason == "DownInSlurm"
+    assert spare_candidates(pool, nodes, "broken", {k: v for k, v in out.items() if v}) == ["s1"]
+    why = spare_unavailable(cordoned)
+    assert why is not None
+    assert why.reason == "Cordoned"
 
 
 def test_job_hook_spec_passes_the_node_to_every_container() -> None:

@@ -81,6 +81,7 @@ class PolicyCondition(enum.StrEnum):
 class PoolCondition(enum.StrEnum):
     READY = "Ready"
     LOW = "Low"
+    WARNINGS = "Warnings"
 
 
 class Reason(enum.StrEnum):
@@ -134,6 +135,14 @@ class Reason(enum.StrEnum):
     ENOUGH_SPARES = "EnoughSpares"
     BELOW_MIN_AVAILABLE = "BelowMinAvailable"
     NO_SPARES = "NoSpares"
+    # why a spare of a ReservePool cannot be promoted (status.unavailable[].reason)
+    NOT_READY = "NotReady"
+    CORDONED = "Cordoned"
+    HELD_BY_INCIDENT = "HeldByIncident"
+    DRAINED_IN_SLURM = "DrainedInSlurm"
+    DOWN_IN_SLURM = "DownInSlurm"
+    SPARE_REFUSED = "SpareRefused"
+    DEPRECATED_FIELDS = "DeprecatedFields"
 
 
 class JobReason(enum.StrEnum):
