@@ -160,7 +160,7 @@ def test_a_duration_in_days_is_refused_naming_the_field_and_the_format(
         "create", "--dry-run=server", "-f", "-", input=yaml.safe_dump(policy), check=False
     )
     assert result.returncode != 0, result.stdout
-    assert f'{field}: Invalid value: "string": must be a duration such as 90s' in result.stderr
+    assert f'{field}: Invalid value: "7d": must be a duration such as 90s' in result.stderr
     assert "no days: 7d is 168h" in result.stderr
     assert "type conversion error" not in result.stderr, result.stderr
     assert "google.protobuf.Duration" not in result.stderr, result.stderr

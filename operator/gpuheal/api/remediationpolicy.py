@@ -1217,17 +1217,25 @@ class ReturnToService(Model):
 class HistorySettings(Model):
     """How long the node's FaultHistory keeps signals, incidents, actions and outcomes."""
 
+    # On the model, not the field: a field's own x-kubernetes-validations would replace the
+    # duration format rules of PositiveDuration (then `7d` was stored, and the operator
+    # could not read the policy).
+    model_config = ConfigDict(
+        json_schema_extra=cel(
+            check(
+                f"!has(self.retention) || !{duration_ok('self.retention')} || "
+                "duration(self.retention) >= duration('24h')",
+                "history.retention must be at least 24h (the default escalation window)",
+                field_path=".retention",
+            )
+        )
+    )
+
     retention: PositiveDuration = Field(
         default="720h",
         description="Entries older than this are dropped (default 720h = 30 days; at least "
         "24h, the default escalation window); it must cover every escalation window of the "
         "policy.",
-        json_schema_extra=cel(
-            (
-                f"!{duration_ok('self')} || duration(self) >= duration('24h')",
-                "history.retention must be at least 24h (the default escalation window)",
-            )
-        ),
     )
 
     @model_validator(mode="after")
