@@ -13,6 +13,8 @@ from typing import Any, ClassVar
 
 import pytest
 
+from gpuheal.adapters.kube import ClaimResult
+from gpuheal.adapters.slurm import SlurmConflict
 from gpuheal.api.remediationpolicy import HookSpec, SlurmDrainOptions
 from gpuheal.api.remediationpolicy import RequeueMode as PolicyRequeue
 from gpuheal.api.reservepool import ReservePool
@@ -20,7 +22,13 @@ from gpuheal.policy import spare_candidates
 from gpuheal.policy.pool import Unavailable, slurm_unavailable, spare_unavailable
 from gpuheal.policy.types import NodeCondition, NodeView
 from gpuheal.remediation import steps
-from gpuheal_bridge.api.models import NodeState, Owner, RequeueMode
+from gpuheal_bridge.api.models import (
+    NodeState,
+    Owner,
+    RequeueMode,
+    ResumeOutcome,
+    ResumeResponse,
+)
 
 NOW = dt.datetime(2026, 11, 22, 6, 0, tzinfo=dt.UTC)
 
@@ -104,6 +112,93 @@ def test_a_spare_someone_else_cordoned_or_drained_in_slurm_is_not_a_candidate() 
     why = spare_unavailable(cordoned)
     assert why is not None
     assert why.reason == "Cordoned"
+
+
+class _SpareKube:
+    """Nodes as bodies with labels; `claim_spare` takes the first unclaimed candidate."""
+
+    def __init__(self, names: list[str]) -> None:
+        self.labels: dict[str, dict[str, str]] = {n: {"pool": "reserve"} for n in names}
+
+    async def get_node(self, name: str) -> dict[str, Any]:
+        return {"metadata": {"name": name, "labels": dict(self.labels[name]),
+                             "resourceVersion": "1"}}  # fmt: skip
+
+    async def claim_spare(self, incident: str, bodies: list[dict[str, Any]]) -> Any:
+        for name, labels in self.labels.items():
+            if labels.get("gpuheal.io/claimed-by") == incident:
+                return ClaimResult(node=name, already=True)
+        for body in bodies:
+            name = body["metadata"]["name"]
+            self.labels[name]["gpuheal.io/claimed-by"] = incident
+            return ClaimResult(node=name, already=False)
+        return None
+
+    async def patch_node_metadata(self, name: str, **kw: Any) -> None:
+        for key, value in (kw.get("labels") or {}).items():
+            if value is None:
+                self.labels[name].pop(key, None)
+            else:
+                self.labels[name][key] = value
+
+
+class _Bridge:
+    """Resumes a spare unless an admin drained it (then 409, as the bridge answers), except
+    with force (which lifts any drain)."""
+
+    def __init__(self, admin_drained: set[str]) -> None:
+        self.admin_drained = admin_drained
+        self.resumed: list[tuple[str, str | None, bool]] = []
+
+    async def resume(self, node: str, **kw: Any) -> Any:
+        state = NodeState(
+            node=node, slurm_node=node, state="IDLE", flags=["DRAIN"], drain=True,
+            unavailable=True, reason="reserve pool", owner=Owner.OTHER,
+        )  # fmt: skip
+        if node in self.admin_drained and not kw.get("force"):
+            admin = state.model_copy(update={"reason": "admin: bad fan", "reason_user": "root"})
+            raise SlurmConflict(f"{node} is not waiting in the reserve pool", admin)
+        self.resumed.append((node, kw.get("reserve_reason"), kw.get("force", False)))
+        return ResumeResponse(node=node, slurm_node=node, outcome=ResumeOutcome.RESUMED,
+                              previous=state, current=state)  # fmt: skip
+
+
+async def test_replace_takes_back_a_spare_slurm_refuses_and_promotes_the_next() -> None:
+    """An admin drained s1 after the operator's last look: the bridge refuses to resume it,
+    the claim is taken back (s1 neither claimed nor promoted), s1 is noted as out, s2 is
+    promoted; the spare is resumed only as the pool's (reserve_reason), never with force."""
+    pool = ReservePool.model_validate(
+        {"metadata": {"name": "spares"},
+         "spec": {"nodeSelector": {"matchLabels": {"pool": "reserve"}},
+                  "promotion": {"setLabels": {"promoted": "yes"}, "slurm": {"resume": True}}}}
+    )  # fmt: skip
+    kube, bridge = _SpareKube(["s1", "s2"]), _Bridge({"s1"})
+    out: dict[str, Unavailable] = {}
+    result = await steps.replace(
+        kube,  # type: ignore[arg-type]
+        lambda _node: bridge,  # type: ignore[arg-type, return-value]
+        pool, "spares", [view("s1"), view("s2"), view("broken")], out,
+        node="broken", incident="nrem-1", retry_after=1.0,
+    )  # fmt: skip
+    assert result.kind == "done", result.message
+    assert result.status == {"replacementNode": "s2"}
+    assert "passed over s1 (drained in Slurm by root: 'admin: bad fan'" in result.message
+    assert kube.labels["s1"] == {"pool": "reserve"}
+    assert kube.labels["s2"]["promoted"] == "yes"
+    assert bridge.resumed == [("s2", "reserve pool", False)]
+    assert out["s1"].reason == "DrainedInSlurm"
+
+    again = await steps.replace(
+        _SpareKube(["s1"]),  # type: ignore[arg-type]
+        lambda _node: bridge,  # type: ignore[arg-type, return-value]
+        pool, "spares", [view("s1"), view("broken")], {},
+        node="broken", incident="nrem-2", retry_after=1.0,
+    )  # fmt: skip
+    assert result.kind == "done"
+    assert again.kind == "wait"
+    assert again.reason == "NoSpareAvailable"
+    assert "s1 DrainedInSlurm" in again.message
+    assert "admin: bad fan" in again.message
 
 
 def test_job_hook_spec_passes_the_node_to_every_container() -> None:
