@@ -313,8 +313,9 @@ def test_sigkill_at_each_held_step_of_an_xid79_repeats_nothing(  # noqa: PLR0917
     spares = own_gpu_nodes(2, **{"gpuheal.io/case": f"{cid}-spare"})
     objects = Objects(sandbox.api_client())
     cluster = make_slurm_cluster([broken, other, *spares], name="kill")
-    for n in (other, *spares):
-        cluster.run("scontrol", "update", f"NodeName={n}", "State=DRAIN", "Reason=hold")
+    cluster.run("scontrol", "update", f"NodeName={other}", "State=DRAIN", "Reason=hold")
+    for n in spares:  # the pool's own drain ("reserve pool"), which promotion lifts
+        cluster.run("scontrol", "update", f"NodeName={n}", "State=DRAIN", "Reason=reserve pool")
     ckpt, out = tmp_path / "ckpt.state", tmp_path / "ckpt.out"
     job = cluster.run(
         "sbatch", "--parsable", "-o", str(out), str(checkpoint_job), str(ckpt), "0.2"

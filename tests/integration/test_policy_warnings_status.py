@@ -19,6 +19,7 @@ from tests.integration.operator_harness import (
     Objects,
     OperatorProcess,
     condition,
+    node_events,
     wait_for,
 )
 from tests.integration.test_operator_k8s import (  # noqa: F401 - fixtures
@@ -174,6 +175,7 @@ def test_a_stored_pool_the_operator_cannot_read_says_so_until_fixed(
 
 
 def test_the_turn2_pool_with_partition_applies_and_its_status_says_what_to_do(
+    sandbox: Sandbox,
     case: Callable[..., list[str]],  # noqa: F811
     objects: Objects,  # noqa: F811
     run_operator: Callable[..., OperatorProcess],  # noqa: F811
@@ -204,3 +206,13 @@ def test_the_turn2_pool_with_partition_applies_and_its_status_says_what_to_do(
     ready = condition(objects.get("reservepools", name), "Ready")
     assert ready is not None
     assert ready["status"] == "True"
+    [event] = wait_for(
+        lambda: [
+            e
+            for e in node_events(sandbox.core_v1(), name, kind="ReservePool")
+            if e.reason == "DeprecatedFields"
+        ],
+        "a DeprecatedFields Warning Event on the pool",
+    )
+    assert event.type == "Warning"
+    assert event.message == warned["message"]

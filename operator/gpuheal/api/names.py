@@ -141,7 +141,6 @@ class Reason(enum.StrEnum):
     HELD_BY_INCIDENT = "HeldByIncident"
     DRAINED_IN_SLURM = "DrainedInSlurm"
     DOWN_IN_SLURM = "DownInSlurm"
-    SPARE_REFUSED = "SpareRefused"
     DEPRECATED_FIELDS = "DeprecatedFields"
 
 
@@ -207,6 +206,7 @@ class EventReason(enum.StrEnum):
     RETURNED_TO_POOL = "ReturnedToPool"
     VERIFICATION_FAILED = "VerificationFailed"
     REFILL_REQUESTED = "RefillRequested"
+    DEPRECATED_FIELDS = "DeprecatedFields"  # a pool sets a deprecated field: what to do instead
     JOB_LEFT_BEHIND = "JobNotRequeued"  # a job of the faulty node gpuheal did not requeue
     JOB_HELD = "JobHeld"  # requeued held: it names the faulty node in its --nodelist
     NODE_DOWN_FOR_STUCK_JOB = "NodeDownForStuckJob"  # its processes outlived SIGKILL

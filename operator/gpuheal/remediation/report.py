@@ -13,8 +13,23 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from gpuheal.api.meta import MAX_MESSAGE, Condition, ConditionStatus, set_condition
-from gpuheal.api.names import POLICY_PLURAL, POOL_PLURAL, PolicyCondition, PoolCondition, Reason
+from gpuheal.api.meta import (
+    MAX_MESSAGE,
+    Condition,
+    ConditionStatus,
+    find_condition,
+    set_condition,
+)
+from gpuheal.api.names import (
+    API_VERSION,
+    POLICY_PLURAL,
+    POOL_KIND,
+    POOL_PLURAL,
+    EventReason,
+    PolicyCondition,
+    PoolCondition,
+    Reason,
+)
 from gpuheal.api.remediationpolicy import RemediationPolicy, RemediationPolicyStatus
 from gpuheal.api.reservepool import (
     Claim,
@@ -252,6 +267,33 @@ async def report_once(rt: Runtime, last: dict[tuple[str, str], Any]) -> None:
             continue
         await kube.patch_custom_status(plural, name, wire)
         last[key] = current
+        if plural == POOL_PLURAL:
+            _warn_deprecated(rt, name, old, wire)
+
+
+def _warn_deprecated(rt: Runtime, name: str, old: dict[str, Any], new: dict[str, Any]) -> None:
+    """A Warning Event on the pool when its status starts to say it sets deprecated fields
+    (or says it differently): `kubectl describe rsvp` shows what to do instead."""
+
+    def said(status: dict[str, Any]) -> str | None:
+        c = find_condition(
+            [Condition.model_validate(c) for c in status.get("conditions") or []],
+            PoolCondition.WARNINGS,
+        )
+        return c.message if c and c.status is ConditionStatus.TRUE else None
+
+    message = said(new)
+    pool = rt.pools.get(name)
+    if message is None or message == said(old) or pool is None:
+        return
+    log.warning("ReservePool %s: %s", name, message)
+    rt.post_event(
+        {"apiVersion": API_VERSION, "kind": POOL_KIND,
+         "metadata": {"name": name, "uid": pool.metadata.uid}},
+        reason=EventReason.DEPRECATED_FIELDS,
+        message=message,
+        type_="Warning",
+    )  # fmt: skip
 
 
 async def report_forever(rt: Runtime) -> None:
