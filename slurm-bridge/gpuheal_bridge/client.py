@@ -238,9 +238,10 @@ class BridgeClient:
         *,
         incident: str | None = None,
         force: bool = False,
+        reserve_reason: str | None = None,
         idempotency_key: str | None = None,
     ) -> ResumeResponse:
-        body = ResumeRequest(incident=incident, force=force)
+        body = ResumeRequest(incident=incident, force=force, reserve_reason=reserve_reason)
         return await self._post(f"/v1/nodes/{node}/resume", ResumeResponse, body, idempotency_key)
 
     async def reboot(

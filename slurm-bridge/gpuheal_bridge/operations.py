@@ -244,7 +244,20 @@ class Operations:
                     current=previous,
                     exclusion_lifted_from=await self._lift_exclusions(slurm_name),
                 )
-            if not req.force:
+            if req.reserve_reason is not None:
+                # A spare of a reserve pool: its drain is the pool's, or someone drained
+                # (or Slurm set DOWN) a spare for a reason of their own, which force would
+                # have lifted. Checked here, under the node's lock, so that a drain an admin
+                # puts on between the operator's look and this call is never lifted.
+                if not (previous.drain and previous.reason == req.reserve_reason):
+                    raise OwnershipConflict(
+                        f"{slurm_name} is not waiting in the reserve pool "
+                        f"({previous.state.lower()}{' drain' if previous.drain else ''}, "
+                        f"{previous.reason_user or 'unknown'}: {previous.reason!r}, not "
+                        f"{req.reserve_reason!r}); left as it is",
+                        previous,
+                    )
+            elif not req.force:
                 if previous.owner is not Owner.GPUHEAL:
                     raise OwnershipConflict(
                         f"{slurm_name} was drained by someone else "

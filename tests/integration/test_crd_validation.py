@@ -15,6 +15,7 @@ import re
 from typing import Any
 
 import pytest
+import yaml
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 CRDS = sorted((ROOT / "crds").glob("*.yaml"))
@@ -98,3 +99,68 @@ def test_invalid_example_rejected_with_its_message(crds: Any, path: pathlib.Path
         result = crds.kubectl("create", "--dry-run=server", "-f", str(path), check=False)
     assert result.returncode != 0, f"{path.name} was accepted: {result.stdout}"
     assert expected in result.stderr, f"{path.name}: wanted {expected!r} in {result.stderr!r}"
+
+
+TURN2_POOL = ROOT / "tests" / "data" / "reservepool-turn2.yaml"
+
+
+def test_the_turn2_reserve_pool_with_partition_still_applies(crds: Any) -> None:
+    """`promotion.slurm.partition` left the schema once (kubectl then said "strict decoding
+    error: unknown field"); it is deprecated now: accepted as written, described so."""
+    result = crds.kubectl(
+        "apply", "--dry-run=server", "--validate=strict", "-f", str(TURN2_POOL), check=False
+    )
+    assert result.returncode == 0, result.stderr
+    assert "unknown field" not in result.stderr
+    explained = crds.kubectl("explain", "reservepools.spec.promotion.slurm.partition").stdout
+    assert "Deprecated: accepted and ignored" in explained
+
+
+@pytest.mark.parametrize(
+    ("field", "patch"),
+    [
+        ("spec.rules[0].escalation.window", {"rules": [{"escalation": {"window": "7d"}}]}),
+        ("spec.safety.stormCooldown", {"safety": {"stormCooldown": "7d"}}),
+        ("spec.history.retention", {"history": {"retention": "7d"}}),
+    ],
+    ids=["escalation.window", "stormCooldown", "history.retention"],
+)
+def test_a_duration_in_days_is_refused_naming_the_field_and_the_format(
+    crds: Any, field: str, patch: dict[str, Any]
+) -> None:
+    """`7d` is not a duration CEL knows: the API server's answer names the field and the
+    accepted format, and carries no CEL type conversion error."""
+    policy: dict[str, Any] = {
+        "apiVersion": "gpuheal.io/v1alpha1",
+        "kind": "RemediationPolicy",
+        "metadata": {"name": "duration-in-days"},
+        "spec": {
+            "nodeSelector": {},
+            "safety": {"maxUnhealthy": 1},
+            "rules": [
+                {
+                    "name": "fell-off-bus",
+                    "signals": {"xids": [79]},
+                    "escalation": {"occurrences": 2, "window": "24h"},
+                    "ladder": [
+                        {"name": "fence", "steps": [{"action": "cordon"}]},
+                        {"name": "more", "steps": [{"action": "cordon"}, {"action": "alert"}]},
+                    ],
+                }
+            ],
+        },
+    }
+    spec = policy["spec"]
+    for key, value in patch.items():
+        if key == "rules":
+            spec["rules"][0]["escalation"].update(value[0]["escalation"])
+        else:
+            spec.setdefault(key, {}).update(value)
+    result = crds.kubectl(
+        "create", "--dry-run=server", "-f", "-", input=yaml.safe_dump(policy), check=False
+    )
+    assert result.returncode != 0, result.stdout
+    assert f'{field}: Invalid value: "7d": must be a duration such as 90s' in result.stderr
+    assert "no days: 7d is 168h" in result.stderr
+    assert "type conversion error" not in result.stderr, result.stderr
+    assert "google.protobuf.Duration" not in result.stderr, result.stderr

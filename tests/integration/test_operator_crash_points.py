@@ -164,8 +164,8 @@ def scene(  # noqa: PLR0917
         work = own_gpu_nodes(1, **{"gpuheal.io/case": f"{cid}-work"})[0]
         spares = own_gpu_nodes(2, **{"gpuheal.io/case": f"{cid}-spare"})
         cluster = make_slurm_cluster([work, *spares], name=f"c{len(made)}")
-        for s in spares:  # spares wait drained ("reserve"); promotion resumes one
-            cluster.run("scontrol", "update", f"NodeName={s}", "State=DRAIN", "Reason=reserve")
+        for s in spares:  # spares wait drained with the pool's reason; promotion resumes one
+            cluster.run("scontrol", "update", f"NodeName={s}", "State=DRAIN", "Reason=reserve pool")
         job = cluster.run(
             "sbatch", "--parsable", "--requeue", "--gres=gpu:1", "-o", "/dev/null",
             "--wrap", "sleep 900",

@@ -154,6 +154,75 @@ def test_xid79_drains_and_requeues_in_slurm_and_resumes_the_spare(  # noqa: PLR0
         objects.cleanup([broken, other, spare])
 
 
+def test_a_spare_an_admin_drained_or_cordoned_is_skipped_and_the_pool_says_why(  # noqa: PLR0917
+    sandbox: Sandbox,
+    own_gpu_nodes: Callable[..., list[str]],
+    make_slurm_cluster: Callable[..., SlurmCluster],
+    bridge: Callable[..., tuple[str, Path, subprocess.Popen[bytes]]],
+    tmp_path: Path,
+    gpuheal_crds: None,
+) -> None:
+    """Three spares, in name order: the first drained in Slurm by an admin ("admin: bad
+    fan"), the second cordoned by an admin in Kubernetes, the third waiting as the pool
+    leaves its spares (drained "reserve pool"). XID 79 promotes the third; the admin's drain
+    and cordon stay as they were; the pool's status names both with the reason."""
+    core = sandbox.core_v1()
+    cid = os.urandom(3).hex()
+    (broken,) = own_gpu_nodes(1, **{"gpuheal.io/case": f"{cid}-work"})
+    drained, cordoned, ready = sorted(own_gpu_nodes(3, **{"gpuheal.io/case": f"{cid}-spare"}))
+    objects = Objects(sandbox.api_client())
+    cluster = make_slurm_cluster([broken, drained, cordoned, ready], name="opspare")
+    for spare in (cordoned, ready):
+        cluster.run("scontrol", "update", f"NodeName={spare}", "State=DRAIN", "Reason=reserve pool")
+    cluster.run("scontrol", "update", f"NodeName={drained}", "State=DRAIN", "Reason=admin: bad fan")
+    core.patch_node(cordoned, {"spec": {"unschedulable": True}})
+    url, token_file, _ = bridge(cluster)
+    pool_name = f"spares-{cid}"
+    pool_manifest = pool(pool_name, f"{cid}-spare")
+    pool_manifest["spec"]["promotion"]["slurm"] = {"resume": True}
+    objects.apply("reservepools", pool_manifest)
+    objects.apply("remediationpolicies", policy(f"p-{cid}", f"{cid}-work", [xid79_rule(pool_name)]))
+    op = OperatorProcess(
+        Path(sandbox.kubeconfig), tmp_path,
+        ["--bridge-url", url, "--bridge-token-file", str(token_file)],
+    ).start()  # fmt: skip
+    try:
+        simulate_xid(core, broken, 79)
+        nrem = wait_for(lambda: objects.incident(broken), "NodeRemediation")
+        done = wait_for(
+            lambda: completed(o := objects.get("noderemediations", nrem["metadata"]["name"]))
+            and o,
+            "incident completed", timeout=120,
+        )  # fmt: skip
+        assert completed(done) == "Replaced", dump(done["status"])
+        assert done["status"]["replacementNode"] == ready, dump(done["status"])
+        assert "DRAIN" not in _node(cluster, ready)
+
+        admin_state = _node(cluster, drained)
+        assert "DRAIN" in admin_state, admin_state
+        assert "Reason=admin: bad fan" in admin_state, admin_state
+        for spare in (drained, cordoned):
+            labels = objects.node(spare).metadata.labels or {}
+            assert "gpuheal.io/promoted" not in labels, (spare, labels)
+            assert "gpuheal.io/claimed-by" not in labels, (spare, labels)
+        assert objects.node(cordoned).spec.unschedulable, "the admin's cordon stays"
+        assert "Reason=reserve pool" in _node(cluster, cordoned), "never resumed"
+
+        def unavailable() -> dict[str, dict[str, Any]] | None:
+            status = (objects.get("reservepools", pool_name) or {}).get("status") or {}
+            out = {u["node"]: u for u in status.get("unavailable") or []}
+            return out if {drained, cordoned} <= out.keys() else None
+
+        out = wait_for(unavailable, "the pool names both unavailable spares", timeout=60)
+        assert out[drained]["reason"] == "DrainedInSlurm", out
+        assert "admin: bad fan" in out[drained]["message"], out
+        assert out[cordoned]["reason"] == "Cordoned", out
+        assert ready not in out
+    finally:
+        op.stop()
+        objects.cleanup([broken, drained, cordoned, ready])
+
+
 def test_xid94_bridge_down_then_back_returns_only_what_gpuheal_drained(  # noqa: PLR0917
     sandbox: Sandbox,
     own_gpu_nodes: Callable[..., list[str]],
@@ -244,8 +313,9 @@ def test_sigkill_at_each_held_step_of_an_xid79_repeats_nothing(  # noqa: PLR0917
     spares = own_gpu_nodes(2, **{"gpuheal.io/case": f"{cid}-spare"})
     objects = Objects(sandbox.api_client())
     cluster = make_slurm_cluster([broken, other, *spares], name="kill")
-    for n in (other, *spares):
-        cluster.run("scontrol", "update", f"NodeName={n}", "State=DRAIN", "Reason=hold")
+    cluster.run("scontrol", "update", f"NodeName={other}", "State=DRAIN", "Reason=hold")
+    for n in spares:  # the pool's own drain ("reserve pool"), which promotion lifts
+        cluster.run("scontrol", "update", f"NodeName={n}", "State=DRAIN", "Reason=reserve pool")
     ckpt, out = tmp_path / "ckpt.state", tmp_path / "ckpt.out"
     job = cluster.run(
         "sbatch", "--parsable", "-o", str(out), str(checkpoint_job), str(ckpt), "0.2"

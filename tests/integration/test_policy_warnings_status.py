@@ -19,6 +19,7 @@ from tests.integration.operator_harness import (
     Objects,
     OperatorProcess,
     condition,
+    node_events,
     wait_for,
 )
 from tests.integration.test_operator_k8s import (  # noqa: F401 - fixtures
@@ -171,3 +172,47 @@ def test_a_stored_pool_the_operator_cannot_read_says_so_until_fixed(
         )["reason"]
         == "Active"
     )
+
+
+def test_the_turn2_pool_with_partition_applies_and_its_status_says_what_to_do(
+    sandbox: Sandbox,
+    case: Callable[..., list[str]],  # noqa: F811
+    objects: Objects,  # noqa: F811
+    run_operator: Callable[..., OperatorProcess],  # noqa: F811
+) -> None:
+    """The ReservePool as written against the first CRDs (`promotion.slurm.partition`,
+    removed later) still applies on the real API server, and the operator says on its
+    status that the field is deprecated, ignored, what to do instead and when it goes."""
+    case(1)
+    cid = case.case_id  # type: ignore[attr-defined]
+    turn2 = yaml.safe_load((REPO / "tests" / "data" / "reservepool-turn2.yaml").read_text())
+    turn2["metadata"]["name"] = name = f"spares-turn2-{cid}"
+    turn2["spec"]["nodeSelector"] = {"matchLabels": {"gpuheal.io/case": f"{cid}-spare"}}
+    objects.apply("reservepools", turn2)  # refused before: strict decoding, unknown field
+    stored = objects.get("reservepools", name)
+    assert stored is not None
+    assert stored["spec"]["promotion"]["slurm"]["partition"] == "main"
+    run_operator()
+
+    warned = wait_for(
+        _condition_is(objects, "reservepools", name, "Warnings", "True"), "Warnings=True"
+    )
+    assert warned["reason"] == "DeprecatedFields"
+    assert warned["message"].startswith(
+        "spec.promotion.slurm.partition is deprecated: accepted and ignored"
+    )
+    assert "slurm.conf" in warned["message"]
+    assert "gpuheal.io/v1beta1" in warned["message"]
+    ready = condition(objects.get("reservepools", name), "Ready")
+    assert ready is not None
+    assert ready["status"] == "True"
+    [event] = wait_for(
+        lambda: [
+            e
+            for e in node_events(sandbox.core_v1(), name, kind="ReservePool")
+            if e.reason == "DeprecatedFields"
+        ],
+        "a DeprecatedFields Warning Event on the pool",
+    )
+    assert event.type == "Warning"
+    assert event.message == warned["message"]

@@ -21,7 +21,7 @@ from gpuheal.api import (
     set_condition,
 )
 from gpuheal.api.meta import ConditionStatus, DurationError
-from gpuheal.api.reservepool import SlurmPromotion
+from gpuheal.api.reservepool import SlurmPromotion, deprecations
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
@@ -180,3 +180,21 @@ def test_a_pools_slurm_reason_is_one_plain_line_not_gpuheals(reason: str, why: s
     with pytest.raises(ValidationError, match=re.escape(why)):
         SlurmPromotion(reserve_reason=reason)
     assert SlurmPromotion(reserve_reason="spares (rack 7)").reserve_reason == "spares (rack 7)"
+
+
+TURN2_POOL = ROOT / "tests" / "data" / "reservepool-turn2.yaml"
+
+
+def test_the_turn2_pool_with_partition_still_parses_and_says_it_is_deprecated() -> None:
+    pool = ReservePool.model_validate(yaml.safe_load(TURN2_POOL.read_text()))
+    assert pool.spec.promotion.slurm is not None
+    assert pool.spec.promotion.slurm.partition == "main"
+    [warning] = deprecations(pool.spec)
+    assert warning.startswith("spec.promotion.slurm.partition is deprecated: accepted and ignored")
+    assert "slurm.conf" in warning
+    assert "gpuheal.io/v1beta1" in warning
+
+
+def test_a_duration_in_days_is_refused_with_the_accepted_format() -> None:
+    with pytest.raises(DurationError, match=r"'7d' must be a duration such as 90s.*7d is 168h"):
+        parse_duration("7d")

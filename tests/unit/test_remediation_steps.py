@@ -3,6 +3,7 @@ the reset/reboot hook contract against a real local HTTP server."""
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import json
 import threading
@@ -12,14 +13,24 @@ from typing import Any, ClassVar
 
 import pytest
 
-from gpuheal.adapters.slurm import SlurmNotFound, SlurmUnavailable, UnknownCluster
+from gpuheal.adapters.kube import ClaimResult
+from gpuheal.adapters.slurm import SlurmConflict, SlurmNotFound, SlurmUnavailable, UnknownCluster
 from gpuheal.api.remediationpolicy import Action, HookSpec, SlurmDrainOptions
 from gpuheal.api.remediationpolicy import RequeueMode as PolicyRequeue
 from gpuheal.api.reservepool import ReservePool
 from gpuheal.policy import spare_candidates
+from gpuheal.policy.pool import Unavailable, slurm_unavailable, spare_unavailable
 from gpuheal.policy.types import NodeCondition, NodeView
 from gpuheal.remediation import steps
-from gpuheal_bridge.api.models import JobsResponse, JobState, RequeueMode
+from gpuheal_bridge.api.models import (
+    JobsResponse,
+    JobState,
+    NodeState,
+    Owner,
+    RequeueMode,
+    ResumeOutcome,
+    ResumeResponse,
+)
 
 NOW = dt.datetime(2026, 11, 22, 6, 0, tzinfo=dt.UTC)
 
@@ -71,6 +82,125 @@ def test_spare_candidates_are_ready_unclaimed_uncordoned_pool_members() -> None:
         view("s5", cordoned="nrem-b"), view("w1", pool="train"), view("broken"),
     ]  # fmt: skip
     assert spare_candidates(pool, nodes, "broken") == ["s1", "s3"]
+
+
+def test_a_spare_someone_else_cordoned_or_drained_in_slurm_is_not_a_candidate() -> None:
+    pool = ReservePool.model_validate(
+        {"metadata": {"name": "spares"},
+         "spec": {"nodeSelector": {"matchLabels": {"pool": "reserve"}}}}
+    )  # fmt: skip
+    cordoned = dataclasses.replace(view("s2"), unschedulable=True)
+    nodes = [view("s1"), cordoned, view("s3"), view("s4")]
+    admin = NodeState(
+        node="s3", slurm_node="s3", state="IDLE", flags=["DRAIN"], drain=True,
+        unavailable=True, reason="admin: bad fan", reason_user="root", owner=Owner.OTHER,
+    )  # fmt: skip
+    down = admin.model_copy(
+        update={"flags": [], "drain": False, "state": "DOWN", "reason": "Not responding"}
+    )
+    pools_own = admin.model_copy(update={"reason": "reserve pool"})
+    assert slurm_unavailable(pools_own, "reserve pool") is None
+    out = {
+        "s3": slurm_unavailable(admin, "reserve pool"),
+        "s4": slurm_unavailable(down, "reserve pool"),
+    }
+    assert out["s3"] == Unavailable(
+        "DrainedInSlurm",
+        "drained in Slurm by root: 'admin: bad fan' (not the pool's 'reserve pool'); left as it is",
+    )
+    assert out["s4"] is not None
+    assert out["s4"].reason == "DownInSlurm"
+    assert spare_candidates(pool, nodes, "broken", {k: v for k, v in out.items() if v}) == ["s1"]
+    why = spare_unavailable(cordoned)
+    assert why is not None
+    assert why.reason == "Cordoned"
+
+
+class _SpareKube:
+    """Nodes as bodies with labels; `claim_spare` takes the first unclaimed candidate."""
+
+    def __init__(self, names: list[str]) -> None:
+        self.labels: dict[str, dict[str, str]] = {n: {"pool": "reserve"} for n in names}
+
+    async def get_node(self, name: str) -> dict[str, Any]:
+        return {"metadata": {"name": name, "labels": dict(self.labels[name]),
+                             "resourceVersion": "1"}}  # fmt: skip
+
+    async def claim_spare(self, incident: str, bodies: list[dict[str, Any]]) -> Any:
+        for name, labels in self.labels.items():
+            if labels.get("gpuheal.io/claimed-by") == incident:
+                return ClaimResult(node=name, already=True)
+        for body in bodies:
+            name = body["metadata"]["name"]
+            self.labels[name]["gpuheal.io/claimed-by"] = incident
+            return ClaimResult(node=name, already=False)
+        return None
+
+    async def patch_node_metadata(self, name: str, **kw: Any) -> None:
+        for key, value in (kw.get("labels") or {}).items():
+            if value is None:
+                self.labels[name].pop(key, None)
+            else:
+                self.labels[name][key] = value
+
+
+class _Bridge:
+    """Resumes a spare unless an admin drained it (then 409, as the bridge answers), except
+    with force (which lifts any drain)."""
+
+    def __init__(self, admin_drained: set[str]) -> None:
+        self.admin_drained = admin_drained
+        self.resumed: list[tuple[str, str | None, bool]] = []
+
+    async def resume(self, node: str, **kw: Any) -> Any:
+        state = NodeState(
+            node=node, slurm_node=node, state="IDLE", flags=["DRAIN"], drain=True,
+            unavailable=True, reason="reserve pool", owner=Owner.OTHER,
+        )  # fmt: skip
+        if node in self.admin_drained and not kw.get("force"):
+            admin = state.model_copy(update={"reason": "admin: bad fan", "reason_user": "root"})
+            raise SlurmConflict(f"{node} is not waiting in the reserve pool", admin)
+        self.resumed.append((node, kw.get("reserve_reason"), kw.get("force", False)))
+        return ResumeResponse(node=node, slurm_node=node, outcome=ResumeOutcome.RESUMED,
+                              previous=state, current=state)  # fmt: skip
+
+
+async def test_replace_takes_back_a_spare_slurm_refuses_and_promotes_the_next() -> None:
+    """An admin drained s1 after the operator's last look: the bridge refuses to resume it,
+    the claim is taken back (s1 neither claimed nor promoted), s1 is noted as out, s2 is
+    promoted; the spare is resumed only as the pool's (reserve_reason), never with force."""
+    pool = ReservePool.model_validate(
+        {"metadata": {"name": "spares"},
+         "spec": {"nodeSelector": {"matchLabels": {"pool": "reserve"}},
+                  "promotion": {"setLabels": {"promoted": "yes"}, "slurm": {"resume": True}}}}
+    )  # fmt: skip
+    kube, bridge = _SpareKube(["s1", "s2"]), _Bridge({"s1"})
+    out: dict[str, Unavailable] = {}
+    result = await steps.replace(
+        kube,  # type: ignore[arg-type]
+        lambda _node: bridge,  # type: ignore[arg-type, return-value]
+        pool, "spares", [view("s1"), view("s2"), view("broken")], out,
+        node="broken", incident="nrem-1", retry_after=1.0,
+    )  # fmt: skip
+    assert result.kind == "done", result.message
+    assert result.status == {"replacementNode": "s2"}
+    assert "passed over s1 (drained in Slurm by root: 'admin: bad fan'" in result.message
+    assert kube.labels["s1"] == {"pool": "reserve"}
+    assert kube.labels["s2"]["promoted"] == "yes"
+    assert bridge.resumed == [("s2", "reserve pool", False)]
+    assert out["s1"].reason == "DrainedInSlurm"
+
+    again = await steps.replace(
+        _SpareKube(["s1"]),  # type: ignore[arg-type]
+        lambda _node: bridge,  # type: ignore[arg-type, return-value]
+        pool, "spares", [view("s1"), view("broken")], {},
+        node="broken", incident="nrem-2", retry_after=1.0,
+    )  # fmt: skip
+    assert result.kind == "done"
+    assert again.kind == "wait"
+    assert again.reason == "NoSpareAvailable"
+    assert "s1 DrainedInSlurm" in again.message
+    assert "admin: bad fan" in again.message
 
 
 def test_job_hook_spec_passes_the_node_to_every_container() -> None:

@@ -53,7 +53,12 @@ class SlurmNotFound(SlurmError):
 
 
 class SlurmConflict(SlurmError):
-    """Someone else's drain (resume refused): gpuheal leaves it alone."""
+    """Someone else's drain (resume refused): gpuheal leaves it alone. ``current``: the
+    node's state as the bridge saw it when it refused, when it said."""
+
+    def __init__(self, message: str, current: NodeState | None = None) -> None:
+        super().__init__(message)
+        self.current = current
 
 
 class UnknownCluster(SlurmError):
@@ -129,7 +134,7 @@ class BridgeSlurm:
         except BridgeNotFound as exc:
             raise SlurmNotFound(str(exc)) from exc
         except BridgeConflict as exc:
-            raise SlurmConflict(str(exc)) from exc
+            raise SlurmConflict(str(exc), exc.error.current if exc.error else None) from exc
         except BridgeError as exc:
             raise SlurmError(str(exc)) from exc
         except httpx.HTTPError as exc:  # transport errors the client did not wrap
@@ -180,12 +185,24 @@ class BridgeSlurm:
         )
 
     async def resume(
-        self, node: str, *, incident: str | None, force: bool = False, idempotency_key: str
+        self,
+        node: str,
+        *,
+        incident: str | None,
+        force: bool = False,
+        reserve_reason: str | None = None,
+        idempotency_key: str,
     ) -> ResumeResponse:
+        """Resume our drain (``incident``), any drain (``force``), or a spare's only while
+        it carries its pool's ``reserve_reason`` (someone else's drain: SlurmConflict)."""
         return await self._guard(
             "resume",
             self.client.resume(
-                node, incident=incident, force=force, idempotency_key=idempotency_key
+                node,
+                incident=incident,
+                force=force,
+                reserve_reason=reserve_reason,
+                idempotency_key=idempotency_key,
             ),
         )
 

@@ -50,7 +50,8 @@ _PART = r"[0-9]{1,6}([.][0-9]{1,9})?"
 DURATION_PATTERN = rf"^({_PART}h)?({_PART}m)?({_PART}s)?({_PART}ms)?$"
 DURATION_MESSAGE = (
     "must be a duration such as 90s, 10m, 1h30m or 250ms "
-    "(hours, minutes, seconds, milliseconds, in that order, up to 6 digits each)"
+    "(hours, minutes, seconds, milliseconds, in that order, up to 6 digits each; "
+    "no days: 7d is 168h)"
 )
 _DURATION_RE = re.compile(DURATION_PATTERN)
 _DURATION_PART_RE = re.compile(r"([0-9]+(?:\.[0-9]+)?)(ms|s|m|h)")

@@ -81,6 +81,7 @@ class PolicyCondition(enum.StrEnum):
 class PoolCondition(enum.StrEnum):
     READY = "Ready"
     LOW = "Low"
+    WARNINGS = "Warnings"
 
 
 class Reason(enum.StrEnum):
@@ -135,6 +136,13 @@ class Reason(enum.StrEnum):
     ENOUGH_SPARES = "EnoughSpares"
     BELOW_MIN_AVAILABLE = "BelowMinAvailable"
     NO_SPARES = "NoSpares"
+    # why a spare of a ReservePool cannot be promoted (status.unavailable[].reason)
+    NOT_READY = "NotReady"
+    CORDONED = "Cordoned"
+    HELD_BY_INCIDENT = "HeldByIncident"
+    DRAINED_IN_SLURM = "DrainedInSlurm"
+    DOWN_IN_SLURM = "DownInSlurm"
+    DEPRECATED_FIELDS = "DeprecatedFields"
 
 
 class JobReason(enum.StrEnum):
@@ -200,6 +208,7 @@ class EventReason(enum.StrEnum):
     RETURNED_TO_POOL = "ReturnedToPool"
     VERIFICATION_FAILED = "VerificationFailed"
     REFILL_REQUESTED = "RefillRequested"
+    DEPRECATED_FIELDS = "DeprecatedFields"  # a pool sets a deprecated field: what to do instead
     JOB_LEFT_BEHIND = "JobNotRequeued"  # a job of the faulty node gpuheal did not requeue
     JOB_HELD = "JobHeld"  # requeued held: it names the faulty node in its --nodelist
     NODE_DOWN_FOR_STUCK_JOB = "NodeDownForStuckJob"  # its processes outlived SIGKILL

@@ -41,6 +41,7 @@ from gpuheal.api.meta import (
     column,
     condition_column,
     conditions_field,
+    duration_ok,
     list_of,
     parse_duration,
 )
@@ -1277,18 +1278,25 @@ class ReturnToService(Model):
 class HistorySettings(Model):
     """How long the node's FaultHistory keeps signals, incidents, actions and outcomes."""
 
+    # On the model, not the field: a field's own x-kubernetes-validations would replace the
+    # duration format rules of PositiveDuration (then `7d` was stored, and the operator
+    # could not read the policy).
+    model_config = ConfigDict(
+        json_schema_extra=cel(
+            check(
+                f"!has(self.retention) || !{duration_ok('self.retention')} || "
+                "duration(self.retention) >= duration('24h')",
+                "history.retention must be at least 24h (the default escalation window)",
+                field_path=".retention",
+            )
+        )
+    )
+
     retention: PositiveDuration = Field(
         default="720h",
         description="Entries older than this are dropped (default 720h = 30 days; at least "
         "24h, the default escalation window); it must cover every escalation window of the "
         "policy.",
-        json_schema_extra=cel(
-            (
-                "!self.matches('^([0-9]+([.][0-9]+)?(ms|s|m|h))+$') || "
-                "duration(self) >= duration('24h')",
-                "history.retention must be at least 24h (the default escalation window)",
-            )
-        ),
     )
 
     @model_validator(mode="after")
@@ -1302,10 +1310,15 @@ class HistorySettings(Model):
 
 _POLICY_RULES = (
     (
+        # Each duration() guarded by its format (duration_ok): a malformed window or
+        # retention (`7d`) gets its field's own readable message, not CEL's "type conversion
+        # error from 'string' to 'google.protobuf.Duration'" on the whole spec.
         "self.rules.all(r, !has(r.escalation) || !has(r.escalation.window) || "
-        "duration(r.escalation.window) <= "
+        f"!{duration_ok('r.escalation.window')} || "
         "(has(self.history) && has(self.history.retention) ? "
-        "duration(self.history.retention) : duration('720h')))",
+        f"(!{duration_ok('self.history.retention')} || "
+        "duration(r.escalation.window) <= duration(self.history.retention)) : "
+        "duration(r.escalation.window) <= duration('720h')))",
         "history.retention (default 720h) must cover every rule's escalation window",
     ),
 )

@@ -51,6 +51,15 @@ class TaintRef(Model):
     )
 
 
+#: The API version in which the deprecated fields below are removed (README, Deprecations).
+REMOVED_IN = "gpuheal.io/v1beta1"
+PARTITION_DEPRECATION = (
+    "accepted and ignored (gpuheal never changed a node's partitions); a spare should "
+    "already be in the partitions it will serve (PartitionName ... Nodes= in slurm.conf). "
+    f"Remove the field: it goes in {REMOVED_IN}."
+)
+
+
 class SlurmPromotion(Model):
     """What happens to the spare in Slurm when it is promoted (and when a repaired node
     goes back to the pool). Partitions are Slurm's configuration (slurm.conf), not gpuheal's:
@@ -58,7 +67,15 @@ class SlurmPromotion(Model):
 
     resume: bool = Field(
         default=True,
-        description="Resume the spare in Slurm (scontrol update state=RESUME) so jobs can run.",
+        description="Resume the spare in Slurm (scontrol update state=RESUME) so jobs can run: "
+        "only while its drain reason is reserveReason (or it is not drained); a spare someone "
+        "else drained or Slurm set DOWN is never resumed, and not chosen.",
+    )
+    partition: str | None = Field(
+        default=None,
+        max_length=64,
+        pattern=r"^[A-Za-z0-9_.-]+$",
+        description=f"Deprecated: {PARTITION_DEPRECATION}",
     )
     reserve_reason: str = Field(
         default="reserve pool",
@@ -191,6 +208,14 @@ _POOL_RULES = (
 )
 
 
+def deprecations(spec: ReservePoolSpec) -> list[str]:
+    """The deprecated fields the pool sets, each with what to do instead (its status says it)."""
+    slurm = spec.promotion.slurm
+    if slurm is not None and slurm.partition is not None:
+        return [f"spec.promotion.slurm.partition is deprecated: {PARTITION_DEPRECATION}"]
+    return []
+
+
 class ReservePoolSpec(Model):
     """Which nodes are spares, how many should stay ready, and how one is promoted."""
 
@@ -233,6 +258,19 @@ class RefillStatus(Model):
     message: str = Field(default="", max_length=1024, description="The provider's answer.")
 
 
+class UnavailableSpare(Model):
+    """A node of the pool that cannot be promoted now, and why."""
+
+    node: str = Field(max_length=MAX_NAME, description="The node.")
+    reason: str = Field(
+        max_length=64,
+        description="NotReady, Cordoned (not by gpuheal), HeldByIncident (gpuheal keeps it "
+        "out for an incident), DrainedInSlurm or DownInSlurm (not the pool's reserveReason: "
+        "an admin's or another tool's; never resumed by gpuheal).",
+    )
+    message: str = Field(default="", max_length=512, description="Who and why, in words.")
+
+
 class ReservePoolStatus(Model):
     """Spares counted by the operator (written by gpuheal only)."""
 
@@ -243,10 +281,17 @@ class ReservePoolStatus(Model):
     claimed: int = Field(default=0, description="Spares claimed by incidents.")
     total: int = Field(default=0, description="Nodes the nodeSelector selects.")
     claims: list[Claim] = list_of(256, "Which incident claimed which spare.")
+    unavailable: list[UnavailableSpare] = list_of(
+        256,
+        "Unclaimed nodes of the pool that cannot be promoted now, and why (an admin's "
+        "cordon or Slurm drain is never lifted by a promotion).",
+    )
     refill: RefillStatus | None = Field(
         default=None, description="The last refill request (refill.provider Webhook)."
     )
-    conditions: list[Condition] = conditions_field("Ready, Low.")
+    conditions: list[Condition] = conditions_field(
+        "Ready, Low, Warnings (deprecated fields the spec sets, and what to do instead)."
+    )
 
 
 class ReservePool(Resource):
@@ -268,4 +313,5 @@ CRD = CrdInfo.of(
     column("Total", "integer", ".status.total"),
     column("Min", "integer", ".spec.minAvailable"),
     condition_column("Low", "Low"),
+    column("Unavailable", "string", ".status.unavailable[*].node"),
 )

@@ -9,6 +9,7 @@ from typing import Any
 from gpuheal.api.meta import LabelSelector, parse_duration
 from gpuheal.api.remediationpolicy import RemediationPolicy, RemediationPolicySpec, Rule
 from gpuheal.api.reservepool import ReservePool
+from gpuheal.policy.pool import Unavailable, spare_unavailable
 from gpuheal.policy.types import NodeView, Observation
 from gpuheal.xid.catalogue import lookup
 
@@ -107,16 +108,21 @@ def unhealthy_reasons(policy: RemediationPolicySpec, node: NodeView) -> list[str
     return out
 
 
-def spare_candidates(pool: ReservePool, nodes: Iterable[NodeView], broken: str) -> list[str]:
-    """Ready, unclaimed nodes of the pool that no incident keeps out of service, by name."""
+def spare_candidates(
+    pool: ReservePool,
+    nodes: Iterable[NodeView],
+    broken: str,
+    slurm: Mapping[str, Unavailable] | None = None,
+) -> list[str]:
+    """Unclaimed nodes of the pool that can be promoted (`spare_unavailable`), by name.
+    ``slurm``: the spares Slurm keeps out for someone else (an admin's drain, DOWN)."""
     return sorted(
         n.name
         for n in nodes
         if n.name != broken
         and pool.spec.node_selector.matches(dict(n.labels))
-        and n.ready
         and n.claimed_by is None
-        and n.cordoned_by is None
+        and spare_unavailable(n, slurm) is None
     )
 
 

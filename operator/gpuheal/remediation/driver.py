@@ -530,6 +530,7 @@ def _reserve_spare(rt: Runtime, nrem: NodeRemediation, step: Step) -> None:
                 rt.pools.get(pool),
                 pool,
                 list(rt.nodes.values()),
+                rt.spares_out_in_slurm,
                 node=nrem.spec.node_name,
                 incident=name,
                 retry_after=rt.config.retry_interval,

@@ -13,11 +13,33 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from gpuheal.api.meta import MAX_MESSAGE, Condition, ConditionStatus, set_condition
-from gpuheal.api.names import POLICY_PLURAL, POOL_PLURAL, PolicyCondition, PoolCondition, Reason
+from gpuheal.api.meta import (
+    MAX_MESSAGE,
+    Condition,
+    ConditionStatus,
+    find_condition,
+    set_condition,
+)
+from gpuheal.api.names import (
+    API_VERSION,
+    POLICY_PLURAL,
+    POOL_KIND,
+    POOL_PLURAL,
+    EventReason,
+    PolicyCondition,
+    PoolCondition,
+    Reason,
+)
 from gpuheal.api.remediationpolicy import RemediationPolicy, RemediationPolicyStatus
-from gpuheal.api.reservepool import Claim, ReservePool, ReservePoolStatus
+from gpuheal.api.reservepool import (
+    Claim,
+    ReservePool,
+    ReservePoolStatus,
+    UnavailableSpare,
+    deprecations,
+)
 from gpuheal.policy import allowed_unhealthy, unhealthy_reasons
+from gpuheal.policy.pool import spare_unavailable
 from gpuheal.policy.warnings import policy_warnings
 from gpuheal.remediation import pools
 from gpuheal.remediation.state import Breaker, Runtime, Unparsed
@@ -122,7 +144,12 @@ def pool_status(rt: Runtime, pool: ReservePool, now: dt.datetime) -> ReservePool
     name = pool.metadata.name
     members = [v for v in rt.nodes.values() if pool.spec.node_selector.matches(dict(v.labels))]
     claimed = [v for v in members if v.claimed_by]
-    available = [v for v in members if not v.claimed_by and v.ready and v.cordoned_by is None]
+    out = {
+        v.name: why
+        for v in members
+        if not v.claimed_by and (why := spare_unavailable(v, rt.spares_out_in_slurm)) is not None
+    }
+    available = [v for v in members if not v.claimed_by and v.name not in out]
     low = len(available) < pool.spec.min_available
     conds = _Conditions(list(pool.status.conditions), pool.metadata.generation, now)
     conds.set(
@@ -131,7 +158,15 @@ def pool_status(rt: Runtime, pool: ReservePool, now: dt.datetime) -> ReservePool
         (Reason.NO_SPARES if not available else Reason.BELOW_MIN_AVAILABLE)
         if low
         else Reason.ENOUGH_SPARES,
-        f"{len(available)} available, minAvailable {pool.spec.min_available}",
+        f"{len(available)} available, minAvailable {pool.spec.min_available}"
+        + (f", {len(out)} unavailable ({', '.join(sorted(out))[:200]})" if out else ""),
+    )
+    warnings = deprecations(pool.spec)
+    conds.set(
+        PoolCondition.WARNINGS,
+        bool(warnings),
+        Reason.DEPRECATED_FIELDS if warnings else Reason.NO_WARNINGS,
+        "; ".join(warnings)[:MAX_MESSAGE],
     )
     conds.set(PoolCondition.READY, True, Reason.ACTIVE)
     for state, n in (
@@ -151,6 +186,10 @@ def pool_status(rt: Runtime, pool: ReservePool, now: dt.datetime) -> ReservePool
         claims=[
             Claim(node=v.name, claimed_by=v.claimed_by or "", claimed_at=known.get(v.name, now))
             for v in claimed
+        ][:256],
+        unavailable=[
+            UnavailableSpare(node=n, reason=why.reason, message=why.message[:512])
+            for n, why in sorted(out.items())
         ][:256],
         conditions=conds.items,
     )
@@ -193,6 +232,8 @@ def _comparable(status: dict[str, Any]) -> Any:
 async def report_once(rt: Runtime, last: dict[tuple[str, str], Any]) -> None:
     kube = rt.require_kube()
     now = _now()
+    for pool in list(rt.pools.values()):
+        await pools.look_in_slurm(rt, pool, now)
     available = rt.pool_counts()
     for name, pool in list(rt.pools.items()):
         if name in available:
@@ -226,6 +267,33 @@ async def report_once(rt: Runtime, last: dict[tuple[str, str], Any]) -> None:
             continue
         await kube.patch_custom_status(plural, name, wire)
         last[key] = current
+        if plural == POOL_PLURAL:
+            _warn_deprecated(rt, name, old, wire)
+
+
+def _warn_deprecated(rt: Runtime, name: str, old: dict[str, Any], new: dict[str, Any]) -> None:
+    """A Warning Event on the pool when its status starts to say it sets deprecated fields
+    (or says it differently): `kubectl describe rsvp` shows what to do instead."""
+
+    def said(status: dict[str, Any]) -> str | None:
+        c = find_condition(
+            [Condition.model_validate(c) for c in status.get("conditions") or []],
+            PoolCondition.WARNINGS,
+        )
+        return c.message if c and c.status is ConditionStatus.TRUE else None
+
+    message = said(new)
+    pool = rt.pools.get(name)
+    if message is None or message == said(old) or pool is None:
+        return
+    log.warning("ReservePool %s: %s", name, message)
+    rt.post_event(
+        {"apiVersion": API_VERSION, "kind": POOL_KIND,
+         "metadata": {"name": name, "uid": pool.metadata.uid}},
+        reason=EventReason.DEPRECATED_FIELDS,
+        message=message,
+        type_="Warning",
+    )  # fmt: skip
 
 
 async def report_forever(rt: Runtime) -> None:

@@ -40,6 +40,7 @@ from gpuheal.policy.inputs import (
     kept_conditions,
     merge_observations,
 )
+from gpuheal.policy.pool import Unavailable, spare_unavailable
 from gpuheal.policy.select import slurm_cluster
 from gpuheal.policy.types import (
     ALWAYS,
@@ -284,6 +285,10 @@ class Runtime:
     gpu_nodes: dict[str, set[str]] = field(default_factory=dict)
     history_queue: dict[str, list[HistoryEntry]] = field(default_factory=dict)
     refills: dict[str, RefillStatus] = field(default_factory=dict)  # pool -> last request
+    # spares Slurm keeps out for someone else (an admin's drain, DOWN): node -> why, as the
+    # bridge said at the last look (pools.refresh_slurm) or at a refused promotion
+    spares_out_in_slurm: dict[str, Unavailable] = field(default_factory=dict)
+    slurm_looked_at: dict[str, dt.datetime] = field(default_factory=dict)  # pool -> last look
     history_wakeup: asyncio.Event = field(default_factory=asyncio.Event)
     node_locks: dict[str, asyncio.Lock] = field(default_factory=dict)
     condition_timers: dict[str, asyncio.TimerHandle] = field(default_factory=dict)
@@ -478,8 +483,8 @@ class Runtime:
         return self.incidents.open_on(node)
 
     def pool_counts(self) -> dict[str, PoolCounts]:
-        """Each ReservePool's available spares (ready, unclaimed, not kept out by gpuheal)
-        and its minAvailable."""
+        """Each ReservePool's available spares (unclaimed, `spare_unavailable` says none of
+        ready, uncordoned, not kept out in Slurm by someone else) and its minAvailable."""
         out = {}
         for name, pool in self.pools.items():
             available = sum(
@@ -487,8 +492,7 @@ class Runtime:
                 for v in self.nodes.values()
                 if pool.spec.node_selector.matches(dict(v.labels))
                 and not v.claimed_by
-                and v.ready
-                and v.cordoned_by is None
+                and spare_unavailable(v, self.spares_out_in_slurm) is None
             )
             out[name] = PoolCounts(available=available, min_available=pool.spec.min_available)
         return out

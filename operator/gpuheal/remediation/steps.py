@@ -12,7 +12,7 @@ import copy
 import datetime as dt
 import hashlib
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,6 +38,7 @@ from gpuheal.api.names import (
     RETIRED_LABEL,
     RETIRED_WHY_ANNOTATION,
     JobOutcome,
+    Reason,
 )
 from gpuheal.api.names import NremCondition as C
 from gpuheal.api.noderemediation import (
@@ -64,6 +65,7 @@ from gpuheal.api.remediationpolicy import (
 from gpuheal.api.remediationpolicy import RequeueMode as PolicyRequeue
 from gpuheal.api.reservepool import ReservePool, TaintEffect
 from gpuheal.policy import idle, pods_to_evict, spare_candidates
+from gpuheal.policy.pool import Unavailable, slurm_unavailable, spare_unavailable
 from gpuheal.policy.repair import reboot_proof, reset_proof
 from gpuheal.policy.types import Act, NodeView
 from gpuheal.remediation.record import Recorder
@@ -598,75 +600,148 @@ def _job_spec(
 
 
 # ---- replace -------------------------------------------------------------------------------
-async def replace(
+async def replace(  # noqa: PLR0917 - the pool, its nodes and what Slurm said of them
     kube: Kube,
     slurm_of: Callable[[str], BridgeSlurm | None],
     pool: ReservePool | None,
     pool_name: str,
     nodes: Sequence[NodeView],
+    out_in_slurm: MutableMapping[str, Unavailable],
     *,
     node: str,
     incident: str,
     retry_after: float,
 ) -> StepResult:
-    """Claim a spare (resourceVersion precondition), promote it, resume it in Slurm (through
-    the bridge of the spare's own Slurm cluster, ``slurm_of(spare)``)."""
+    """Claim a spare (resourceVersion precondition), resume it in Slurm (through the bridge
+    of the spare's own Slurm cluster, ``slurm_of(spare)``), then promote it.
+
+    A spare someone else keeps out is never chosen (`spare_candidates`: cordoned, or kept
+    out in Slurm as ``out_in_slurm`` says) and never resumed: the bridge resumes a spare only
+    while its drain is the pool's own (``reserveReason``), checked under its lock. A spare it
+    refuses (drained meanwhile) goes back unclaimed and unpromoted, is noted in
+    ``out_in_slurm`` (the pool's status names it) and the next one is tried."""
     if pool is None:
         return StepResult.wait(
             C.REPLACEMENT_CLAIMED, "PoolNotFound", f"ReservePool {pool_name} not found", retry_after
         )
-    names = spare_candidates(pool, nodes, node)
-    bodies = []
-    for name in names[:8]:
-        body = await kube.get_node(name)
-        if body is not None:
-            bodies.append(body)
-    claim = await kube.claim_spare(incident, bodies)
-    if claim is None:
-        return StepResult.wait(
-            C.REPLACEMENT_CLAIMED,
-            "NoSpareAvailable",
-            f"no ready, unclaimed node in ReservePool {pool_name}",
-            retry_after,
-        )
     promo = pool.spec.promotion
-    current = await kube.get_node(claim.node)
-    labels: dict[str, str | None] = dict(promo.set_labels)
-    labels.update({k: None for k in promo.remove_labels})
-    crashpoints.at("promote", "before")
-    await kube.patch_node_metadata(
-        claim.node,
-        labels=labels,
-        annotations={REPLACES_ANNOTATION: node},
-        remove_taints=frozenset(t.key for t in promo.remove_taints),
-        current=current,
-    )
-    crashpoints.at("promote", "after")
-    slurm_msg = ""
-    if promo.slurm is not None and promo.slurm.resume:
-        try:
-            slurm = slurm_of(claim.node)
-            slurm_msg = "; " + await slurm_resume(slurm, claim.node, incident, force=True)
-        except UnknownCluster as exc:
+    skipped: list[str] = []
+    for _ in range(len(nodes) + 1):  # each turn claims a spare or notes one as out
+        names = spare_candidates(pool, nodes, node, out_in_slurm)
+        bodies = []
+        for name in names[:8]:
+            body = await kube.get_node(name)
+            if body is not None:
+                bodies.append(body)
+        claim = await kube.claim_spare(incident, bodies)
+        if claim is None:
             return StepResult.wait(
                 C.REPLACEMENT_CLAIMED,
-                "SlurmClusterUnknown",
-                f"claimed {claim.node}; Slurm resume pending: {exc}",
+                "NoSpareAvailable",
+                _no_spare(pool, pool_name, nodes, node, out_in_slurm, skipped),
                 retry_after,
             )
-        except SlurmUnavailable as exc:
-            return StepResult.wait(
-                C.REPLACEMENT_CLAIMED,
-                "BridgeUnavailable",
-                f"claimed {claim.node}; Slurm resume pending: {exc}",
-                retry_after,
-            )
-    return StepResult.done(
+        slurm_msg = ""
+        if promo.slurm is not None and promo.slurm.resume:
+            try:
+                slurm_msg = "; " + await _resume_spare(
+                    slurm_of(claim.node), claim.node, incident, promo.slurm.reserve_reason
+                )
+            except SlurmConflict as exc:
+                why = _refused(exc, promo.slurm.reserve_reason)
+                out_in_slurm[claim.node] = why
+                skipped.append(f"{claim.node} ({why.message})")
+                await kube.patch_node_metadata(
+                    claim.node,
+                    labels={CLAIMED_BY_LABEL: None},
+                    annotations={CLAIMED_AT_ANNOTATION: None},
+                )
+                continue
+            except UnknownCluster as exc:
+                return StepResult.wait(
+                    C.REPLACEMENT_CLAIMED,
+                    "SlurmClusterUnknown",
+                    f"claimed {claim.node}; Slurm resume pending: {exc}",
+                    retry_after,
+                )
+            except SlurmUnavailable as exc:
+                return StepResult.wait(
+                    C.REPLACEMENT_CLAIMED,
+                    "BridgeUnavailable",
+                    f"claimed {claim.node}; Slurm resume pending: {exc}",
+                    retry_after,
+                )
+        current = await kube.get_node(claim.node)
+        labels: dict[str, str | None] = dict(promo.set_labels)
+        labels.update({k: None for k in promo.remove_labels})
+        crashpoints.at("promote", "before")
+        await kube.patch_node_metadata(
+            claim.node,
+            labels=labels,
+            annotations={REPLACES_ANNOTATION: node},
+            remove_taints=frozenset(t.key for t in promo.remove_taints),
+            current=current,
+        )
+        crashpoints.at("promote", "after")
+        passed = f"; passed over {', '.join(skipped)}" if skipped else ""
+        return StepResult.done(
+            C.REPLACEMENT_CLAIMED,
+            "SpareClaimed",
+            f"{claim.node} from ReservePool {pool_name} promoted for {node}{slurm_msg}{passed}",
+            replacementNode=claim.node,
+        )
+    return StepResult.wait(
         C.REPLACEMENT_CLAIMED,
-        "SpareClaimed",
-        f"{claim.node} from ReservePool {pool_name} promoted for {node}{slurm_msg}",
-        replacementNode=claim.node,
+        "NoSpareAvailable",
+        _no_spare(pool, pool_name, nodes, node, out_in_slurm, skipped),
+        retry_after,
     )
+
+
+async def _resume_spare(
+    slurm: BridgeSlurm | None, spare: str, incident: str, reserve_reason: str
+) -> str:
+    """Resume the spare only while its Slurm drain is the pool's (SlurmConflict otherwise)."""
+    if slurm is None:
+        return "no Slurm bridge"
+    try:
+        resp = await slurm.resume(
+            spare,
+            incident=None,
+            reserve_reason=reserve_reason,
+            idempotency_key=f"{incident}-slurm-resume-{spare}",
+        )
+    except SlurmNotFound:
+        return f"Slurm does not know {spare}"
+    return f"Slurm {resp.slurm_node}: {resp.outcome.value}"
+
+
+def _refused(exc: SlurmConflict, reserve_reason: str) -> Unavailable:
+    """Why the bridge would not resume a spare, from the state it saw."""
+    why = slurm_unavailable(exc.current, reserve_reason) if exc.current else None
+    return why or Unavailable(Reason.DRAINED_IN_SLURM, f"resume refused: {exc}"[:512])
+
+
+def _no_spare(  # noqa: PLR0917
+    pool: ReservePool,
+    pool_name: str,
+    nodes: Sequence[NodeView],
+    broken: str,
+    out_in_slurm: Mapping[str, Unavailable],
+    skipped: Sequence[str],
+) -> str:
+    """No spare to promote, and why each node of the pool is out (the first few)."""
+    outs = [
+        f"{v.name} {why.reason} ({why.message})"
+        for v in nodes
+        if v.name != broken
+        and pool.spec.node_selector.matches(dict(v.labels))
+        and v.claimed_by is None
+        and (why := spare_unavailable(v, out_in_slurm)) is not None
+    ]
+    detail = f": {'; '.join(sorted(outs)[:5])}" if outs else ""
+    refused = f"; refused now: {', '.join(skipped)}" if skipped else ""
+    return f"no spare in ReservePool {pool_name} can be promoted{detail}{refused}"[:1024]
 
 
 # ---- reset / reboot, verified ---------------------------------------------------------------
@@ -1074,6 +1149,7 @@ async def execute(  # noqa: PLR0911
             rt.pools.get(pool_name),
             pool_name,
             list(rt.nodes.values()),
+            rt.spares_out_in_slurm,
             node=node,
             incident=name,
             retry_after=retry,

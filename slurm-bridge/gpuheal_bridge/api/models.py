@@ -12,7 +12,7 @@ import datetime as dt
 from enum import StrEnum
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 from gpuheal_bridge.api.names import (
     DRAIN_REASON_MAX,
@@ -332,6 +332,22 @@ class ResumeRequest(_Model):
         default=None,
         description="Only resume if our drain reason names this incident (409 otherwise).",
     )
+    reserve_reason: DrainReason | None = Field(
+        default=None,
+        description="Resume a spare of a reserve pool: only if its drain reason is exactly "
+        "this (the ReservePool's promotion.slurm.reserveReason) or it is not drained; any "
+        "other drain or DOWN (an admin's, another tool's, Slurm's own) is refused (409) and "
+        "left as it is. Not with force.",
+    )
+
+    @model_validator(mode="after")
+    def _reserve_or_force(self) -> ResumeRequest:
+        if self.force and self.reserve_reason is not None:
+            raise ValueError(
+                "force and reserve_reason exclude each other: reserve_reason resumes only "
+                "the pool's own drain"
+            )
+        return self
 
 
 class ResumeOutcome(StrEnum):
@@ -414,7 +430,8 @@ class ReserveRequest(_Model):
     reason: DrainReason = Field(
         default="reserve pool",
         description="The reserve pool's drain reason (the ReservePool's "
-        "promotion.slurm.reserveReason); promotion resumes the node with force.",
+        "promotion.slurm.reserveReason); promotion resumes the node only while it is "
+        "still the node's reason.",
     )
 
 

@@ -615,7 +615,9 @@ def create_app(settings: BridgeSettings) -> FastAPI:  # noqa: PLR0915 - routes a
         body: ResumeRequest | None = None,
         idempotency_key: IdemKey = None,
     ) -> JSONResponse:
-        """RESUME only a drain gpuheal set (409 otherwise) unless ``force``; not drained: no-op."""
+        """RESUME only a drain gpuheal set (409 otherwise) unless ``force``; with
+        ``reserve_reason`` only a spare drained with exactly that reason (its pool's; an
+        admin's or another tool's drain is 409); not drained: no-op."""
         req = body or ResumeRequest()
         return await mutate_node(request, node, req, idempotency_key, ops.resume)
 
@@ -654,7 +656,8 @@ def create_app(settings: BridgeSettings) -> FastAPI:  # noqa: PLR0915 - routes a
         node: NodeName, body: ReserveRequest, request: Request, idempotency_key: IdemKey = None
     ) -> JSONResponse:
         """Hand a node gpuheal drained (for `incident`) to the reserve pool: DRAIN with the
-        pool's reason (`reserve pool`), which promotion later resumes with force. Someone
+        pool's reason (`reserve pool`), which promotion later resumes (resume with
+        `reserve_reason`: only while that reason is still the node's). Someone
         else's drain is refused (409); the pool's reason already there is a no-op."""
         return await mutate_node(
             request, node, body, idempotency_key, lambda k, s, b: repair.reserve(ops, k, s, b)

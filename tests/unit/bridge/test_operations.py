@@ -141,6 +141,30 @@ async def test_resume_refuses_other_incident(ops: Operations) -> None:
         await ops.resume("node1", "node1", ResumeRequest(incident="nrem-zzz"))
 
 
+async def test_resume_of_a_spare_lifts_only_the_pools_own_drain(
+    ops: Operations, slurm: FakeSlurm
+) -> None:
+    # node2 carries an admin's drain: a spare's resume leaves it (force would have lifted it)
+    with pytest.raises(OwnershipConflict, match="fan swap") as info:
+        await ops.resume("node2", "node2", ResumeRequest(reserve_reason="reserve pool"))
+    assert info.value.current.reason == "admin maintenance: fan swap"
+    await ops.drain("node1", "node1", DrainRequest(incident="nrem-abc"))
+    with pytest.raises(OwnershipConflict, match="not waiting in the reserve pool"):
+        await ops.resume("node1", "node1", ResumeRequest(reserve_reason="reserve pool"))
+    assert slurm.mutating_calls() == ["drain"]
+    await slurm.drain("node1", "reserve pool")  # the pool's (repair.reserve does it so)
+    resp = await ops.resume("node1", "node1", ResumeRequest(reserve_reason="reserve pool"))
+    assert resp.outcome is ResumeOutcome.RESUMED
+    assert not resp.forced
+    again = await ops.resume("node1", "node1", ResumeRequest(reserve_reason="reserve pool"))
+    assert again.outcome is ResumeOutcome.NOT_DRAINED
+
+
+def test_resume_takes_reserve_reason_or_force_not_both() -> None:
+    with pytest.raises(ValueError, match="exclude each other"):
+        ResumeRequest(force=True, reserve_reason="reserve pool")
+
+
 async def test_drain_with_requeue_excludes_node(ops: Operations, slurm: FakeSlurm) -> None:
     slurm.add_job(FakeJob(7, ["node1"]))
     req = DrainRequest(incident="nrem-abc", requeue=RequeueOptions())
