@@ -3,6 +3,7 @@ that a test can SIGKILL and start again; plus small waiting and object helpers."
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import os
 import signal
@@ -19,6 +20,13 @@ from typing import Any
 import yaml
 from kubernetes import client
 from kubernetes.client.rest import ApiException
+
+from gpuheal.xid.identity import (
+    GPU_MAP_ANNOTATION,
+    GPU_REPORT_ANNOTATION,
+    format_gpu_map,
+    format_gpu_report,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 GROUP, VERSION = "gpuheal.io", "v1alpha1"
@@ -212,3 +220,16 @@ def node_events(core: client.CoreV1Api, name: str, kind: str = "Node") -> list[A
 
 def dump(obj: Any) -> str:
     return json.dumps(obj, indent=1, default=str)[:4000]
+
+
+SANDBOX_GPUS = {
+    f"0000:{0x18 + i:02x}:00": f"GPU-{i:08x}-0000-0000-0000-000000000000" for i in range(8)
+}
+
+
+def agent_reports_gpus(core: client.CoreV1Api, node: str, *, ago: float = 0.0) -> None:
+    """Write what gpuheal agent with NVML writes on its node: the GPUs it knows (PCI address ->
+    UUID) and those it sees, dated ``ago`` seconds back (its start); what proves a reset."""
+    seen = format_gpu_report(dt.datetime.now(dt.UTC) - dt.timedelta(seconds=ago), SANDBOX_GPUS)
+    agent = {GPU_MAP_ANNOTATION: format_gpu_map(SANDBOX_GPUS), GPU_REPORT_ANNOTATION: seen}
+    core.patch_node(node, {"metadata": {"annotations": agent}})

@@ -28,6 +28,7 @@ from tests.integration.bridge_harness import BridgeProcess, make_tls, run_bridge
 from tests.integration.operator_harness import (
     Objects,
     OperatorProcess,
+    agent_reports_gpus,
     completed,
     condition,
     free_port,
@@ -337,6 +338,7 @@ def test_a_webhook_url_read_from_a_secret_is_used_and_never_shown(
         wait_for(lambda: receiver.at(f"/{token}-rotated"), "the rotated URL at the next send")
         assert second in receiver.at(f"/{token}-rotated")[0]["text"]
 
+        agent_reports_gpus(core, unhooked)  # a reset could be proven: the hook is asked
         simulate_xid(core, unhooked, 95)
         reset = wait_for(
             lambda: (c := condition(objects.incident(unhooked), "Reset"))

@@ -19,6 +19,7 @@ from gpuheal_dev.sandbox.slurm import SlurmCluster
 from tests.integration.operator_harness import (
     Objects,
     OperatorProcess,
+    agent_reports_gpus,
     condition,
     dump,
     hold,
@@ -76,13 +77,15 @@ def test_a_reset_waits_for_the_nodes_slurm_job_to_leave(  # noqa: PLR0917
         "sbatch", "--parsable", "--requeue", "-o", "/dev/null", "--wrap", "sleep 600"
     ).stdout.strip()
     wait_for(lambda: _job_state(cluster, job) == ("RUNNING", node), f"job {job} RUNNING")
+    agent_reports_gpus(core, node, ago=3600)  # at its start: what proves the reset later
     rule = {
         "name": "row-remap-pending",
         "signals": {"xids": [63]},
         "ladder": [{"name": "reset-when-idle", "steps": [
             {"action": "cordon"},
             {"action": "slurmDrain", "slurmDrain": {"requeue": "none"}},
-            {"action": "reset", "reset": {"hook": _reset_job(namespace), "timeout": "2m"}},
+            {"action": "reset", "reset": {"hook": _reset_job(namespace), "timeout": "2m",
+                                         "settle": "2s"}},
         ]}],
     }  # fmt: skip
     objects.apply("remediationpolicies", policy(f"p-{cid}", f"{cid}-work", [rule]))
@@ -114,10 +117,13 @@ def test_a_reset_waits_for_the_nodes_slurm_job_to_leave(  # noqa: PLR0917
 
         cluster.run("scontrol", "requeue", job)
         wait_for(lambda: _job_state(cluster, job)[0] == "PENDING", f"job {job} requeued")
+        wait_for(reset_jobs, "the reset Job once the job left", timeout=60)
+        # The agent, back after the reset, reports the same GPUs: the reset is proven.
+        agent_reports_gpus(core, node)
         done = wait_for(
             lambda: (c := condition(o := objects.incident(node), "Reset"))
             and c["status"] == "True" and o,
-            "reset once the job left", timeout=60,
+            "reset verified", timeout=60,
         )  # fmt: skip
         assert reset_jobs() == [f"{done['metadata']['name']}-reset-0"], reset_jobs()
         assert _job_state(cluster, job)[0] == "PENDING", "the job never came back under it"
