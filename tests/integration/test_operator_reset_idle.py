@@ -118,6 +118,11 @@ def test_a_reset_waits_for_the_nodes_slurm_job_to_leave(  # noqa: PLR0917
         cluster.run("scontrol", "requeue", job)
         wait_for(lambda: _job_state(cluster, job)[0] == "PENDING", f"job {job} requeued")
         wait_for(reset_jobs, "the reset Job once the job left", timeout=60)
+        wait_for(
+            lambda: (c := condition(objects.incident(node), "Reset"))
+            and c["reason"] == "Verifying",
+            "the reset Job done, its proof awaited", timeout=60,
+        )  # fmt: skip
         # The agent, back after the reset, reports the same GPUs: the reset is proven.
         agent_reports_gpus(core, node)
         done = wait_for(
