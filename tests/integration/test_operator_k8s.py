@@ -422,6 +422,34 @@ def test_dry_run_records_the_plan_and_changes_nothing(
     assert core.read_namespaced_pod("bystander", namespace).status.phase == "Running"
 
 
+def test_a_dry_run_alert_leaves_detected_as_it_was(
+    sandbox: Sandbox,
+    case: Callable[..., list[str]],
+    objects: Objects,
+    run_operator: Callable[..., OperatorProcess],
+) -> None:
+    """An alert step has no condition of its own: in a dry run it must not write Detected
+    False (the next pass would then open the incident again: a second Detected entry, a
+    second 'opened', the ladder back to its first rung)."""
+    core = sandbox.core_v1()
+    (node,) = case(1)
+    cid = case.case_id  # type: ignore[attr-defined]
+    rule = cordon_only_rule(94)
+    rule["ladder"][0]["steps"].insert(0, {"action": "alert"})
+    objects.apply("remediationpolicies", policy(f"p-{cid}", f"{cid}-work", [rule], dryRun=True))
+    run_operator()
+    simulate_xid(core, node, 94)
+    done = wait_for(lambda: completed(o := objects.incident(node)) and o, "dry-run incident")
+    assert completed(done) == "DryRun", dump(done["status"])
+    detected = condition(done, "Detected")
+    assert detected["status"] == "True", dump(detected)
+    steps = [e["step"] for e in done["status"]["timeline"]]
+    assert steps.count("Detected") == 1, steps
+    assert "cordon/alert" in steps, steps
+    assert condition(done, "Cordoned")["reason"] == "DryRun"
+    assert not objects.node(node).spec.unschedulable
+
+
 def test_storm_breaker_stops_at_max_unhealthy(
     sandbox: Sandbox,
     case: Callable[..., list[str]],

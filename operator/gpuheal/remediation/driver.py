@@ -51,8 +51,8 @@ from gpuheal.remediation.state import Breaker, Runtime
 
 log = logging.getLogger("gpuheal.remediation")
 
+# A step's own condition (an alert has none: Detected is the incident's, not the alert's).
 CONDITION_OF = {
-    Action.ALERT: NremCondition.DETECTED,
     Action.CORDON: NremCondition.CORDONED,
     Action.SLURM_DRAIN: NremCondition.SLURM_DRAINED,
     Action.DRAIN: NremCondition.DRAINED,
@@ -80,7 +80,7 @@ ENDED_EVENT = {
     "Remediated": EventReason.REMEDIATED,
     "DryRun": EventReason.DRY_RUN_COMPLETED,
 }
-_PROGRESS = frozenset(CONDITION_OF.values()) | {NremCondition.JOBS_REQUEUED}
+_PROGRESS = frozenset(CONDITION_OF.values()) | {NremCondition.DETECTED, NremCondition.JOBS_REQUEUED}
 # Waits that hold the incident up for a reason a person may want to know (Blocked=True).
 _BLOCKING_WAITS = frozenset(
     {
@@ -402,12 +402,13 @@ async def _record_would(
     action = would.step.action
     rung, index = int(would.rung or 0), int(would.step_index or 0)
     label = f"{nrem.spec.ladder[rung].name}/{action.value}"
-    rec.condition(
-        CONDITION_OF[action],
-        "False",
-        "DryRun",
-        f"dry run: would {action.value} {nrem.spec.node_name}",
-    )
+    if action in CONDITION_OF:  # an alert has no condition of its own to mark
+        rec.condition(
+            CONDITION_OF[action],
+            "False",
+            "DryRun",
+            f"dry run: would {action.value} {nrem.spec.node_name}",
+        )
     # Recorded like a done step so the dry run walks the whole ladder; its condition stays
     # False (DryRun), so nothing claims the step happened.
     rec.event(label, f"dry run: would {action.value}")
