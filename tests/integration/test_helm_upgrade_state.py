@@ -222,13 +222,19 @@ def _upgrade_mid_incident(
 
 @pytest.fixture
 def bare_sandbox(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sandbox]:
-    """A kube-apiserver of its own, without gpuheal's CRDs (the session's has them)."""
+    """A kube-apiserver of its own, without gpuheal's CRDs (the session's has them), and a
+    non-GPU node for the operator (`helm install --wait` waits for it)."""
+    from gpuheal_dev.sandbox.nodes import create_gpu_nodes, wait_nodes_ready
+
     sb = Sandbox.up(
         SandboxConfig(
             root=tmp_path_factory.mktemp("bare-sandbox"), gpu_nodes=0, spare_nodes=0, slurm=False
         )
     )
     try:
+        core = sb.core_v1()
+        create_gpu_nodes(core, ["system"], gpus=0, labels={"nvidia.com/gpu.present": "false"})
+        wait_nodes_ready(core, ["system"])
         yield sb
     finally:
         sb.down()
@@ -258,7 +264,8 @@ def test_first_install_creates_the_default_objects_and_upgrades_keep_them(
         assert got.returncode == 0, f"{kind}/{name}: {got.stderr}"
         return dict(json.loads(got.stdout))
 
-    out = helm("install", "gpuheal", *chart, "-f", str(path)).stdout
+    # The README's: --wait, so that Helm waits for the CRDs before it creates the hooks.
+    out = helm("install", "gpuheal", *chart, "-f", str(path), "--wait", "--timeout=3m").stdout
     policy = get("remediationpolicy", "default")
     assert "created after the CRDs, by a post-install hook" in out, out  # NOTES.txt
     uid, pool_uid = policy["metadata"]["uid"], get("reservepool", "spares")["metadata"]["uid"]
