@@ -688,8 +688,8 @@ def test_alerts_are_per_incident_and_per_pool(helm: Helm) -> None:
 
 
 def test_default_policy_is_the_catalogue_in_dry_run(helm: Helm) -> None:
-    """`--set defaultPolicy.enabled=true` creates examples/default-policy.yaml in dry run (once
-    its CRD is served); a spec of your own replaces it whole; dryRun applies to either."""
+    """`--set defaultPolicy.enabled=true` creates examples/default-policy.yaml in dry run; a spec
+    of your own replaces it whole; dryRun applies to either."""
     example = yaml.safe_load((ROOT / "examples" / "default-policy.yaml").read_text())
     assert example["spec"]["safety"]["dryRun"] is True  # docs/install.md: start in dry run
     assert (CHART / "files" / "default-policy.yaml").read_text() == (
@@ -715,10 +715,25 @@ def test_default_policy_is_the_catalogue_in_dry_run(helm: Helm) -> None:
         meta = _one(docs, kind)["metadata"]
         assert not any(k.startswith("helm.sh/hook") for k in meta["annotations"]), meta
         assert meta["annotations"]["helm.sh/resource-policy"] == "keep"
-    # Not served yet (the install that creates the CRDs): left out, for the next upgrade.
+    # Not served yet (the install that creates the CRDs): a post-install hook, never deleted
+    # by Helm, owned by the release so that the next upgrade takes it over.
     unserved = helm.template("--set", "defaultPolicy.enabled=true", *pool)
-    assert not _objects(unserved, "RemediationPolicy")
-    assert not _objects(unserved, "ReservePool")
+    for kind in ("RemediationPolicy", "ReservePool"):
+        meta = _one(unserved, kind)["metadata"]
+        assert meta["labels"]["app.kubernetes.io/managed-by"] == "Helm"
+        assert meta["annotations"] == {
+            "helm.sh/hook": "post-install",
+            "helm.sh/resource-policy": "keep",
+            "meta.helm.sh/release-name": "r",
+            "meta.helm.sh/release-namespace": "gpuheal",
+        }
+    assert _one(unserved, "ConfigMap", "-default-objects")["data"] == {
+        "RemediationPolicy": "hook/default",
+        "ReservePool": "hook/spares",
+    }
+    # ...unless the CRDs are someone else's (crds.enabled=false): NOTES.txt says to install them.
+    theirs = helm.template("--set", "defaultPolicy.enabled=true", "--set", "crds.enabled=false")
+    assert not _objects(theirs, "RemediationPolicy")
 
     live = helm.template(
         "--set", "defaultPolicy.enabled=true", "--set", "defaultPolicy.dryRun=false", *served
@@ -883,8 +898,8 @@ def test_install_upgrade_uninstall_on_a_real_apiserver(
 ) -> None:
     release = f"gh-{uuid.uuid4().hex[:6]}"
     fullname = f"{release}-gpuheal"
-    # CRDs another test applied are served at install: the default objects come with it;
-    # else this install creates the CRDs, and the default objects come with the upgrade.
+    # CRDs another test applied are served at install: the default objects are release objects;
+    # else this install creates the CRDs, and the default objects with a post-install hook.
     served = all(
         sandbox.kubectl("get", "crd", crd, check=False).returncode == 0 for crd in GPUHEAL_CRDS
     )
@@ -924,10 +939,10 @@ def test_install_upgrade_uninstall_on_a_real_apiserver(
         values_doc = yaml.safe_load(values.read_text())
         pool_name = values_doc["defaultReservePool"]["name"]
         policy_name = values_doc["defaultPolicy"]["name"]
-        got = sandbox.kubectl("get", "remediationpolicy", policy_name, check=False)
-        assert (got.returncode == 0) == served, got.stderr
-        if not served:
-            assert "NOT created yet" in out.stdout, out.stdout  # NOTES.txt: upgrade once
+        sandbox.kubectl("get", "remediationpolicy", policy_name)
+        sandbox.kubectl("get", "reservepool", pool_name)
+        hook_made = "created after the CRDs, by a post-install hook" in out.stdout  # NOTES.txt
+        assert hook_made != served, out.stdout
         # kwok runs the pod: scheduled on the system node, never on a GPU node.
         pods = json.loads(
             sandbox.kubectl(
@@ -960,7 +975,7 @@ def test_install_upgrade_uninstall_on_a_real_apiserver(
         )
         assert "STATUS: deployed" in out.stdout
         assert "REVISION: 2" in out.stdout
-        # The default objects exist once the CRDs are served (created, or patched in place).
+        # The default objects are patched in place (or taken over from the install's hook).
         sandbox.kubectl("get", "reservepool", pool_name)
         policy = json.loads(
             sandbox.kubectl("get", "remediationpolicy", policy_name, "-o", "json").stdout

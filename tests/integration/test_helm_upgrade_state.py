@@ -5,7 +5,8 @@ mid-incident, an operator restart and rollbacks.
 
 The chart is installed on the sandbox's kube-apiserver (which serves the CRDs already, so the
 first revision creates the policy); the operator runs as a local process (kwok runs no
-containers), with the policy the chart created.
+containers), with the policy the chart created. The README's first install, where the chart
+creates the CRDs itself, runs on a kube-apiserver of its own that has never seen them.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import pytest
 import yaml
 
 from gpuheal.cli.simulate import simulate_xid
-from gpuheal_dev.sandbox import Sandbox
+from gpuheal_dev.sandbox import Sandbox, SandboxConfig
 from gpuheal_dev.sandbox.kube import cluster_bin_dir
 from tests.integration.operator_harness import (
     Objects,
@@ -214,3 +215,104 @@ def _upgrade_mid_incident(
     assert reasons.count("CircuitBreakerOpen") == 1, reasons
     history = json.loads(helm("history", release, "-n", namespace, "-o", "json").stdout)
     assert [h["revision"] for h in history] == [1, 2, 3, 4, 5]
+
+
+# --- the README's install: the chart creates the CRDs and the default objects -------------------
+
+
+@pytest.fixture
+def bare_sandbox(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sandbox]:
+    """A kube-apiserver of its own, without gpuheal's CRDs (the session's has them), and a
+    non-GPU node for the operator (`helm install --wait` waits for it)."""
+    from gpuheal_dev.sandbox.nodes import create_gpu_nodes, wait_nodes_ready
+
+    sb = Sandbox.up(
+        SandboxConfig(
+            root=tmp_path_factory.mktemp("bare-sandbox"), gpu_nodes=0, spare_nodes=0, slurm=False
+        )
+    )
+    try:
+        core = sb.core_v1()
+        create_gpu_nodes(core, ["system"], gpus=0, labels={"nvidia.com/gpu.present": "false"})
+        wait_nodes_ready(core, ["system"])
+        yield sb
+    finally:
+        sb.down()
+
+
+def test_first_install_creates_the_default_objects_and_upgrades_keep_them(
+    bare_sandbox: Sandbox, tmp_path: Path
+) -> None:
+    sb = bare_sandbox
+    assert sb.kubectl("get", "crd", "remediationpolicies.gpuheal.io", check=False).returncode
+    helm = Helm(cluster_bin_dir() / "helm", tmp_path / "helm-home", kubeconfig=sb.kubeconfig)
+    sb.kubectl("create", "namespace", "gpuheal-system")
+    chart = (str(CHART), "-n", "gpuheal-system")
+    values = {
+        "agent": {"enabled": False},
+        "defaultPolicy": {"enabled": True},  # the README's: the catalogue, in dry run
+        "defaultReservePool": {
+            "enabled": True,
+            "spec": {"nodeSelector": {"matchLabels": {"gpuheal.io/pool": "reserve"}}},
+        },
+    }
+    path = tmp_path / "values.yaml"
+    path.write_text(yaml.safe_dump(values))
+
+    def get(kind: str, name: str) -> dict[str, Any]:
+        got = sb.kubectl("get", kind, name, "-o", "json", check=False)
+        assert got.returncode == 0, f"{kind}/{name}: {got.stderr}"
+        return dict(json.loads(got.stdout))
+
+    # The README's: --wait, so that Helm waits for the CRDs before it creates the hooks.
+    out = helm("install", "gpuheal", *chart, "-f", str(path), "--wait", "--timeout=3m").stdout
+    policy = get("remediationpolicy", "default")
+    assert "created after the CRDs, by a post-install hook" in out, out  # NOTES.txt
+    uid, pool_uid = policy["metadata"]["uid"], get("reservepool", "spares")["metadata"]["uid"]
+    assert policy["spec"]["safety"]["dryRun"] is True
+    # What the operator would write: a breaker open since a moment that must not move.
+    status = {
+        "remediatingNodes": 1,
+        "conditions": [
+            {
+                "type": "CircuitBreakerOpen",
+                "status": "True",
+                "reason": "MaxUnhealthyReached",
+                "message": "1 of 1 nodes remediating",
+                "lastTransitionTime": "2026-01-02T03:04:05Z",
+            }
+        ],
+    }
+    sb.kubectl(
+        "patch", "remediationpolicy", "default", "--subresource=status", "--type=merge",
+        "-p", json.dumps({"status": status}),
+    )  # fmt: skip
+
+    def kept(step: str) -> dict[str, Any]:
+        now = get("remediationpolicy", "default")
+        assert now["metadata"]["uid"] == uid, f"{step}: the policy was re-created"
+        assert now.get("status") == status, f"{step}: {dump(now.get('status'))}"
+        assert get("reservepool", "spares")["metadata"]["uid"] == pool_uid, step
+        return now
+
+    # The first upgrade takes the hook-made objects into the release: Helm patches nothing
+    # then (NOTES.txt says so), the value applies with the next upgrade.
+    go_live = ("--reuse-values", "--set", "defaultPolicy.dryRun=false")
+    out = helm("upgrade", "gpuheal", *chart, *go_live).stdout
+    assert "applies with the next `helm upgrade`" in out, out
+    assert kept("the first upgrade")["spec"]["safety"]["dryRun"] is True
+    out = helm("upgrade", "gpuheal", *chart, *go_live).stdout
+    assert "applies with the next" not in out, out
+    assert kept("the second upgrade")["spec"]["safety"]["dryRun"] is False
+    # From then on each upgrade and rollback applies its values at once.
+    helm("upgrade", "gpuheal", *chart, "--reuse-values", "--set", "defaultPolicy.dryRun=true")
+    assert kept("a third upgrade")["spec"]["safety"]["dryRun"] is True
+    helm("rollback", "gpuheal", "3", "-n", "gpuheal-system")
+    assert kept("a rollback to revision 3")["spec"]["safety"]["dryRun"] is False
+    helm("rollback", "gpuheal", "1", "-n", "gpuheal-system")  # without them in its manifest
+    kept("a rollback to revision 1")
+    out = helm("upgrade", "gpuheal", *chart, "--reuse-values").stdout  # takes them over again
+    assert "applies with the next `helm upgrade`" in out, out
+    assert kept("an upgrade after it")["spec"]["safety"]["dryRun"] is False
+    out = helm("uninstall", "gpuheal", "-n", "gpuheal-system").stdout
+    kept("helm uninstall")  # helm.sh/resource-policy: keep

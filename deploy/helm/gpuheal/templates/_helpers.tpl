@@ -251,3 +251,31 @@ secret:NAME/KEY, so that no URL is in the pod spec; the operator reads it at eac
 {{- $names = concat $names .Values.notifications.policySecrets }}
 {{- $names | uniq | sortAlpha | toJson }}
 {{- end }}
+
+{{- /*
+How this revision renders a default object (default-objects.yaml), from (list $ kind name):
+"release" an ordinary release object; "hook" its CRD is not served yet and this release creates
+the CRDs: a post-install hook; "absent" its CRD is not served and this release does not create
+it; "adopt" an upgrade that takes over an object already in the cluster but not in the previous
+revision's manifest (the install's hook, one kept while defaultPolicy was off, an older chart's
+hook): an ordinary object with the spec it has in the cluster, since Helm patches nothing on
+the upgrade that takes an object over. The previous revision's modes are in the ConfigMap
+<fullname>-default-objects; a release without it (an older chart) had its hooks annotated.
+*/}}
+{{- define "gpuheal.defaultObjectMode" -}}
+{{- $root := index . 0 }}
+{{- $kind := index . 1 }}
+{{- $name := index . 2 }}
+{{- if not ($root.Capabilities.APIVersions.Has (printf "gpuheal.io/v1alpha1/%s" $kind)) }}
+{{- ternary "hook" "absent" (and $root.Values.crds.enabled $root.Release.IsInstall) }}
+{{- else if not $root.Release.IsUpgrade }}
+{{- "release" }}
+{{- else }}
+{{- $state := lookup "v1" "ConfigMap" $root.Release.Namespace (printf "%s-default-objects" (include "gpuheal.fullname" $root)) }}
+{{- $live := lookup "gpuheal.io/v1alpha1" $kind "" $name }}
+{{- $annotations := (($live.metadata | default dict).annotations | default dict) }}
+{{- $was := get ($state.data | default dict) $kind }}
+{{- $inManifest := ternary (has $was (list (printf "release/%s" $name) (printf "adopt/%s" $name))) (not (hasKey $annotations "helm.sh/hook")) (hasKey $state "data") }}
+{{- ternary "adopt" "release" (and (hasKey $live "spec") (not $inManifest)) }}
+{{- end }}
+{{- end -}}
