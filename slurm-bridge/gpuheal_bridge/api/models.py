@@ -327,6 +327,16 @@ class DrainResponse(_Model):
 
 
 class ResumeRequest(_Model):
+    # The document says what the server enforces: not force together with a reserve_reason.
+    model_config = ConfigDict(
+        json_schema_extra={
+            "not": {
+                "required": ["force", "reserve_reason"],
+                "properties": {"force": {"const": True}, "reserve_reason": {"type": "string"}},
+            }
+        }
+    )
+
     force: bool = Field(default=False, description="Resume even if the drain is not ours.")
     incident: Annotated[str | None, Field(pattern=INCIDENT_PATTERN)] = Field(
         default=None,

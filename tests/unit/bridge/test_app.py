@@ -326,3 +326,24 @@ def test_slurmctld_gauge_is_refreshed_without_readyz(slurm: FakeSlurm, tmp_path:
             time.sleep(0.02)
         assert gauge() == "gpuheal_bridge_slurmctld_up 0.0"
         assert all(op == "ping" for op, _ in slurm.calls)
+
+
+def test_openapi_says_force_and_reserve_reason_exclude_each_other(client: TestClient) -> None:
+    """The server refuses a resume with both (422): the document says so, so a client (and
+    schemathesis's positive cases) never takes such a body for a valid one."""
+    doc = client.get("/openapi.json").json()
+    body = doc["paths"]["/v1/nodes/{node}/resume"]["post"]["requestBody"]["content"]
+    refs = [s["$ref"] for s in body["application/json"]["schema"]["anyOf"] if "$ref" in s]
+    assert refs == ["#/components/schemas/ResumeRequest"], body
+    schema = doc["components"]["schemas"]["ResumeRequest"]
+    assert schema["not"] == {
+        "required": ["force", "reserve_reason"],
+        "properties": {"force": {"const": True}, "reserve_reason": {"type": "string"}},
+    }
+    resp = client.post(
+        "/v1/nodes/node1/resume",
+        json={"force": True, "reserve_reason": "reserve pool"},
+        headers={**AUTH, "Idempotency-Key": "k-both"},
+    )
+    assert resp.status_code == 422, resp.text
+    assert "exclude each other" in resp.json()["message"]
