@@ -4,6 +4,8 @@ Kubernetes node names. No mocks."""
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import os
 import re
 import subprocess
@@ -514,23 +516,35 @@ def test_without_a_bridge_no_step_claims_what_it_did_not_do(
         objects.cleanup([node, admins])
 
 
-def test_a_refused_slurm_resume_is_not_a_return(  # noqa: PLR0917
+@dataclasses.dataclass
+class _Drained:
+    """One node drained in its own Slurm by gpuheal (cordon + slurmDrain, jobs left) through
+    its own bridge process, the operator running: the scene of a return test."""
+
+    node: str
+    objects: Objects
+    cluster: SlurmCluster
+    url: str
+    bridge: subprocess.Popen[bytes]
+
+
+@contextlib.contextmanager
+def _drained_by_gpuheal(
     sandbox: Sandbox,
     own_gpu_nodes: Callable[..., list[str]],
     make_slurm_cluster: Callable[..., SlurmCluster],
     bridge: Callable[..., tuple[str, Path, subprocess.Popen[bytes]]],
     tmp_path: Path,
-    gpuheal_crds: None,
-) -> None:
-    """gpuheal drained the node; an admin takes the drain over (their reason) before the
-    return: the bridge refuses gpuheal's resume, the node stays drained with the admin's
-    reason, Returned is False (SlurmResumeRefused) and the incident does not end Returned."""
+    *,
+    name: str,
+    healthy_for: str,
+) -> Iterator[_Drained]:
     core = sandbox.core_v1()
     cid = os.urandom(3).hex()
     (node,) = own_gpu_nodes(1, **{"gpuheal.io/case": f"{cid}-work"})
     objects = Objects(sandbox.api_client())
-    cluster = make_slurm_cluster([node], name="oprf")
-    url, token_file, _ = bridge(cluster)
+    cluster = make_slurm_cluster([node], name=name)
+    url, token_file, proc = bridge(cluster)
     rule = {
         "name": "bus",
         "signals": {"xids": [79]},
@@ -539,7 +553,7 @@ def test_a_refused_slurm_resume_is_not_a_return(  # noqa: PLR0917
         ]}],
     }  # fmt: skip
     objects.apply("remediationpolicies", policy(f"p-{cid}", f"{cid}-work", [rule],
-                                                 healthy_for="8s"))  # fmt: skip
+                                                 healthy_for=healthy_for))  # fmt: skip
     op = OperatorProcess(
         Path(sandbox.kubeconfig), tmp_path,
         ["--bridge-url", url, "--bridge-token-file", str(token_file)],
@@ -551,22 +565,38 @@ def test_a_refused_slurm_resume_is_not_a_return(  # noqa: PLR0917
             and c["status"] == "True" and c["reason"] == "Drained",
             "SlurmDrained", timeout=60,
         )  # fmt: skip
+        yield _Drained(node, objects, cluster, url, proc)
+    finally:
+        op.stop()
+        objects.cleanup([node])
+
+
+def test_a_refused_slurm_resume_is_not_a_return(  # noqa: PLR0917
+    sandbox: Sandbox,
+    own_gpu_nodes: Callable[..., list[str]],
+    make_slurm_cluster: Callable[..., SlurmCluster],
+    bridge: Callable[..., tuple[str, Path, subprocess.Popen[bytes]]],
+    tmp_path: Path,
+    gpuheal_crds: None,
+) -> None:
+    """gpuheal drained the node; an admin takes the drain over (their reason) before the
+    return: the bridge refuses gpuheal's resume, the node stays drained with the admin's
+    reason, Returned is False (SlurmResumeRefused) and the incident does not end Returned."""
+    with _drained_by_gpuheal(sandbox, own_gpu_nodes, make_slurm_cluster, bridge, tmp_path,
+                             name="oprf", healthy_for="8s") as scene:  # fmt: skip
+        node, cluster = scene.node, scene.cluster
         cluster.run("scontrol", "update", f"NodeName={node}", "State=DRAIN",
                     "Reason=admin: memtest")  # fmt: skip
-        done = wait_for(lambda: completed(o := objects.incident(node)) and o,
+        done = wait_for(lambda: completed(o := scene.objects.incident(node)) and o,
                         "incident completed", timeout=90)  # fmt: skip
-        print(dump(done["status"]))
         returned = condition(done, "Returned")
-        assert returned is not None
+        assert returned is not None, dump(done["status"])
         assert (returned["status"], returned["reason"]) == ("False", "SlurmResumeRefused")
         assert completed(done) == "Remediated", dump(done["status"])
         assert "not back in Slurm service" in condition(done, "Completed")["message"]
         state = _node(cluster, node)
         assert "DRAIN" in _slurm_state(cluster, node), state
         assert "Reason=admin: memtest" in state, state
-    finally:
-        op.stop()
-        objects.cleanup([node])
 
 
 def test_a_return_while_the_bridge_is_down_waits_for_it(  # noqa: PLR0917
@@ -580,35 +610,11 @@ def test_a_return_while_the_bridge_is_down_waits_for_it(  # noqa: PLR0917
     """The bridge is down when the node is due back: the return does not claim it (Returned
     False, Blocked: BridgeUnavailable) and the incident stays open until the bridge is back,
     then resumes gpuheal's drain and ends Returned."""
-    core = sandbox.core_v1()
-    cid = os.urandom(3).hex()
-    (node,) = own_gpu_nodes(1, **{"gpuheal.io/case": f"{cid}-work"})
-    objects = Objects(sandbox.api_client())
-    cluster = make_slurm_cluster([node], name="opbd")
-    url, token_file, proc = bridge(cluster)
-    port = int(url.rsplit(":", 1)[1])
-    rule = {
-        "name": "bus",
-        "signals": {"xids": [79]},
-        "ladder": [{"name": "out", "steps": [
-            {"action": "cordon"}, {"action": "slurmDrain", "slurmDrain": {"requeue": "none"}},
-        ]}],
-    }  # fmt: skip
-    objects.apply("remediationpolicies", policy(f"p-{cid}", f"{cid}-work", [rule],
-                                                 healthy_for="3s"))  # fmt: skip
-    op = OperatorProcess(
-        Path(sandbox.kubeconfig), tmp_path,
-        ["--bridge-url", url, "--bridge-token-file", str(token_file)],
-    ).start()  # fmt: skip
-    try:
-        simulate_xid(core, node, 79)
-        wait_for(
-            lambda: (c := condition(objects.incident(node), "SlurmDrained"))
-            and c["status"] == "True",
-            "SlurmDrained", timeout=60,
-        )  # fmt: skip
-        proc.terminate()
-        proc.wait(timeout=10)
+    with _drained_by_gpuheal(sandbox, own_gpu_nodes, make_slurm_cluster, bridge, tmp_path,
+                             name="opbd", healthy_for="3s") as scene:  # fmt: skip
+        node, cluster, objects = scene.node, scene.cluster, scene.objects
+        scene.bridge.terminate()
+        scene.bridge.wait(timeout=10)
         waiting = wait_for(
             lambda: (o := objects.incident(node))
             and (c := condition(o, "Returned")) and c["reason"] == "BridgeUnavailable" and o,
@@ -619,7 +625,7 @@ def test_a_return_while_the_bridge_is_down_waits_for_it(  # noqa: PLR0917
         assert (blocked["status"], blocked["reason"]) == ("True", "BridgeUnavailable")
         assert not completed(waiting)
         assert "DRAIN" in _slurm_state(cluster, node)
-        bridge(cluster, port)
+        bridge(cluster, int(scene.url.rsplit(":", 1)[1]))
         done = wait_for(lambda: completed(o := objects.incident(node)) and o,
                         "returned once the bridge is back", timeout=90)  # fmt: skip
         assert completed(done) == "Returned", dump(done["status"])
@@ -627,6 +633,3 @@ def test_a_return_while_the_bridge_is_down_waits_for_it(  # noqa: PLR0917
         assert (returned["status"], returned["reason"]) == ("True", "ReturnedToService")
         assert "resumed" in returned["message"]
         assert "DRAIN" not in _slurm_state(cluster, node), _node(cluster, node)
-    finally:
-        op.stop()
-        objects.cleanup([node])
