@@ -1,6 +1,6 @@
 """`gpuheal explain NODE`: why gpuheal does what it does about a node. Every line is the
-decision engine's own answer, asked with the inputs the operator builds from the same
-objects (the policy's counts as its status last reported them)."""
+decision engine's own answer, asked the way the operator asks it (`policy.reading`), from one
+read of every Node, policy, pool, incident and FaultHistory and of the node's Events."""
 
 from __future__ import annotations
 
