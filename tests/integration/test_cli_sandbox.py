@@ -11,19 +11,34 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
+from gpuheal.cli.simulate import simulate_xid
 from gpuheal_dev.sandbox import Sandbox
-from tests.integration.operator_harness import REPO, Objects, free_port, wait_for
-from tests.integration.test_operator_k8s import gpuheal_crds, objects
+from tests.integration.operator_harness import (
+    REPO,
+    Objects,
+    OperatorProcess,
+    condition,
+    free_port,
+    wait_for,
+)
+from tests.integration.test_operator_k8s import (
+    case,
+    cordon_only_rule,
+    gpuheal_crds,
+    objects,
+    policy,
+    run_operator,
+)
 
 pytestmark = pytest.mark.integration
-__all__ = ["gpuheal_crds", "objects"]
+__all__ = ["case", "gpuheal_crds", "objects", "run_operator"]
 VENV_BIN = Path(sys.executable).parent
 
 
@@ -181,3 +196,49 @@ def _children(pid: int) -> list[int]:
         ["ps", "-o", "pid=", "--ppid", str(pid)], capture_output=True, text=True, check=False
     ).stdout
     return [int(p) for p in out.split()]
+
+
+def test_explain_counts_the_breakers_slots_as_the_operator_does(
+    sandbox: Sandbox,
+    case: Callable[..., list[str]],
+    objects: Objects,
+    run_operator: Callable[..., OperatorProcess],
+) -> None:
+    """`gpuheal explain` on a node the breaker holds back says what the operator recorded on
+    its incident, word for word: it reads every Node and incident and counts the slots where
+    the operator counts them (`policy.reading`), not from the policy's status."""
+    core = sandbox.core_v1()
+    nodes = case(6)
+    cid = case.case_id  # type: ignore[attr-defined]
+    pname = f"p-{cid}"
+    objects.apply(
+        "remediationpolicies", policy(pname, f"{cid}-work", [cordon_only_rule(94)], max_unhealthy=1)
+    )
+    run_operator()
+    struck = nodes[:2]
+    for n in struck:
+        simulate_xid(core, n, 94)
+
+    def held() -> str | None:
+        for n in struck:
+            blocked = condition(objects.incident(n), "Blocked")
+            if (
+                blocked
+                and blocked["status"] == "True"
+                and blocked["reason"] == "CircuitBreakerOpen"
+            ):
+                return n
+        return None
+
+    node = wait_for(held, "one incident held by the breaker", timeout=90)
+    recorded = condition(objects.incident(node), "Blocked")
+    assert recorded is not None
+    out = kubectl_gpuheal(sandbox, "explain", node, "-o", "json")
+    assert out.returncode == 0, out.stderr
+    last = json.loads(out.stdout)["verdicts"][-1]
+    assert last["about"].startswith("incident"), out.stdout
+    assert (last["decision"]["kind"], last["decision"]["reason"]) == (
+        "Blocked", "CircuitBreakerOpen")  # fmt: skip
+    # 1 slot of the 6 nodes the policy selects (every Node read, not only this one)
+    assert last["decision"]["message"] == recorded["message"], (last, recorded)
+    assert "1 of 6 selected nodes already out of service" in recorded["message"]

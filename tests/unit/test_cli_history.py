@@ -101,6 +101,6 @@ def test_explain_counts_the_fault_history_like_the_operator() -> None:
     without, _ = explain_node(NODE, [policy], xid_events(55), [], now=EXPLAIN_NOW)
     assert "now: opens an incident (rule ecc, rung 0)" in "\n".join(without)
     with_history, _ = explain_node(
-        NODE, [policy], xid_events(55), [], now=EXPLAIN_NOW, history=history
+        NODE, [policy], xid_events(55), [], now=EXPLAIN_NOW, histories=[history]
     )
     assert "now: opens an incident (rule ecc, rung 1)" in "\n".join(with_history)

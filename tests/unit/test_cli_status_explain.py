@@ -25,6 +25,7 @@ from gpuheal.policy.inputs import (
     node_event,
     node_view,
 )
+from gpuheal.policy.reading import scan
 from gpuheal.policy.types import Act, History, Move
 from gpuheal.remediation import driver
 from gpuheal.remediation.state import Runtime
@@ -192,8 +193,8 @@ def test_explain_says_what_the_operator_decides_even_for_a_two_rung_rule_without
     # ...and each signal as the intake judged it when it arrived
     events = [e for e in (node_event(b) for b in xid_events(40, 41, 42)) if e is not None]
     observations = [event_observation(e, NOW) for e in events]
-    _, verdicts = explain(node_view(NODE), [policy], observations, incident=None,  # type: ignore[arg-type]
-                          episodes=[], counts={}, now=NOW)  # fmt: skip
+    read = scan([node_view(NODE)], [policy], [], signals={"n1": observations})  # type: ignore[dict-item]
+    _, verdicts = explain(read, "n1", incident=None, episodes=[], now=NOW)
     for i, verdict in enumerate(verdicts[:3]):
         obs = observations[i]
         assert obs is not None

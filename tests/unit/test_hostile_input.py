@@ -158,13 +158,13 @@ def test_the_engines_guarded_rung_is_the_rules_ladder() -> None:
 
 
 def test_a_node_under_a_forged_or_stale_mark_counts_once_against_max_unhealthy() -> None:
-    from gpuheal.policy import cluster_counts
     from gpuheal.policy.types import NodeView
+    from tests.unit.test_policy_history import scanned_counts
 
     open_one = IncidentSummary(
         name="nrem-new", node="gpu-1", policy="p", active=True, holds_slot=True
     )
     marked = NodeView(name="gpu-1", unschedulable=True, cordoned_by="nrem-forged")
     other = NodeView(name="gpu-2", unschedulable=True, cordoned_by="nrem-old")
-    counts = cluster_counts("p", 10, [open_one], [marked, other])
+    counts = scanned_counts("p", 10, [open_one], [marked, other])
     assert counts.remediating == 2  # gpu-1 once (its open incident), gpu-2 (kept out)

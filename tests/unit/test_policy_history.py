@@ -21,6 +21,7 @@ from gpuheal.policy import admit, cluster_counts, decide
 from gpuheal.policy import history as fh
 from gpuheal.policy.engine import human_window, repeat_phrase
 from gpuheal.policy.inputs import done_actions, incident_view
+from gpuheal.policy.safety import tally
 from gpuheal.policy.types import (
     Act,
     Blocked,
@@ -374,6 +375,23 @@ def test_a_later_rung_repeats_a_reboot_an_earlier_rung_did() -> None:
 # --- counting: replaced nodes no longer hold a slot ----------------------------------------------
 
 
+def scanned_counts(
+    policy: str,
+    selected: int,
+    incidents: list[IncidentSummary],
+    kept_out: list[NodeView],
+    local_slots: tuple[str, ...] = (),
+) -> ClusterCounts:
+    """`cluster_counts` from a scan of every incident and every node kept out."""
+    return cluster_counts(
+        selected,
+        tally(policy, incidents),
+        {n.name: n.kept_out_by for n in kept_out if n.kept_out_by},
+        replaced={i.name for i in incidents if i.replacement},
+        local_slots=local_slots,
+    )
+
+
 def test_twenty_replaced_nodes_waiting_for_repair_do_not_trip_the_breaker() -> None:
     replaced = [
         IncidentSummary(
@@ -385,13 +403,13 @@ def test_twenty_replaced_nodes_waiting_for_repair_do_not_trip_the_breaker() -> N
     kept_out = [
         NodeView(name=f"n{i}", unschedulable=True, cordoned_by=f"nrem-{i}") for i in range(20)
     ]
-    counts = cluster_counts("p", 125, replaced, kept_out)
+    counts = scanned_counts("p", 125, replaced, kept_out)
     assert counts.remediating == 0
     policy = spec([ECC])
     assert admit(policy.safety, counts, T0).blocked is None
     # Without a replacement, the same nodes kept out do count (and block).
     unreplaced = [dataclasses.replace(i, replacement=None) for i in replaced]
-    assert cluster_counts("p", 125, unreplaced, kept_out).remediating == 20
+    assert scanned_counts("p", 125, unreplaced, kept_out).remediating == 20
 
 
 def test_an_open_incident_that_replaced_its_node_releases_its_slot() -> None:
@@ -399,7 +417,7 @@ def test_an_open_incident_that_replaced_its_node_releases_its_slot() -> None:
         name="nrem-1", node="n1", policy="p", active=True, holds_slot=True, replacement="s1"
     )
     working = IncidentSummary(name="nrem-2", node="n2", policy="p", active=True, holds_slot=True)
-    counts = cluster_counts("p", 10, [repairing, working], [], local_slots=["nrem-1"])
+    counts = scanned_counts("p", 10, [repairing, working], [], local_slots=("nrem-1",))
     assert counts.remediating == 1
 
 

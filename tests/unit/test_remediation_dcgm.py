@@ -14,6 +14,7 @@ from prometheus_client import CollectorRegistry
 from gpuheal.adapters.dcgm import DcgmScraper
 from gpuheal.config import OperatorConfig
 from gpuheal.metrics import Metrics
+from gpuheal.policy.reading import engine_view
 from gpuheal.policy.types import ALWAYS, NodeView
 from gpuheal.remediation.sources import scrape_once
 from gpuheal.remediation.state import Runtime
@@ -77,6 +78,13 @@ async def test_counter_rise_becomes_an_xid_signal_and_the_first_scrape_is_a_base
     assert rt.metrics.source_up.labels("dcgm")._value.get() == 1
 
 
+def readable_since(rt: Runtime, node: str) -> dt.datetime | None:
+    """Since when the engine sees the node's sources readable (None: blind)."""
+    if node not in rt.nodes:
+        rt.set_node(NodeView(name=node))
+    return engine_view(rt.reading(), node).sources_readable_since
+
+
 async def test_unreadable_exporter_is_blind_not_healthy(exporter: int) -> None:
     rt = Runtime(OperatorConfig(dcgm_port=exporter), Metrics(CollectorRegistry()))
     http = DcgmScraper(port=exporter, timeout=1)
@@ -87,17 +95,17 @@ async def test_unreadable_exporter_is_blind_not_healthy(exporter: int) -> None:
     # Blind for the node whose exporter cannot be read, and only for it (issue 12: a blind
     # source holds back only the nodes it covers; this used to make every node blind).
     assert rt.blind_nodes["dcgm"] == {"n2"}
-    assert rt.engine_view(NodeView(name="n2")).sources_readable_since is None
-    assert rt.engine_view(NodeView(name="n1")).sources_readable_since is not None
+    assert readable_since(rt, "n2") is None
+    assert readable_since(rt, "n1") is not None
     assert rt.metrics.source_errors.labels("dcgm")._value.get() == 1
     # Read again: readable from now on (blind time is not healthy time).
     http = DcgmScraper(port=exporter, timeout=1)
     await scrape_once(rt, http, [pod("n1"), pod("n2")], {})
     await http.close()
-    back = rt.engine_view(NodeView(name="n2")).sources_readable_since
+    back = readable_since(rt, "n2")
     assert back is not None
     assert back > dt.datetime.now(dt.UTC) - dt.timedelta(minutes=1)
-    assert rt.engine_view(NodeView(name="n1")).sources_readable_since == ALWAYS
+    assert readable_since(rt, "n1") == ALWAYS
 
 
 async def test_listing_the_exporters_failing_blinds_the_nodes_they_covered() -> None:
@@ -105,7 +113,7 @@ async def test_listing_the_exporters_failing_blinds_the_nodes_they_covered() -> 
     rt.dcgm_nodes = {"n1"}
     for node in rt.dcgm_nodes:
         rt.set_blind("dcgm", node)
-    assert rt.engine_view(NodeView(name="n1")).sources_readable_since is None
-    assert rt.engine_view(NodeView(name="n9")).sources_readable_since == ALWAYS
+    assert readable_since(rt, "n1") is None
+    assert readable_since(rt, "n9") == ALWAYS
     rt.set_blind("events")  # a global source: every node
-    assert rt.engine_view(NodeView(name="n9")).sources_readable_since is None
+    assert readable_since(rt, "n9") is None

@@ -1,9 +1,10 @@
 """The operator's incremental indexes say what a full scan says.
 
-`Runtime.counts()` reads per-policy tallies kept as incidents and nodes change; the pure
-`policy.cluster_counts()` (what `gpuheal explain` uses) computes the same from every incident
-and every kept-out node. Any sequence of changes must leave them equal, and the other
-indexes (open incident of a node, recorded signals, last resolved) equal to their scans.
+`Runtime.counts()` hands `policy.cluster_counts()` (the one place that counts the breaker's
+slots) the per-policy tallies it keeps as incidents and nodes change; `gpuheal explain`
+hands it tallies scanned from every incident and every kept-out node (`safety.tally`). Any
+sequence of changes must leave the two equal, and the other indexes (open incident of a
+node, recorded signals, last resolved) equal to their scans.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from gpuheal.config import OperatorConfig
 from gpuheal.metrics import Metrics
 from gpuheal.policy import admit, cluster_counts
 from gpuheal.policy.inputs import last_resolved
+from gpuheal.policy.safety import tally
 from gpuheal.policy.types import IncidentSummary, NodeView
 from gpuheal.remediation.state import Runtime
 from tests.unit.test_policy_select import make_policy
@@ -96,11 +98,12 @@ def apply(rt: Runtime, change: tuple[str, object]) -> None:
 def scanned(rt: Runtime, policy: str) -> object:
     kept = [rt.nodes[n] for n in rt.kept_out if n in rt.nodes and rt.assignment.get(n) == policy]
     breaker = rt.breakers[policy]
+    incidents = list(rt.incidents.values())
     return cluster_counts(
-        policy,
         rt.selected[policy],
-        list(rt.incidents.values()),
-        kept,
+        tally(policy, incidents),
+        {n.name: n.kept_out_by for n in kept if n.kept_out_by},
+        replaced={i.name for i in incidents if i.replacement},
         local_slots=rt.slots.get(policy, ()),
         breaker_open=breaker.open,
         breaker_changed_at=breaker.changed_at,

@@ -1,36 +1,34 @@
 """`gpuheal explain NODE`: why gpuheal does what it does about a node. Every line is the
-decision engine's own answer, asked with the inputs the operator builds from the same
-objects (the policy's counts as its status last reported them)."""
+decision engine's own answer, asked the way the operator asks it (`policy.reading`), from one
+read of every Node, policy, pool, incident and FaultHistory and of the node's Events."""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime as dt
 import sys
-from collections.abc import Collection
+from collections.abc import Collection, Iterable, Mapping
 from typing import Any, TypeVar
 
 from pydantic import ValidationError
 
 from gpuheal.api.faulthistory import FaultHistory
 from gpuheal.api.meta import describe_errors
-from gpuheal.api.names import APPROVE_ANNOTATION, HISTORY_PLURAL, NREM_PLURAL, POLICY_PLURAL
+from gpuheal.api.names import HISTORY_PLURAL, NREM_PLURAL, POLICY_PLURAL, POOL_PLURAL
 from gpuheal.api.noderemediation import NodeRemediation
 from gpuheal.api.remediationpolicy import RemediationPolicy
-from gpuheal.cli._common import add_cluster_flags, add_output_flag, dump
-from gpuheal.policy import history as fault_history
+from gpuheal.api.reservepool import ReservePool
+from gpuheal.cli._common import CliError, add_cluster_flags, add_output_flag, dump
 from gpuheal.policy.explain import Verdict, describe, explain
 from gpuheal.policy.inputs import (
     event_observations,
-    incident_summary,
-    incident_view,
+    is_completed,
     kept_conditions,
-    merge_observations,
     node_event,
     node_view,
-    policy_counts,
-    recorded_observations,
 )
+from gpuheal.policy.reading import open_incident, scan, summaries_of
 from gpuheal.policy.trust import DEFAULT_TRUSTED_REPORTERS, judge_event
 
 
@@ -42,20 +40,33 @@ def explain_node(
     *,
     now: dt.datetime,
     max_signal_age: dt.timedelta | None = None,
-    history: FaultHistory | None = None,
+    histories: Iterable[FaultHistory] = (),
+    nodes: Iterable[dict[str, Any]] = (),
+    pools: Iterable[ReservePool] = (),
+    blind: Collection[str] = (),
+    blind_nodes: Mapping[str, Collection[str]] | None = None,
+    readable_since: Mapping[str, dt.datetime] | None = None,
     trusted: Collection[str] = DEFAULT_TRUSTED_REPORTERS,
 ) -> tuple[list[str], list[Verdict]]:
     """The lines `gpuheal explain` prints, from the objects it read (pure), and the engine's
-    verdicts behind them. Events from reporters not ``trusted`` (the operator's
-    --trusted-reporters) count for nothing, as in the operator; those a rule would have taken
-    are named first."""
-    view = node_view(node, kept_conditions(p.spec for p in policies))
+    verdicts behind them, asked as the operator asks (`policy.reading`). ``nodes``: every
+    Node read (with the incidents, the breaker's slots are counted from them as the operator
+    counts them); ``histories``: every FaultHistory (a GPU that moved brings its record);
+    ``blind``, ``blind_nodes``, ``readable_since``: the sources that could not be read.
+    Events from reporters not ``trusted`` (the operator's --trusted-reporters) count for
+    nothing, as in the operator; those a rule would have taken are named first."""
+    keep = kept_conditions(p.spec for p in policies)
+    view = node_view(node, keep)
+    views = {view.name: view}
+    for body in nodes:
+        other = node_view(body, keep)
+        views.setdefault(other.name, other)
     rules = [r for p in policies for r in p.spec.rules]
     observations = []
     distrusted = []
     for body in events:
         ev = node_event(body)
-        if ev is None:
+        if ev is None or ev.node != view.name:
             continue
         found = event_observations(ev, now, view.gpus)
         verdict = judge_event(ev, found, trusted, rules) if found else None
@@ -63,35 +74,37 @@ def explain_node(
             observations.extend(found)
         elif verdict.matters:
             distrusted.append(f"untrusted: {verdict.message}")
-    open_ = next((n for n in incidents if n.spec.node_name == view.name and not _done(n)), None)
-    summaries = [incident_summary(n) for n in incidents]
-    recorded = [
-        o for n in incidents if n.spec.node_name == view.name for o in recorded_observations(n)
-    ]
-    lines, verdicts = explain(
-        view,
+    read = scan(
+        views.values(),
         policies,
-        merge_observations(
-            recorded, observations, fault_history.observations(history) if history else ()
-        ),
-        incident=incident_view(open_, approve_annotation=APPROVE_ANNOTATION) if open_ else None,
-        episodes=[s for s in summaries if s.node == view.name],
-        counts={p.metadata.name: policy_counts(p, summaries) for p in policies},
+        incidents,
+        histories=histories,
+        signals={view.name: observations},
+        pools=pools,
+        blind=blind,
+        blind_nodes=blind_nodes,
+        readable_since=readable_since,
+    )
+    if read.governs.get(view.name) is None:
+        # The operator's intake ignores the signals of a node no policy governs (it neither
+        # remembers nor records them): they count for nothing, even for an open incident.
+        read = dataclasses.replace(read, signals={})
+    lines, verdicts = explain(
+        read,
+        view.name,
+        incident=open_incident(incidents, view.name),
+        episodes=summaries_of(incidents, view.name),
         now=now,
         max_signal_age=max_signal_age,
     )
     for n in incidents:
         if n.spec.node_name == view.name:
-            state = "open" if not _done(n) else "closed"
+            state = "open" if not is_completed(n) else "closed"
             lines.append(f"incident {n.metadata.name} ({state}, rule {n.spec.rule})")
     return [*distrusted, *lines], verdicts
 
 
-def _done(nrem: NodeRemediation) -> bool:
-    return incident_summary(nrem).completed_at is not None
-
-
-M = TypeVar("M", RemediationPolicy, NodeRemediation, FaultHistory)
+M = TypeVar("M", RemediationPolicy, NodeRemediation, FaultHistory, ReservePool)
 
 
 def _parsed(items: list[dict[str, Any]], model: type[M]) -> list[M]:
@@ -112,7 +125,7 @@ def _parsed(items: list[dict[str, Any]], model: type[M]) -> list[M]:
 def _run(args: argparse.Namespace) -> int:
     from kubernetes import client
 
-    from gpuheal.cli._cluster import TIMEOUT, api, list_custom, patiently, said_plainly
+    from gpuheal.cli._cluster import TIMEOUT, api, list_custom, list_nodes, patiently, said_plainly
 
     api_client = api(args.kubeconfig, args.context)
     core = client.CoreV1Api(api_client)
@@ -120,21 +133,29 @@ def _run(args: argparse.Namespace) -> int:
         node = api_client.sanitize_for_serialization(
             patiently(lambda: core.read_node(args.node, _request_timeout=TIMEOUT))
         )  # type: ignore[no-untyped-call]
+    # Every Node, incident and FaultHistory: the breaker's slots are counted from them as
+    # the operator counts them, and a GPU that moved brings its record from its old node.
+    nodes = list_nodes(api_client)
     policies = _parsed(list_custom(api_client, POLICY_PLURAL)["items"], RemediationPolicy)
+    pools = _parsed(list_custom(api_client, POOL_PLURAL)["items"], ReservePool)
     selector = f"involvedObject.kind=Node,involvedObject.name={args.node}"
-    with said_plainly("events"):
-        listed = patiently(
-            lambda: core.list_event_for_all_namespaces(
-                field_selector=selector, _request_timeout=TIMEOUT
-            )
-        ).items
-    events = api_client.sanitize_for_serialization(listed)  # type: ignore[no-untyped-call]
+    blind: list[str] = []
+    events: list[dict[str, Any]] = []
+    try:
+        with said_plainly("events"):
+            listed = patiently(
+                lambda: core.list_event_for_all_namespaces(
+                    field_selector=selector, _request_timeout=TIMEOUT
+                )
+            ).items
+        events = api_client.sanitize_for_serialization(listed)  # type: ignore[no-untyped-call]
+    except CliError as exc:
+        # As the operator whose Event watch fails: the source is blind, which starts and
+        # ends nothing; said, and the rest is still explained.
+        print(f"(the events source cannot be read, so it is blind: {exc})", file=sys.stderr)
+        blind.append("events")
     incidents = _parsed(list_custom(api_client, NREM_PLURAL)["items"], NodeRemediation)
-    histories = [
-        h
-        for h in _parsed(list_custom(api_client, HISTORY_PLURAL)["items"], FaultHistory)
-        if h.spec.node_name == args.node
-    ]
+    histories = _parsed(list_custom(api_client, HISTORY_PLURAL)["items"], FaultHistory)
     max_age = dt.timedelta(seconds=args.event_max_age)
     now = dt.datetime.now(dt.UTC)
     lines, verdicts = explain_node(
@@ -144,7 +165,10 @@ def _run(args: argparse.Namespace) -> int:
         incidents,
         now=now,
         max_signal_age=max_age,
-        history=histories[0] if histories else None,
+        histories=histories,
+        nodes=nodes,
+        pools=pools,
+        blind=blind,
         trusted=frozenset(r.strip() for r in args.trusted_reporters.split(",") if r.strip()),
     )
     if args.output == "text":

@@ -1,8 +1,9 @@
 """The only decisions: policy + node view + history + cluster counts + now -> Decision.
 
 `decide` (engine) is the entry point; `admit` (safety) the gate before a node is taken out
-of service; `select` says which policy, rule, spare and pods; `inputs` builds the engine's
-inputs from API objects for the operator and the CLI alike.
+of service; `select` says which policy, rule, spare and pods; `inputs` reads API objects,
+and `reading` builds the engine's inputs for a node from what was read of the cluster, for
+the operator (its caches) and `gpuheal explain` (a live read) alike.
 """
 
 from gpuheal.policy.engine import condition_observations, decide, rung_for, trigger_for

@@ -1,17 +1,18 @@
 """Why gpuheal does what it does with one node, in words: every line is the engine's own
-answer (`decide`), asked with the same inputs the operator builds, so `gpuheal explain`
-cannot describe an operator that does something else."""
+answer, asked through `reading.judge` with inputs built as the operator builds them, so
+`gpuheal explain` cannot describe an operator that does something else."""
 
 from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 
 from gpuheal.api.meta import format_duration
-from gpuheal.api.remediationpolicy import Action, RemediationPolicy
+from gpuheal.api.noderemediation import NodeRemediation
+from gpuheal.api.remediationpolicy import Action
 from gpuheal.policy import types as t
-from gpuheal.policy.engine import decide
+from gpuheal.policy.reading import ClusterRead, judge
 from gpuheal.policy.select import choose_policy, watched_conditions
 
 
@@ -65,82 +66,92 @@ def describe(decision: t.Decision, now: dt.datetime) -> str:
 
 
 def explain(
-    node: t.NodeView,
-    policies: Sequence[RemediationPolicy],
-    observations: Sequence[t.Observation],
+    read: ClusterRead,
+    node: str,
     *,
-    incident: t.IncidentView | None,
+    incident: NodeRemediation | None,
     episodes: Sequence[t.IncidentSummary],
-    counts: Mapping[str, t.ClusterCounts],
     now: dt.datetime,
     max_signal_age: dt.timedelta | None = None,
 ) -> tuple[list[str], list[Verdict]]:
-    """Lines for a person, and the verdicts behind them (what tests compare with `decide`).
+    """Lines for a person, and the verdicts behind them (what tests compare with what the
+    operator decides). Every answer comes from `reading.judge`, the operator's own way to
+    the engine, with ``read`` (one read of the cluster) where the operator has its caches.
 
-    Every signal is judged as the operator judged it when it arrived (with the signals
-    before it as history, and the node's incidents that had ended by then); a signal that
-    arrived during an incident was recorded on it. Then the node as it stands now: the open
-    incident's next move, or whether anything would open one. `episodes` are the node's
-    incidents, open and closed.
+    Every signal is judged as the intake judged it when it arrived (the node's signals
+    before it as history, and its incidents that had ended by then); a signal that arrived
+    during an incident was recorded on it. Then the node as it stands now: the open
+    ``incident``'s next move, or whether anything would open one. ``episodes`` are the
+    node's incidents, open and closed.
     """
+    view = read.nodes.get(node) or t.NodeView(name=node)
     lines = [
-        f"node {node.name}: {'Ready' if node.ready else 'NOT Ready'}"
-        + (", cordoned" if node.unschedulable else "")
+        f"node {view.name}: {'Ready' if view.ready else 'NOT Ready'}"
+        + (", cordoned" if view.unschedulable else "")
         + (
-            f" (by gpuheal incident {node.cordoned_by})"
-            if node.cordoned_by
+            f" (by gpuheal incident {view.cordoned_by})"
+            if view.cordoned_by
             else " (not by gpuheal)"
-            if node.unschedulable
+            if view.unschedulable
             else ""
         )
     ]
-    policy, tied = choose_policy(policies, node.labels)
-    if policy is None:
+    current = judge(read, node, now, incident=incident)
+    if current is None:
+        _, tied = choose_policy(list(read.policies.values()), view.labels)
         lines.append(
             f"policies {', '.join(tied)} tie at the top priority: none acts on this node "
             "(Overlapping)"
             if tied
             else "no RemediationPolicy selects this node: gpuheal does nothing here"
+            if incident is None
+            else f"RemediationPolicy {incident.spec.policy_ref.name} of incident "
+            f"{incident.metadata.name} not found"
         )
         return lines, []
+    inputs, decision = current
+    policy = inputs.policy
     spec = policy.spec
+    governed = read.governs.get(node) == policy.metadata.name
     lines.append(
-        f"policy {policy.metadata.name} (priority {spec.priority}) selects it"
+        f"policy {policy.metadata.name} (priority {spec.priority}) "
+        + ("selects it" if governed else "governs its open incident to its end")
         + (" [PAUSED]" if spec.safety.paused else "")
         + (" [DRY RUN]" if spec.safety.dry_run else "")
     )
+    if inputs.node.sources_readable_since is None:
+        lines.append(
+            "a signal source for this node cannot be read (blind): nothing starts or ends "
+            "on missing data"
+        )
     for type_, bad in watched_conditions(spec):
-        cond = node.condition(type_)
+        cond = view.condition(type_)
         state = "absent" if cond is None else f"{cond.status} since {cond.last_transition_time}"
         lines.append(f"condition {type_} (acts on {bad}): {state}")
-    policy_counts = counts.get(policy.metadata.name, t.ClusterCounts(0, 0, 0))
     verdicts: list[Verdict] = []
-    ordered = sorted(observations, key=lambda o: o.time)
-    for i, obs in enumerate(ordered):
+    for obs in inputs.history.observations:
         about = f"{obs.what} at {obs.time.isoformat()}"
         during = next((e for e in episodes if _within(e, obs.time)), None)
         if during is not None:
             lines.append(f"{about}: recorded on incident {during.name}")
             continue
-        before = t.History(observations=ordered[:i], last_resolved_at=_resolved(episodes, obs.time))
-        decision = decide(
-            spec, node, before, policy_counts, obs.time, new=obs, max_signal_age=max_signal_age
-        )
-        verdicts.append(Verdict(about, decision))
-        lines.append(f"{about}: {describe(decision, obs.time)}")
-    history = t.History(
-        observations=ordered, incident=incident, last_resolved_at=_resolved(episodes, now)
+        then = judge(read, node, obs.time, new=obs, before=obs, max_signal_age=max_signal_age)
+        if then is None:  # the intake asks under the policy that governs the node: none now
+            lines.append(f"{about}: no RemediationPolicy selects the node now")
+            continue
+        verdicts.append(Verdict(about, then[1]))
+        lines.append(f"{about}: {describe(then[1], obs.time)}")
+    seen = inputs.history.incident
+    now_verdict = Verdict(
+        f"incident (rule {seen.rule}, rung {seen.rung})" if seen else "now", decision
     )
-    current = Verdict(
-        f"incident (rule {incident.rule}, rung {incident.rung})" if incident else "now",
-        decide(spec, node, history, policy_counts, now),
-    )
-    verdicts.append(current)
-    lines.append(f"{current.about}: {describe(current.decision, now)}")
-    if policy_counts.breaker_open:
+    verdicts.append(now_verdict)
+    lines.append(f"{now_verdict.about}: {describe(decision, now)}")
+    counts = inputs.counts
+    if counts.breaker_open:
         lines.append(
-            f"circuit breaker OPEN for {policy.metadata.name}: {policy_counts.remediating} of "
-            f"{policy_counts.selected} selected nodes out of service"
+            f"circuit breaker OPEN for {policy.metadata.name}: {counts.remediating} of "
+            f"{counts.selected} selected nodes out of service"
         )
     return lines, verdicts
 
@@ -152,8 +163,3 @@ def _within(episode: t.IncidentSummary, at: dt.datetime) -> bool:
         and started < at
         and (episode.completed_at is None or at <= episode.completed_at)
     )
-
-
-def _resolved(episodes: Sequence[t.IncidentSummary], before: dt.datetime) -> dt.datetime | None:
-    ends = [e.completed_at for e in episodes if e.completed_at and e.completed_at < before]
-    return max(ends, default=None)

@@ -1,7 +1,7 @@
 """From what the API server returns to what the engine reads: Node bodies to compact views,
 Events to observations, NodeRemediations to incident views. Pure and total (a malformed body
-gives an empty-ish value, never an exception); the operator and `gpuheal explain` both build
-the engine's inputs here, so they cannot read the cluster differently.
+gives an empty-ish value, never an exception); the operator and `gpuheal explain` both read
+the cluster's objects here, and `policy.reading` puts them together into the engine's inputs.
 """
 
 from __future__ import annotations
@@ -27,7 +27,6 @@ from gpuheal.api.remediationpolicy import Action, RemediationPolicy, Remediation
 from gpuheal.policy.select import watched_conditions
 from gpuheal.policy.types import (
     ALWAYS,
-    ClusterCounts,
     IncidentSummary,
     IncidentView,
     NodeCondition,
@@ -444,19 +443,3 @@ def breaker_from_incidents(
         and c.reason == Reason.BREAKER_OPEN
     ]
     return (True, min(held)) if held else None
-
-
-def policy_counts(policy: RemediationPolicy, incidents: Iterable[IncidentSummary]) -> ClusterCounts:
-    """A policy's counts as its status reports them (what the CLI can read cheaply)."""
-    is_open, changed_at = breaker_state(policy)
-    name = policy.metadata.name
-    return ClusterCounts(
-        selected=policy.status.selected_nodes,
-        unhealthy=policy.status.unhealthy_nodes,
-        remediating=policy.status.remediating_nodes,
-        recent_starts=tuple(
-            i.slot_taken_at for i in incidents if i.policy == name and i.slot_taken_at is not None
-        ),
-        breaker_open=is_open,
-        breaker_changed_at=changed_at,
-    )

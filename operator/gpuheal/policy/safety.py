@@ -3,14 +3,17 @@ its storm cooldown, the rate limit, and the cluster counts they read."""
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import datetime as dt
-from collections.abc import Iterable, Mapping
+import itertools
+from collections.abc import Collection, Container, Iterable, Mapping, Sequence
+from typing import Protocol
 
 from gpuheal.api.meta import parse_duration, scaled_value
 from gpuheal.api.names import Reason
 from gpuheal.api.remediationpolicy import Safety
-from gpuheal.policy.types import ClusterCounts, IncidentSummary, NodeView, PoolCounts
+from gpuheal.policy.types import ClusterCounts, IncidentSummary, PoolCounts
 
 
 def allowed_unhealthy(safety: Safety, selected: int) -> int:
@@ -85,24 +88,77 @@ def admit(safety: Safety, counts: ClusterCounts, now: dt.datetime) -> Admission:
     return Admission(None, closes)
 
 
+class Tally(Protocol):
+    """One policy's share of the incidents, as `cluster_counts` reads it: kept up to date as
+    incidents change by the operator (`remediation.state.Incidents`), or scanned from a list
+    of incidents once (`tally`)."""
+
+    @property
+    def holders(self) -> Collection[str]: ...  # open incidents that hold a slot
+
+    @property
+    def busy(self) -> Container[str]: ...  # nodes with an open slot-holding incident
+
+    @property
+    def open_nodes(self) -> Collection[str]: ...  # nodes with an open incident
+
+    @property
+    def starts(self) -> Sequence[dt.datetime]: ...  # when its incidents took slots, sorted
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ScannedTally:
+    """A `Tally` from one scan of the incidents (`tally`)."""
+
+    holders: frozenset[str] = frozenset()
+    busy: frozenset[str] = frozenset()
+    open_nodes: frozenset[str] = frozenset()
+    starts: tuple[dt.datetime, ...] = ()
+
+
+def tally(policy: str, incidents: Iterable[IncidentSummary]) -> ScannedTally:
+    """`policy`'s share of every incident, in one scan."""
+    mine = [i for i in incidents if i.policy == policy]
+    return ScannedTally(
+        holders=frozenset(i.name for i in mine if i.active and i.holds_slot),
+        busy=frozenset(i.node for i in mine if i.active and i.holds_slot),
+        open_nodes=frozenset(i.node for i in mine if i.active),
+        starts=tuple(sorted(i.slot_taken_at for i in mine if i.slot_taken_at is not None)),
+    )
+
+
+def starts_since(safety: Safety, now: dt.datetime) -> dt.datetime:
+    """The oldest slot start the rate limit reads at ``now`` (all that `admit` looks at)."""
+    window = safety.rate_limit.window if safety.rate_limit else None
+    return now - parse_duration(window) if window else now
+
+
 def cluster_counts(
-    policy: str,
     selected: int,
-    incidents: Iterable[IncidentSummary],
-    kept_out: Iterable[NodeView],
+    held: Tally,
+    kept_out: Mapping[str, str],
     *,
+    replaced: Container[str] = frozenset(),
     local_slots: Iterable[str] = (),
     breaker_open: bool = False,
     breaker_changed_at: dt.datetime | None = None,
     pools: Mapping[str, PoolCounts] | None = None,
+    since: dt.datetime | None = None,
 ) -> ClusterCounts:
-    """Counts for `policy` from what the operator knows (or a CLI read from the cluster).
+    """A policy's counts: the one place that says which nodes hold its breaker's slots. The
+    operator passes the tallies it keeps as incidents change, `gpuheal explain` those it
+    scanned (`tally`) from one read of the cluster.
+
+    ``selected``: the nodes the policy governs; ``held``: its share of the incidents;
+    ``kept_out``: its nodes gpuheal keeps cordoned, each with the incident its mark names;
+    ``replaced``: incidents that brought in a spare; ``local_slots``: slots its incidents of
+    this process took a moment ago, not visible on them yet; ``since``: keep only the slot
+    starts from then on (`starts_since`: what the rate limit reads), else all.
 
     A slot is held by an open incident that took a disruptive step, by a node gpuheal still
     keeps cordoned after its incident closed (return to service turned off, a failed step),
-    and by an incident of this process that took its slot a moment ago but is not visible in
-    the views yet (`local_slots`). Counting open incidents alone let a storm cordon far more
-    nodes than the policy allows, one closed incident at a time.
+    and by a local slot. Counting open incidents alone let a storm cordon far more nodes
+    than the policy allows, one closed incident at a time.
 
     A node whose incident brought in a spare (`replacement`) holds no slot from then on,
     while it waits for repair or is being repaired: the spare restored the capacity the
@@ -110,22 +166,19 @@ def cluster_counts(
     no longer counts as unhealthy). Without this, 12 replaced nodes waiting for repair on a
     125-node pool with maxUnhealthy 10% would stop all new healing.
     """
-    everything = list(incidents)
-    replaced = {i.name for i in everything if i.replacement}
-    mine = [i for i in everything if i.policy == policy]
-    holders = {i.name for i in mine if i.active and i.holds_slot}
-    busy = {i.node for i in mine if i.active and i.holds_slot}
-    # A node counts once: its mark may name an earlier (or made-up) incident while an open one
-    # holds its slot.
-    holders |= {n.kept_out_by for n in kept_out if n.kept_out_by and n.name not in busy}
-    holders -= replaced
-    holders |= set(local_slots) - replaced
-    unhealthy = {i.node for i in mine if i.active} | {n.name for n in kept_out}
+    # A node counts once: its mark may name an earlier (or made-up) incident while an open
+    # one holds its slot.
+    marks = (by for node, by in kept_out.items() if node not in held.busy)
+    holders = {h for h in itertools.chain(held.holders, marks, local_slots) if h not in replaced}
+    unhealthy = len(held.open_nodes) + sum(1 for n in kept_out if n not in held.open_nodes)
+    starts = tuple(held.starts)
+    if since is not None:
+        starts = starts[bisect.bisect_right(starts, since) :]
     return ClusterCounts(
         selected=selected,
-        unhealthy=len(unhealthy),
+        unhealthy=unhealthy,
         remediating=len(holders),
-        recent_starts=tuple(i.slot_taken_at for i in mine if i.slot_taken_at is not None),
+        recent_starts=starts,
         breaker_open=breaker_open,
         breaker_changed_at=breaker_changed_at,
         pools=dict(pools or {}),

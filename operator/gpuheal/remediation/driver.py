@@ -36,14 +36,13 @@ from gpuheal.api.names import (
 )
 from gpuheal.api.noderemediation import NodeRemediation, RepairRecord
 from gpuheal.api.remediationpolicy import Action, NotifyEvent, RemediationPolicy, Step
-from gpuheal.policy import choose_policy, decide
+from gpuheal.policy import choose_policy
 from gpuheal.policy.inputs import (
-    incident_view,
     is_completed,
     node_view,
-    recorded_observations,
 )
-from gpuheal.policy.types import Act, Blocked, Decision, Idle, Move, NodeView, Wait
+from gpuheal.policy.reading import judge
+from gpuheal.policy.types import Act, Blocked, Decision, Idle, Move, Wait
 from gpuheal.policy.vet import refusal
 from gpuheal.remediation import history, steps
 from gpuheal.remediation.record import Recorder
@@ -244,20 +243,15 @@ async def _decide(
     cannot take more slots than the policy allows."""
     name = nrem.metadata.name
     pname = policy.metadata.name
-    node = nrem.spec.node_name
-    view = rt.nodes.get(node)
-    # Its record, this process's signals and the node's FaultHistory: a restart forgets none.
-    known = rt.node_history(node, extra=tuple(recorded_observations(nrem)))
     async with rt.slot_lock:
-        incident = incident_view(nrem, approve_annotation=APPROVE_ANNOTATION)
-        if name in rt.slots.get(pname, ()):
-            incident = dataclasses.replace(incident, holds_slot=True)
-        decision = decide(
-            policy.spec,
-            rt.engine_view(view) if view is not None else _absent(node),
-            dataclasses.replace(known, incident=incident),
-            rt.counts(pname, now),
-            now,
+        # The inputs as `gpuheal explain` builds them (`policy.reading`), from our caches:
+        # the incident's record, this process's signals and the node's FaultHistory (a
+        # restart forgets none), the same GPUs' signals on other nodes, blind sources.
+        judged = judge(rt.reading(), nrem.spec.node_name, now, incident=nrem)
+        decision: Decision = (
+            judged[1]
+            if judged is not None
+            else Blocked(Reason.POLICY_NOT_FOUND, f"RemediationPolicy {pname} not found")
         )
         if isinstance(decision, Act) and decision.takes_slot:
             rt.slots.setdefault(pname, set()).add(name)
@@ -267,11 +261,6 @@ async def _decide(
     if breaker is not None:
         await _breaker_changed(rt, policy, breaker, decision)
     return decision
-
-
-def _absent(node: str) -> NodeView:
-    """A Node we cannot see (deleted, or not listed yet): blind, so nothing returns it."""
-    return NodeView(name=node, sources_readable_since=None)
 
 
 async def _breaker_changed(

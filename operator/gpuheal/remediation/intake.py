@@ -29,12 +29,14 @@ from gpuheal.api.names import (
 )
 from gpuheal.api.noderemediation import NodeRemediation, NodeRemediationSpec
 from gpuheal.api.remediationpolicy import Action, RemediationPolicy, Rung
-from gpuheal.policy import condition_observations, decide
+from gpuheal.policy import condition_observations, reading
 from gpuheal.policy.engine import same_fault
 from gpuheal.policy.inputs import signal_record
 from gpuheal.policy.types import (
     Act,
     Blocked,
+    Decision,
+    Idle,
     IncidentSummary,
     Move,
     NodeView,
@@ -126,16 +128,7 @@ async def _observe(rt: Runtime, node: str, obs: Observation) -> str:  # noqa: PL
     active = rt.active_incident(node)
     if active is not None:
         return "attached" if await _attach(rt, active, obs) else "coalesced"
-    now = _now()
-    decision = decide(
-        policy.spec,
-        rt.engine_view(view),
-        rt.node_history(node),
-        rt.counts(policy.metadata.name, now),
-        now,
-        new=obs,
-        max_signal_age=dt.timedelta(seconds=rt.config.event_max_age),
-    )
+    decision = judge(rt, node, obs, _now())
     if isinstance(decision, Wait):  # a condition not held long enough: look again then
         rt.forget(node, obs)
         _look_again(rt, node, obs, decision.until)
@@ -151,6 +144,21 @@ async def _observe(rt: Runtime, node: str, obs: Observation) -> str:  # noqa: PL
         rt.metrics.blocked.labels(decision.reason).inc()
         return "blocked"
     return "stale" if decision.reason == Reason.STALE else "ignored"
+
+
+def judge(rt: Runtime, node: str, obs: Observation, now: dt.datetime) -> Decision:
+    """The engine's answer for a new signal on a node without an open incident, from the
+    inputs `gpuheal explain` builds the same way (`policy.reading`) out of our caches."""
+    judged = reading.judge(
+        rt.reading(),
+        node,
+        now,
+        new=obs,
+        max_signal_age=dt.timedelta(seconds=rt.config.event_max_age),
+    )
+    if judged is None:  # no policy governs the node (any more)
+        return Idle(Reason.NO_POLICY, f"no RemediationPolicy governs {node}")
+    return judged[1]
 
 
 async def _open(rt: Runtime, policy: RemediationPolicy, view: NodeView, trigger: Trigger) -> str:

@@ -23,27 +23,24 @@ from gpuheal.adapters.kube import Kube
 from gpuheal.adapters.notify import WebhookSender
 from gpuheal.adapters.slurm import BridgeSlurm, UnknownCluster
 from gpuheal.api.faulthistory import FaultHistory, HistoryEntry
-from gpuheal.api.meta import parse_duration
 from gpuheal.api.names import APPROVE_ANNOTATION
 from gpuheal.api.noderemediation import NodeRemediation
 from gpuheal.api.remediationpolicy import NotifyEvent, RemediationPolicy
 from gpuheal.api.reservepool import RefillStatus, ReservePool
 from gpuheal.config import OperatorConfig
 from gpuheal.metrics import Metrics
-from gpuheal.policy import history as fault_history
-from gpuheal.policy import select_policy
+from gpuheal.policy import reading, select_policy
 from gpuheal.policy.inputs import (
     KUBELET_CONDITIONS,
     breaker_from_incidents,
     breaker_state,
     incident_summary,
     kept_conditions,
-    merge_observations,
 )
-from gpuheal.policy.pool import Unavailable, spare_unavailable
+from gpuheal.policy.pool import Unavailable
+from gpuheal.policy.reading import ClusterRead, NodeRecord, node_record
 from gpuheal.policy.select import slurm_cluster
 from gpuheal.policy.types import (
-    ALWAYS,
     ClusterCounts,
     History,
     IncidentSummary,
@@ -64,29 +61,6 @@ HISTORY_PER_NODE = 256
 MAX_SEEN_KEYS = 200_000
 """Dedupe keys kept at most (the oldest go first): a flood of distinct Events (10,000 a
 minute, for hours) must not grow memory without bound; ~40 MiB at the bound."""
-GLOBAL_SOURCES = frozenset({"nodes", "events", "conditions"})
-"""Sources that cover every node: blind, they hold back every node. A dcgm-exporter pod
-covers its own node only."""
-
-
-@dataclass(frozen=True, slots=True)
-class NodeRecord:
-    """What the operator keeps of a node's FaultHistory object."""
-
-    observations: tuple[Observation, ...] = ()
-    identities: frozenset[tuple[object, ...]] = frozenset()
-    last_outcome_at: dt.datetime | None = None
-    uuids: frozenset[str] = frozenset()
-
-
-def node_record(history: FaultHistory) -> NodeRecord:
-    obs = tuple(fault_history.observations(history))
-    return NodeRecord(
-        observations=obs,
-        identities=frozenset(o.identity for o in obs),
-        last_outcome_at=fault_history.last_outcome_at(history),
-        uuids=frozenset(o.gpu_uuid for o in obs if o.gpu_uuid),
-    )
 
 
 @dataclass
@@ -208,6 +182,19 @@ class Incidents(MutableMapping[str, IncidentSummary]):
 
     def tally(self, policy: str) -> _Tally:
         return self._tallies.get(policy) or _Tally()
+
+    # the indexes as they are, for `Runtime.reading` (read-only by convention)
+    @property
+    def tallies(self) -> dict[str, _Tally]:
+        return self._tallies
+
+    @property
+    def ended(self) -> dict[str, dict[str, dt.datetime]]:
+        return self._ended
+
+    @property
+    def replacements(self) -> Counter[str]:
+        return self._replaced
 
 
 def _bump(counter: Counter[Any], items: Iterable[Any], sign: int) -> None:
@@ -483,51 +470,37 @@ class Runtime:
         return self.incidents.open_on(node)
 
     def pool_counts(self) -> dict[str, PoolCounts]:
-        """Each ReservePool's available spares (unclaimed, `spare_unavailable` says none of
-        ready, uncordoned, not kept out in Slurm by someone else) and its minAvailable."""
-        out = {}
-        for name, pool in self.pools.items():
-            available = sum(
-                1
-                for v in self.nodes.values()
-                if pool.spec.node_selector.matches(dict(v.labels))
-                and not v.claimed_by
-                and spare_unavailable(v, self.spares_out_in_slurm) is None
-            )
-            out[name] = PoolCounts(available=available, min_available=pool.spec.min_available)
-        return out
+        return reading.pool_counts(self.pools, self.nodes.values(), self.spares_out_in_slurm)
 
     def counts(self, policy: str, now: dt.datetime | None = None) -> ClusterCounts:
-        """The policy's cluster counts now, from the indexes: what `policy.cluster_counts`
-        computes from every incident and every kept-out node (a test holds them equal),
-        without walking them. ``recent_starts`` holds only the starts inside the policy's
-        rate-limit window (all that `admit` reads) when ``now`` is given."""
-        breaker = self.breakers.get(policy, Breaker())
-        tally = self.incidents.tally(policy)
-        kept = self.kept_out_of.get(policy, {})
-        # As `cluster_counts`: a kept-out node's mark counts unless an open incident of the
-        # node holds a slot already; an incident that brought in a spare holds none.
-        marks = (by for node, by in kept.items() if node not in tally.busy)
-        holders = {
-            h
-            for h in tally.holders.union(marks, self.slots.get(policy, ()))
-            if not self.incidents.replaced(h)
-        }
-        unhealthy = len(tally.open_nodes) + sum(1 for n in kept if n not in tally.open_nodes)
-        starts: tuple[dt.datetime, ...] = tuple(tally.starts)
-        spec = self.policies[policy].spec if policy in self.policies else None
-        if now is not None and spec is not None:
-            window = spec.safety.rate_limit.window if spec.safety.rate_limit else None
-            since = now - parse_duration(window) if window else now
-            starts = tuple(tally.starts[bisect.bisect_right(tally.starts, since) :])
-        return ClusterCounts(
-            selected=self.selected[policy],
-            unhealthy=unhealthy,
-            remediating=len(holders),
-            recent_starts=starts,
-            breaker_open=breaker.open,
-            breaker_changed_at=breaker.changed_at,
-            pools=self.pool_counts(),
+        """The policy's cluster counts now (`reading.policy_counts`, from the indexes kept
+        as incidents and nodes change); with ``now``, only the slot starts its rate limit
+        reads then."""
+        return reading.policy_counts(self.reading(), policy, now)
+
+    def reading(self) -> ClusterRead:
+        """What this process read of the cluster, as every decision reads it (the caches
+        and indexes themselves, not copies): `policy.reading` builds the engine's inputs
+        from it, as `gpuheal explain` does from its own read."""
+        return ClusterRead(
+            nodes=self.nodes,
+            policies=self.policies,
+            governs=self.assignment,
+            selected=self.selected,
+            tallies=self.incidents.tallies,
+            kept_out=self.kept_out_of,
+            replaced=self.incidents.replacements,
+            ended=self.incidents.ended,
+            local_slots=self.slots,
+            breakers=self.breakers,
+            signals=self.history,
+            histories=self.fault_history,
+            gpu_nodes=self.gpu_nodes,
+            blind=self.blind,
+            blind_nodes=self.blind_nodes,
+            readable_since=self.readable_since,
+            pools=self.pools,
+            spares_out_in_slurm=self.spares_out_in_slurm,
         )
 
     def incident_seen(self, nrem: NodeRemediation, *, ours: bool = False) -> bool:
@@ -614,26 +587,8 @@ class Runtime:
         return record is not None and obs.identity in record.identities
 
     def node_history(self, node: str, *, extra: tuple[Observation, ...] = ()) -> History:
-        """Everything the engine may count for the node: this process's signals, the
-        node's FaultHistory, and `extra` (an open incident's record), each signal once;
-        and the same GPUs' signals on other nodes (a GPU that moved keeps its record)."""
-        record = self.fault_history.get(node, NodeRecord())
-        observations = merge_observations(self.history.get(node, ()), record.observations, extra)
-        resolved = [self.incidents.last_resolved(node), record.last_outcome_at]
-        uuids = {o.gpu_uuid for o in observations if o.gpu_uuid}
-        elsewhere = [
-            o
-            for uuid in uuids
-            for other in self.gpu_nodes.get(uuid, ())
-            if other != node and other in self.fault_history
-            for o in self.fault_history[other].observations
-            if o.gpu_uuid == uuid
-        ]
-        return History(
-            observations=observations,
-            last_resolved_at=max((t for t in resolved if t is not None), default=None),
-            elsewhere=elsewhere,
-        )
+        """Everything the engine may count for the node (`reading.node_history`)."""
+        return reading.node_history(self.reading(), node, extra=extra)
 
     # ---- sources ---------------------------------------------------------------------------
     def set_blind(self, source: str, node: str | None = None) -> None:
@@ -654,19 +609,6 @@ class Runtime:
         if node in blind:
             blind.discard(node)
             self.readable_since[f"{source}/{node}"] = now
-
-    def engine_view(self, view: NodeView) -> NodeView:
-        """The node as the engine sees it: blind when a source that covers it cannot be read
-        (a global source, or a per-node one such as its dcgm-exporter pod); otherwise
-        readable since the last time one of them came back."""
-        if self.blind or any(view.name in nodes for nodes in self.blind_nodes.values()):
-            return dataclasses.replace(view, sources_readable_since=None)
-        since = [
-            t
-            for key, t in self.readable_since.items()
-            if key in GLOBAL_SOURCES or key.endswith(f"/{view.name}")
-        ]
-        return dataclasses.replace(view, sources_readable_since=max(since, default=ALWAYS))
 
     def node_lock(self, node: str) -> asyncio.Lock:
         return self.node_locks.setdefault(node, asyncio.Lock())
