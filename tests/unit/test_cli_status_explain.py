@@ -169,10 +169,10 @@ def test_explain_puts_signals_during_an_incident_on_it_and_asks_for_its_next_mov
 def _operator_decision(policy: RemediationPolicy, incident: NodeRemediation) -> Any:
     """The operator's own code path for an open incident: the driver's `_decide`."""
     rt = Runtime(OperatorConfig(), Metrics(CollectorRegistry()))
-    rt.set_policy(policy)
-    rt.set_node(node_view(NODE))
-    rt.incidents[incident.metadata.name] = incident_summary(incident)
-    return asyncio.run(driver._decide(rt, incident, policy, NOW))
+    rt.view.set_policy(policy)
+    rt.view.set_node(node_view(NODE))
+    rt.view.incidents[incident.metadata.name] = incident_summary(incident)
+    return asyncio.run(driver._decide(rt.ports, rt.view, incident, policy, NOW))
 
 
 def test_explain_says_what_the_operator_decides_even_for_a_two_rung_rule_without_escalation() -> (

@@ -354,9 +354,11 @@ def driver_reasons() -> Iterator[Said]:
     true = frozenset({"True"})
     for call in _calls(mod.tree):
         name = _named(call)
-        if name in ("_complete", "_block") and len(call.args) >= 4:
+        # the reason follows the incident's Recorder (`rec`), whatever parts come first
+        at = [i for i, a in enumerate(call.args) if isinstance(a, ast.Name) and a.id == "rec"]
+        if name in ("_complete", "_block") and at and len(call.args) > at[0] + 1:
             cond = C.COMPLETED if name == "_complete" else C.BLOCKED
-            arg = call.args[3]
+            arg = call.args[at[0] + 1]
             if isinstance(arg, ast.Subscript) and isinstance(arg.value, ast.Name):
                 table = mod.constants[arg.value.id]
                 assert isinstance(table, ast.Dict)

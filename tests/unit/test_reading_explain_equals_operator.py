@@ -238,21 +238,21 @@ def clusters(draw: st.DrawFn) -> dict[str, Any]:
 def operator(world: dict[str, Any]) -> Runtime:
     """The operator's caches, filled as its watches fill them."""
     rt = Runtime(OperatorConfig(), Metrics(CollectorRegistry()))
-    rt.events = Outbox()  # type: ignore[assignment]
+    rt.ports.events = Outbox()  # type: ignore[assignment]
     for policy in world["policies"]:
-        rt.set_policy(policy)  # objects.policy_changed
+        rt.view.set_policy(policy)  # objects.policy_changed
     for body in world["nodes"]:
-        rt.set_node(node_view(body, rt.kept_conditions))  # objects.node_changed
+        rt.view.set_node(node_view(body, rt.view.kept_conditions))  # objects.node_changed
     for nrem in world["incidents"]:
-        rt.incident_seen(nrem)  # objects.incident_changed
-    rt.breakers_from_incidents()  # startup, once the incidents are listed
+        rt.view.incident_seen(nrem)  # objects.incident_changed
+    rt.view.breakers_from_incidents()  # startup, once the incidents are listed
     for history in world["histories"]:
-        rt.set_fault_history(history.spec.node_name, history)  # objects.history_changed
+        rt.view.set_fault_history(history.spec.node_name, history)  # objects.history_changed
     for source in world["blind"]:
-        rt.set_blind(source)  # sources._blind
+        rt.view.set_blind(source)  # sources._blind
     for node in world["blind_nodes"]["dcgm"]:
-        rt.set_blind("dcgm", node)  # sources.scrape_once
-    rt.readable_since.update(world["readable_since"])  # sources.set_seeing, earlier
+        rt.view.set_blind("dcgm", node)  # sources.scrape_once
+    rt.view.readable_since.update(world["readable_since"])  # sources.set_seeing, earlier
     return rt
 
 
@@ -260,7 +260,7 @@ def observed(rt: Runtime, body: dict[str, Any]) -> list[Observation]:
     """What sources.handle_event hands the intake for an Event."""
     ev = node_event(body)
     assert ev is not None
-    view = rt.nodes[ev.node]
+    view = rt.view.nodes[ev.node]
     return event_observations(ev, NOW, view.gpus)
 
 
@@ -287,23 +287,25 @@ def operator_decides(world: dict[str, Any], node: str) -> tuple[str, Decision] |
     governs the node, or the intake takes the Event for a duplicate)."""
     rt = operator(world)
     events = world["events"][node]
-    if rt.policy_of(node) is not None:  # else intake._observe ignores them, unremembered
+    if rt.view.policy_of(node) is not None:  # else intake._observe ignores them, unremembered
         for body in events[:-1]:  # the Events it saw earlier: in its memory of the node
             for obs in observed(rt, body):
-                rt.remember(node, obs)
-    active = rt.active_incident(node)
+                rt.view.remember(node, obs)
+    active = rt.view.active_incident(node)
     if active is not None:
-        nrem = rt.latest[active.name]
-        policy = rt.policies[nrem.spec.policy_ref.name]
-        return "incident", asyncio.run(driver._decide(rt, nrem, policy, NOW))
-    if rt.policy_of(node) is None:
+        nrem = rt.view.latest[active.name]
+        policy = rt.view.policies[nrem.spec.policy_ref.name]
+        return "incident", asyncio.run(driver._decide(rt.ports, rt.view, nrem, policy, NOW))
+    if rt.view.policy_of(node) is None:
         return None
     (new,) = observed(rt, events[-1])
-    earlier = tuple(rt.history.get(node, ()))
-    rt.remember(node, new)
-    if any(same_fault(o, new) for o in earlier) or rt.seen_in_history(node, new):
+    earlier = tuple(rt.view.history.get(node, ()))
+    rt.view.remember(node, new)
+    if any(same_fault(o, new) for o in earlier) or rt.view.seen_in_history(node, new):
         return None  # intake._observe: a duplicate, nothing decided
-    return new.what + " at " + new.time.isoformat(), intake.judge(rt, node, new, NOW)
+    return new.what + " at " + new.time.isoformat(), intake.judge(
+        rt.view, node, new, NOW, max_signal_age=dt.timedelta(seconds=rt.ports.config.event_max_age)
+    )
 
 
 @settings(

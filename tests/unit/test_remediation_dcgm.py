@@ -67,40 +67,40 @@ async def test_counter_rise_becomes_an_xid_signal_and_the_first_scrape_is_a_base
     previous: dict[str, dict[Any, float]] = {}
     http = DcgmScraper(port=exporter, timeout=2)
     _Exporter.text = exporter_text(2, 79)  # XIDs from before we started
-    assert await scrape_once(rt, http, [pod("n1")], previous) == []
-    assert await scrape_once(rt, http, [pod("n1")], previous) == []  # nothing new
+    assert await scrape_once(rt.ports, rt.view, http, [pod("n1")], previous) == []
+    assert await scrape_once(rt.ports, rt.view, http, [pod("n1")], previous) == []  # nothing new
     _Exporter.text = exporter_text(3, 79)  # the counter rose; the gauge cannot show it
-    ((node, signal),) = await scrape_once(rt, http, [pod("n1")], previous)
+    ((node, signal),) = await scrape_once(rt.ports, rt.view, http, [pod("n1")], previous)
     await http.close()
     assert node == "n1"
     # one key per GPU whatever the source: the PCI address (dcgm names both)
     assert (signal.source, signal.xid, signal.gpu) == ("dcgm", 79, "0000:3b:00")
-    assert rt.metrics.source_up.labels("dcgm")._value.get() == 1
+    assert rt.ports.metrics.source_up.labels("dcgm")._value.get() == 1
 
 
 def readable_since(rt: Runtime, node: str) -> dt.datetime | None:
     """Since when the engine sees the node's sources readable (None: blind)."""
-    if node not in rt.nodes:
-        rt.set_node(NodeView(name=node))
-    return engine_view(rt.reading(), node).sources_readable_since
+    if node not in rt.view.nodes:
+        rt.view.set_node(NodeView(name=node))
+    return engine_view(rt.view.reading(), node).sources_readable_since
 
 
 async def test_unreadable_exporter_is_blind_not_healthy(exporter: int) -> None:
     rt = Runtime(OperatorConfig(dcgm_port=exporter), Metrics(CollectorRegistry()))
     http = DcgmScraper(port=exporter, timeout=1)
-    out = await scrape_once(rt, http, [pod("n1"), pod("n2", ip="127.0.0.2")], {})
+    out = await scrape_once(rt.ports, rt.view, http, [pod("n1"), pod("n2", ip="127.0.0.2")], {})
     await http.close()
     assert out == []
-    assert rt.metrics.source_up.labels("dcgm")._value.get() == 0
+    assert rt.ports.metrics.source_up.labels("dcgm")._value.get() == 0
     # Blind for the node whose exporter cannot be read, and only for it (issue 12: a blind
     # source holds back only the nodes it covers; this used to make every node blind).
-    assert rt.blind_nodes["dcgm"] == {"n2"}
+    assert rt.view.blind_nodes["dcgm"] == {"n2"}
     assert readable_since(rt, "n2") is None
     assert readable_since(rt, "n1") is not None
-    assert rt.metrics.source_errors.labels("dcgm")._value.get() == 1
+    assert rt.ports.metrics.source_errors.labels("dcgm")._value.get() == 1
     # Read again: readable from now on (blind time is not healthy time).
     http = DcgmScraper(port=exporter, timeout=1)
-    await scrape_once(rt, http, [pod("n1"), pod("n2")], {})
+    await scrape_once(rt.ports, rt.view, http, [pod("n1"), pod("n2")], {})
     await http.close()
     back = readable_since(rt, "n2")
     assert back is not None
@@ -110,10 +110,10 @@ async def test_unreadable_exporter_is_blind_not_healthy(exporter: int) -> None:
 
 async def test_listing_the_exporters_failing_blinds_the_nodes_they_covered() -> None:
     rt = Runtime(OperatorConfig(), Metrics(CollectorRegistry()))
-    rt.dcgm_nodes = {"n1"}
-    for node in rt.dcgm_nodes:
-        rt.set_blind("dcgm", node)
+    rt.view.dcgm_nodes = {"n1"}
+    for node in rt.view.dcgm_nodes:
+        rt.view.set_blind("dcgm", node)
     assert readable_since(rt, "n1") is None
     assert readable_since(rt, "n9") == ALWAYS
-    rt.set_blind("events")  # a global source: every node
+    rt.view.set_blind("events")  # a global source: every node
     assert readable_since(rt, "n9") is None

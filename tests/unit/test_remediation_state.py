@@ -66,8 +66,8 @@ changes = st.lists(
 def runtime() -> Runtime:
     rt = Runtime(OperatorConfig(), Metrics(CollectorRegistry()))
     rate = {"rateLimit": {"remediations": 3, "window": "1h"}}
-    rt.set_policy(make_policy("p", labels={"pool": "p"}, **rate))
-    rt.set_policy(make_policy("q", labels={"pool": "q"}))
+    rt.view.set_policy(make_policy("p", labels={"pool": "p"}, **rate))
+    rt.view.set_policy(make_policy("q", labels={"pool": "q"}))
     return rt
 
 
@@ -75,12 +75,12 @@ def apply(rt: Runtime, change: tuple[str, object]) -> None:
     kind, arg = change
     if kind == "put":
         assert isinstance(arg, IncidentSummary)
-        rt.incidents[arg.name] = arg
+        rt.view.incidents[arg.name] = arg
     elif kind == "drop":
-        rt.incidents.pop(str(arg), None)
+        rt.view.incidents.pop(str(arg), None)
     elif kind == "node":
         node, pool, keeper = arg  # type: ignore[misc]
-        rt.set_node(
+        rt.view.set_node(
             NodeView(
                 name=node,
                 labels={"pool": pool},
@@ -89,22 +89,26 @@ def apply(rt: Runtime, change: tuple[str, object]) -> None:
             )
         )
     elif kind == "gone":
-        rt.drop_node(str(arg))
+        rt.view.drop_node(str(arg))
     else:
         policy, name = arg  # type: ignore[misc]
-        rt.slots.setdefault(policy, set()).add(name)
+        rt.view.slots.setdefault(policy, set()).add(name)
 
 
 def scanned(rt: Runtime, policy: str) -> object:
-    kept = [rt.nodes[n] for n in rt.kept_out if n in rt.nodes and rt.assignment.get(n) == policy]
-    breaker = rt.breakers[policy]
-    incidents = list(rt.incidents.values())
+    kept = [
+        rt.view.nodes[n]
+        for n in rt.view.kept_out
+        if n in rt.view.nodes and rt.view.assignment.get(n) == policy
+    ]
+    breaker = rt.view.breakers[policy]
+    incidents = list(rt.view.incidents.values())
     return cluster_counts(
-        rt.selected[policy],
+        rt.view.selected[policy],
         tally(policy, incidents),
         {n.name: n.kept_out_by for n in kept if n.kept_out_by},
         replaced={i.name for i in incidents if i.replacement},
-        local_slots=rt.slots.get(policy, ()),
+        local_slots=rt.view.slots.get(policy, ()),
         breaker_open=breaker.open,
         breaker_changed_at=breaker.changed_at,
     )
@@ -118,7 +122,7 @@ def test_incremental_counts_equal_a_full_scan(steps: list[tuple[str, object]]) -
         apply(rt, change)
         for policy in ("p", "q"):
             full = scanned(rt, policy)
-            fast = rt.counts(policy)
+            fast = rt.view.counts(policy)
             assert fast.__class__ is full.__class__
             assert (fast.selected, fast.unhealthy, fast.remediating) == (
                 full.selected,  # type: ignore[attr-defined]
@@ -127,15 +131,15 @@ def test_incremental_counts_equal_a_full_scan(steps: list[tuple[str, object]]) -
             )
             assert sorted(fast.recent_starts) == sorted(full.recent_starts)  # type: ignore[attr-defined]
             # with `now`, only the rate-limit window's starts: the gate decides the same
-            windowed = rt.counts(policy, NOW)
-            safety = rt.policies[policy].spec.safety
+            windowed = rt.view.counts(policy, NOW)
+            safety = rt.view.policies[policy].spec.safety
             assert admit(safety, windowed, NOW) == admit(safety, full, NOW)  # type: ignore[arg-type]
-    values = list(rt.incidents.values())
+    values = list(rt.view.incidents.values())
     for node in NODES:
         open_ = {i.name for i in values if i.node == node and i.active}
-        found = rt.active_incident(node)
+        found = rt.view.active_incident(node)
         assert (found.name if found else None) == (min(open_) if open_ else None)
-        assert rt.incidents.last_resolved(node) == last_resolved(values, node)
+        assert rt.view.incidents.last_resolved(node) == last_resolved(values, node)
     for key in ("k1", "k2", "k3"):
         for identity in (("a", 0), ("b", 2)):
             for node in NODES:
@@ -143,8 +147,8 @@ def test_incremental_counts_equal_a_full_scan(steps: list[tuple[str, object]]) -
                     key in i.trigger_keys or (i.node == node and identity in i.recorded)
                     for i in values
                 )
-                assert rt.incidents.recorded(key, node, identity) == expected
-    assert rt.incidents.open_count == sum(1 for i in values if i.active)
+                assert rt.view.incidents.recorded(key, node, identity) == expected
+    assert rt.view.incidents.open_count == sum(1 for i in values if i.active)
 
 
 def test_views_keep_the_kubelet_conditions_the_policies_name_and_no_more() -> None:
@@ -164,25 +168,25 @@ def test_views_keep_the_kubelet_conditions_the_policies_name_and_no_more() -> No
         ]},
     }  # fmt: skip
     rt = Runtime(OperatorConfig(), Metrics(CollectorRegistry()))
-    rt.set_policy(make_policy("q", labels={"pool": "q"}))
-    assert rt.kept_conditions == frozenset()
-    rt.set_node(node_view(body, rt.kept_conditions))
-    assert not rt.relist_nodes.is_set()
+    rt.view.set_policy(make_policy("q", labels={"pool": "q"}))
+    assert rt.view.kept_conditions == frozenset()
+    rt.view.set_node(node_view(body, rt.view.kept_conditions))
+    assert not rt.view.relist_nodes.is_set()
     # A policy names MemoryPressure: the views dropped it, so the Node watch must list again.
-    rt.set_policy(make_policy("m", labels={"pool": "m"}, rules=[rule]))
-    assert rt.kept_conditions == {"MemoryPressure"}
-    assert rt.relist_nodes.is_set()
-    rt.relist_nodes.clear()
-    rt.set_node(node_view(body, rt.kept_conditions))
-    assert [c.type for c in rt.nodes["n1"].conditions] == ["Ready", "MemoryPressure"]
+    rt.view.set_policy(make_policy("m", labels={"pool": "m"}, rules=[rule]))
+    assert rt.view.kept_conditions == {"MemoryPressure"}
+    assert rt.view.relist_nodes.is_set()
+    rt.view.relist_nodes.clear()
+    rt.view.set_node(node_view(body, rt.view.kept_conditions))
+    assert [c.type for c in rt.view.nodes["n1"].conditions] == ["Ready", "MemoryPressure"]
     # The same policy again (a status write): nothing to list.
-    rt.set_policy(make_policy("m", labels={"pool": "m"}, rules=[rule]))
-    assert not rt.relist_nodes.is_set()
+    rt.view.set_policy(make_policy("m", labels={"pool": "m"}, rules=[rule]))
+    assert not rt.view.relist_nodes.is_set()
     # No policy names it any more: dropped from the views at once, no relist.
-    rt.drop_policy("m")
-    assert rt.kept_conditions == frozenset()
-    assert not rt.relist_nodes.is_set()
-    assert [c.type for c in rt.nodes["n1"].conditions] == ["Ready"]
+    rt.view.drop_policy("m")
+    assert rt.view.kept_conditions == frozenset()
+    assert not rt.view.relist_nodes.is_set()
+    assert [c.type for c in rt.view.nodes["n1"].conditions] == ["Ready"]
 
 
 def test_a_policy_that_lost_its_status_gets_its_breaker_back_from_its_held_incidents() -> None:
@@ -205,22 +209,22 @@ def test_a_policy_that_lost_its_status_gets_its_breaker_back_from_its_held_incid
         })  # fmt: skip
 
     rt = Runtime(OperatorConfig(), Metrics(CollectorRegistry()))
-    rt.set_policy(make_policy("p", labels={"pool": "p"}))  # re-created: an empty status
+    rt.view.set_policy(make_policy("p", labels={"pool": "p"}))  # re-created: an empty status
     said = make_policy("q", labels={"pool": "q"})
     said.status.conditions = [
         Condition(type="CircuitBreakerOpen", status=ConditionStatus.FALSE,
                   reason="BreakerClosed", last_transition_time=MINUTES_AGO(1))
     ]  # fmt: skip
-    rt.set_policy(said)
+    rt.view.set_policy(said)
     for n in (
         incident("a", "p", "2026-11-22T05:02:00Z"),
         incident("b", "p", "2026-11-22T05:01:00Z"),
         incident("c", "p", "2026-11-22T04:00:00Z", done=True),  # closed: says nothing now
         incident("d", "q", "2026-11-22T05:00:00Z"),  # q's status says closed: trusted
     ):
-        rt.incident_seen(n)
-    assert rt.breakers_from_incidents() == ["p"]
-    assert rt.breakers["p"].open
-    assert rt.breakers["p"].changed_at == dt.datetime(2026, 11, 22, 5, 1, tzinfo=dt.UTC)
-    assert not rt.breakers["q"].open
-    assert rt.breakers_from_incidents() == []  # once
+        rt.view.incident_seen(n)
+    assert rt.view.breakers_from_incidents() == ["p"]
+    assert rt.view.breakers["p"].open
+    assert rt.view.breakers["p"].changed_at == dt.datetime(2026, 11, 22, 5, 1, tzinfo=dt.UTC)
+    assert not rt.view.breakers["q"].open
+    assert rt.view.breakers_from_incidents() == []  # once

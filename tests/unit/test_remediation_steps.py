@@ -22,6 +22,7 @@ from gpuheal.policy import spare_candidates
 from gpuheal.policy.pool import Unavailable, slurm_unavailable, spare_unavailable
 from gpuheal.policy.types import NodeCondition, NodeView
 from gpuheal.remediation import steps
+from gpuheal.remediation.state import ClusterView
 from gpuheal_bridge.api.models import (
     JobsResponse,
     JobState,
@@ -281,13 +282,13 @@ async def test_slurm_drain_without_a_bridge_is_skipped_not_done() -> None:
 
 
 class _Work:
-    """What `steps.work_on_node` reads: the runtime's bridge for a node and its pods."""
+    """What `steps.work_on_node` acts through: the ports' bridge for a node and its pods."""
 
     def __init__(self, jobs: Any, pods: list[dict[str, Any]]) -> None:
         self.jobs_answer, self.pods = jobs, pods
         self.config = type("Config", (), {"retry_interval": 5.0})()
 
-    def slurm_for(self, node: str) -> Any:
+    def slurm_for(self, cluster: Any, node: str) -> Any:
         return None if self.jobs_answer is None else self
 
     def require_kube(self) -> Any:
@@ -322,8 +323,8 @@ _POD = {"metadata": {"namespace": "ml", "name": "train"}, "status": {"phase": "R
 async def test_a_reset_or_reboot_waits_for_the_nodes_work(
     jobs: Any, pods: list[dict[str, Any]], verdict: tuple[str, str] | None
 ) -> None:
-    rt: Any = _Work(jobs, pods)
-    result = await steps.work_on_node(rt, "n1", Action.RESET, "Reset")
+    ports: Any = _Work(jobs, pods)
+    result = await steps.work_on_node(ports, ClusterView(), "n1", Action.RESET, "Reset")
     assert (None if result is None else (result.kind, result.reason)) == verdict
 
 

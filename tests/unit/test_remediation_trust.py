@@ -17,7 +17,7 @@ from gpuheal.config import OperatorConfig
 from gpuheal.metrics import Metrics
 from gpuheal.policy.types import NodeView, Observation
 from gpuheal.remediation import intake, sources
-from gpuheal.remediation.state import Runtime
+from gpuheal.remediation.state import Bookkeeping, ClusterView, Ports, Runtime
 
 
 class Kube:
@@ -35,11 +35,11 @@ class Outbox:
 @pytest.fixture
 def rt(monkeypatch: pytest.MonkeyPatch) -> tuple[Runtime, list[Observation], Outbox]:
     runtime = Runtime(OperatorConfig(), Metrics(CollectorRegistry()))
-    runtime.kube = Kube()  # type: ignore[assignment]
+    runtime.ports.kube = Kube()  # type: ignore[assignment]
     outbox = Outbox()
-    runtime.events = outbox  # type: ignore[assignment]
-    runtime.nodes["n1"] = NodeView(name="n1", uid="nu")
-    runtime.policies["p"] = RemediationPolicy(
+    runtime.ports.events = outbox  # type: ignore[assignment]
+    runtime.view.nodes["n1"] = NodeView(name="n1", uid="nu")
+    runtime.view.policies["p"] = RemediationPolicy(
         metadata=ObjectMeta(name="p"),
         spec={  # type: ignore[arg-type]
             "nodeSelector": {},
@@ -53,10 +53,12 @@ def rt(monkeypatch: pytest.MonkeyPatch) -> tuple[Runtime, list[Observation], Out
             ],
         },
     )
-    runtime.assignment["n1"] = "p"
+    runtime.view.assignment["n1"] = "p"
     submitted: list[Observation] = []
 
-    async def submit(_rt: Runtime, node: str, obs: Observation) -> None:
+    async def submit(
+        _ports: Ports, _cluster: ClusterView, _books: Bookkeeping, node: str, obs: Observation
+    ) -> None:
         submitted.append(obs)
 
     monkeypatch.setattr(intake, "submit", submit)
@@ -72,7 +74,7 @@ def event(reporter: str, xid: int = 79, uid: str = "e1", **over: Any) -> dict[st
 
 
 def untrusted(runtime: Runtime) -> float:
-    value = runtime.metrics.signals.labels("events", "untrusted")._value.get()
+    value = runtime.ports.metrics.signals.labels("events", "untrusted")._value.get()
     return float(value)
 
 
@@ -80,7 +82,7 @@ async def test_the_agents_event_reaches_the_intake(
     rt: tuple[Runtime, list[Observation], Outbox],
 ) -> None:
     runtime, submitted, outbox = rt
-    await sources.handle_event(runtime, event("gpuheal-agent"))
+    await sources.handle_event(runtime.ports, runtime.view, runtime.books, event("gpuheal-agent"))
     assert [o.xid for o in submitted] == [79]
     assert outbox.posted == []
 
@@ -89,21 +91,25 @@ async def test_a_forged_event_never_reaches_the_intake_and_one_warning_names_it(
     rt: tuple[Runtime, list[Observation], Outbox],
 ) -> None:
     runtime, submitted, outbox = rt
-    await sources.handle_event(runtime, event("kernel-monitor"))
+    await sources.handle_event(runtime.ports, runtime.view, runtime.books, event("kernel-monitor"))
     assert submitted == []
     ((node, reason, message),) = outbox.posted
     assert (node, reason) == ("n1", "UntrustedSignal")
     assert "XID 79 on GPU 0000:3b:00: Event default/n1.e1 from reporter 'kernel-monitor'" in message
     # A flood, each Event naming another reporter: counted, no more Warnings, no more memory.
     for i in range(50):
-        await sources.handle_event(runtime, event(f"forger-{i}", uid=f"f{i}"))
+        await sources.handle_event(
+            runtime.ports, runtime.view, runtime.books, event(f"forger-{i}", uid=f"f{i}")
+        )
     assert submitted == []
     assert len(outbox.posted) == 1
     assert untrusted(runtime) == 51
-    assert list(runtime.untrusted_warned) == ["n1"]
+    assert list(runtime.books.untrusted_warned) == ["n1"]
     # Ten minutes on, the next one is reported again.
-    runtime.untrusted_warned["n1"] -= sources.UNTRUSTED_WARN_EVERY
-    await sources.handle_event(runtime, event("ci-bot", uid="later"))
+    runtime.books.untrusted_warned["n1"] -= sources.UNTRUSTED_WARN_EVERY
+    await sources.handle_event(
+        runtime.ports, runtime.view, runtime.books, event("ci-bot", uid="later")
+    )
     assert len(outbox.posted) == 2
 
 
@@ -111,13 +117,20 @@ async def test_untrusted_events_no_rule_takes_or_old_ones_are_dropped_quietly(
     rt: tuple[Runtime, list[Observation], Outbox],
 ) -> None:
     runtime, submitted, outbox = rt
-    await sources.handle_event(runtime, event("kernel-monitor", xid=94))  # no rule for 94
+    await sources.handle_event(
+        runtime.ports, runtime.view, runtime.books, event("kernel-monitor", xid=94)
+    )  # no rule for 94
     old = (dt.datetime.now(dt.UTC) - dt.timedelta(hours=2)).strftime("%Y-%m-%dT%H:%M:%SZ")
-    await sources.handle_event(runtime, event("kernel-monitor", uid="old", lastTimestamp=old))
-    runtime.nodes["n2"] = NodeView(name="n2")  # no policy governs it
+    await sources.handle_event(
+        runtime.ports,
+        runtime.view,
+        runtime.books,
+        event("kernel-monitor", uid="old", lastTimestamp=old),
+    )
+    runtime.view.nodes["n2"] = NodeView(name="n2")  # no policy governs it
     elsewhere = event("kernel-monitor", uid="n2")
     elsewhere["involvedObject"] = {"kind": "Node", "name": "n2"}
-    await sources.handle_event(runtime, elsewhere)
+    await sources.handle_event(runtime.ports, runtime.view, runtime.books, elsewhere)
     assert submitted == []
     assert outbox.posted == []
     assert untrusted(runtime) == 3

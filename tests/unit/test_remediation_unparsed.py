@@ -58,13 +58,13 @@ def rt() -> Runtime:
 def test_a_pool_that_does_not_parse_is_ignored_and_said_so(
     rt: Runtime, caplog: pytest.LogCaptureFixture
 ) -> None:
-    objects.pool_changed(rt, "ADDED", pool_body())
-    assert "spares" in rt.pools
+    objects.pool_changed(rt.view, "ADDED", pool_body())
+    assert "spares" in rt.view.pools
     with caplog.at_level(logging.ERROR, "gpuheal.objects"):
-        objects.pool_changed(rt, "MODIFIED", pool_body("gpuheal: mine", generation=3))
-        objects.pool_changed(rt, "MODIFIED", pool_body("gpuheal: mine", generation=3))
-    assert "spares" not in rt.pools  # not used while it does not parse
-    bad = rt.unparsed[(POOL_PLURAL, "spares")]
+        objects.pool_changed(rt.view, "MODIFIED", pool_body("gpuheal: mine", generation=3))
+        objects.pool_changed(rt.view, "MODIFIED", pool_body("gpuheal: mine", generation=3))
+    assert "spares" not in rt.view.pools  # not used while it does not parse
+    bad = rt.view.unparsed[(POOL_PLURAL, "spares")]
     assert bad.generation == 3
     assert bad.why.startswith("spec.promotion.slurm.reserveReason: ")
     assert "Value error" not in bad.why
@@ -78,31 +78,33 @@ def test_a_pool_that_does_not_parse_is_ignored_and_said_so(
     assert ready["lastTransitionTime"] == "2026-11-23T22:00:00Z"
     assert {c["type"]: c for c in status["conditions"]}["Low"] == LOW  # left as it was
 
-    objects.pool_changed(rt, "MODIFIED", pool_body("reserve pool", generation=4))
-    assert "spares" in rt.pools
-    assert rt.unparsed == {}
-    ready_again = report.pool_status(rt, rt.pools["spares"], NOW).conditions
+    objects.pool_changed(rt.view, "MODIFIED", pool_body("reserve pool", generation=4))
+    assert "spares" in rt.view.pools
+    assert rt.view.unparsed == {}
+    ready_again = report.pool_status(
+        rt.ports, rt.view, rt.books, rt.view.pools["spares"], NOW
+    ).conditions
     assert [(c.status, c.reason) for c in ready_again if c.type == "Ready"] == [("True", "Active")]
 
 
 def test_a_deleted_unparsed_pool_is_forgotten(rt: Runtime) -> None:
-    objects.pool_changed(rt, "ADDED", pool_body("a\nb"))
-    assert (POOL_PLURAL, "spares") in rt.unparsed
-    objects.pool_changed(rt, "DELETED", pool_body("a\nb"))
-    assert rt.unparsed == {}
+    objects.pool_changed(rt.view, "ADDED", pool_body("a\nb"))
+    assert (POOL_PLURAL, "spares") in rt.view.unparsed
+    objects.pool_changed(rt.view, "DELETED", pool_body("a\nb"))
+    assert rt.view.unparsed == {}
 
 
 def test_a_policy_that_does_not_parse_is_dropped_and_said_so(rt: Runtime) -> None:
     body = make_policy("p", labels={"pool": "p"}).to_k8s()
     body["metadata"]["generation"] = 5
-    objects.policy_changed(rt, "ADDED", body)
-    assert "p" in rt.policies
+    objects.policy_changed(rt.ports, rt.view, rt.books, "ADDED", body)
+    assert "p" in rt.view.policies
     broken = copy.deepcopy(body)
     broken["spec"]["safety"]["maxUnhealthy"] = "lots"
     broken["metadata"]["generation"] = 6
-    objects.policy_changed(rt, "MODIFIED", broken)
-    assert "p" not in rt.policies
-    why = rt.unparsed[("remediationpolicies", "p")].why
+    objects.policy_changed(rt.ports, rt.view, rt.books, "MODIFIED", broken)
+    assert "p" not in rt.view.policies
+    why = rt.view.unparsed[("remediationpolicies", "p")].why
     assert why.startswith("spec.safety.maxUnhealthy")
 
 
@@ -116,11 +118,11 @@ class _Kube:
 
 async def test_report_writes_the_unparsed_status_once(rt: Runtime) -> None:
     kube = _Kube()
-    rt.kube = kube  # type: ignore[assignment]
-    objects.pool_changed(rt, "ADDED", pool_body("gpuheal: mine"))
+    rt.ports.kube = kube  # type: ignore[assignment]
+    objects.pool_changed(rt.view, "ADDED", pool_body("gpuheal: mine"))
     last: dict[tuple[str, str], Any] = {}
-    await report.report_once(rt, last)
-    await report.report_once(rt, last)
+    await report.report_once(rt.ports, rt.view, rt.books, last)
+    await report.report_once(rt.ports, rt.view, rt.books, last)
     assert [(p, n) for p, n, _ in kube.patches] == [(POOL_PLURAL, "spares")]
     ready = {c["type"]: c for c in kube.patches[0][2]["conditions"]}["Ready"]
     assert ready["reason"] == "InvalidSpec"

@@ -97,12 +97,12 @@ def _bridge(url: str) -> BridgeSlurm:
 def test_runtime_routes_each_node_to_its_clusters_bridge() -> None:
     rt = Runtime(OperatorConfig(), Metrics(CollectorRegistry()))
     a, b = _bridge("http://a:1"), _bridge("http://b:1")
-    rt.bridges = {"default": a, "hpc-b": b}
-    rt.slurm = a
-    rt.set_policy(make_policy("p", labels={"pool": "train"}))
-    rt.set_policy(make_policy("q", labels={"pool": "b-side"}).model_copy(deep=True))
-    q = rt.policies["q"]
-    rt.set_policy(
+    rt.ports.bridges = {"default": a, "hpc-b": b}
+    rt.ports.slurm = a
+    rt.view.set_policy(make_policy("p", labels={"pool": "train"}))
+    rt.view.set_policy(make_policy("q", labels={"pool": "b-side"}).model_copy(deep=True))
+    q = rt.view.policies["q"]
+    rt.view.set_policy(
         q.model_copy(update={"spec": q.spec.model_copy(update={"slurm_cluster": "hpc-b"})})
     )
     for name, labels in {
@@ -111,15 +111,15 @@ def test_runtime_routes_each_node_to_its_clusters_bridge() -> None:
         "n-by-policy": {"pool": "b-side"},
         "n-elsewhere": {"pool": "train", LABEL: "hpc-z"},
     }.items():
-        rt.set_node(node_view({"metadata": {"name": name, "labels": labels}}))
-    assert rt.slurm_for("n-plain") is a
-    assert rt.slurm_for("n-labelled") is b
-    assert rt.slurm_for("n-by-policy") is b
-    assert rt.slurm_for("gone") is a  # a node not seen: the default
+        rt.view.set_node(node_view({"metadata": {"name": name, "labels": labels}}))
+    assert rt.ports.slurm_for(rt.view, "n-plain") is a
+    assert rt.ports.slurm_for(rt.view, "n-labelled") is b
+    assert rt.ports.slurm_for(rt.view, "n-by-policy") is b
+    assert rt.ports.slurm_for(rt.view, "gone") is a  # a node not seen: the default
     with pytest.raises(UnknownCluster, match="'hpc-z', which has no bridge"):
-        rt.slurm_for("n-elsewhere")
-    rt.slurm, rt.bridges = None, {}
-    assert rt.slurm_for("n-plain") is None  # no Slurm configured: nothing to drain
+        rt.ports.slurm_for(rt.view, "n-elsewhere")
+    rt.ports.slurm, rt.ports.bridges = None, {}
+    assert rt.ports.slurm_for(rt.view, "n-plain") is None  # no Slurm configured: nothing to drain
     asyncio.run(a.close())
     asyncio.run(b.close())
 

@@ -42,18 +42,20 @@ async def startup(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
     settings.watching.client_timeout = 330
     settings.networking.request_timeout = 60
     settings.execution.max_workers = 4
-    await service.start(memo.runtime, serve_metrics=memo.get("serve_metrics", True))
+    rt: Runtime = memo.runtime
+    await service.start(rt.ports, rt.view, rt.books, serve_metrics=memo.get("serve_metrics", True))
 
 
 @kopf.on.cleanup()
 async def cleanup(memo: Any, **_: Any) -> None:
-    await service.stop(memo.runtime)
+    rt: Runtime = memo.runtime
+    await service.stop(rt.ports, rt.view, rt.books)
 
 
 @kopf.on.probe(id="incidents")
 async def probe_incidents(memo: Any, **_: Any) -> int:
     rt: Runtime = memo.runtime
-    return rt.incidents.open_count
+    return rt.view.incidents.open_count
 
 
 def configure_logging(log_format: str, verbose: bool = False) -> None:

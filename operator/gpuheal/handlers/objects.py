@@ -12,18 +12,22 @@ import kopf
 
 from gpuheal.api.names import GROUP, HISTORY_PLURAL, POLICY_PLURAL, POOL_PLURAL, VERSION
 from gpuheal.remediation import objects
+from gpuheal.remediation.state import Runtime
 
 
 @kopf.on.event(GROUP, VERSION, POLICY_PLURAL)
 async def policy_event(type: str | None, body: kopf.Body, memo: Any, **_: Any) -> None:
-    objects.policy_changed(memo.runtime, type, dict(body))
+    rt: Runtime = memo.runtime
+    objects.policy_changed(rt.ports, rt.view, rt.books, type, dict(body))
 
 
 @kopf.on.event(GROUP, VERSION, POOL_PLURAL)
 async def pool_event(type: str | None, body: kopf.Body, memo: Any, **_: Any) -> None:
-    objects.pool_changed(memo.runtime, type, dict(body))
+    rt: Runtime = memo.runtime
+    objects.pool_changed(rt.view, type, dict(body))
 
 
 @kopf.on.event(GROUP, VERSION, HISTORY_PLURAL)
 async def history_event(type: str | None, body: kopf.Body, memo: Any, **_: Any) -> None:
-    objects.history_changed(memo.runtime, type, dict(body))
+    rt: Runtime = memo.runtime
+    objects.history_changed(rt.view, type, dict(body))

@@ -17,6 +17,7 @@ import datetime as dt
 import logging
 import random
 import time
+from functools import partial
 from typing import Any
 
 from pydantic import ValidationError
@@ -46,7 +47,7 @@ from gpuheal.policy.types import Act, Blocked, Decision, Idle, Move, Wait
 from gpuheal.policy.vet import refusal
 from gpuheal.remediation import history, steps
 from gpuheal.remediation.record import Recorder
-from gpuheal.remediation.state import Breaker, Runtime
+from gpuheal.remediation.state import Bookkeeping, Breaker, ClusterView, Ports, take_in
 
 log = logging.getLogger("gpuheal.remediation")
 
@@ -100,58 +101,62 @@ def _now() -> dt.datetime:
     return dt.datetime.now(dt.UTC)
 
 
-def ensure_driver(rt: Runtime, name: str, *, wake_up: bool = True) -> None:
+def ensure_driver(
+    ports: Ports, cluster: ClusterView, books: Bookkeeping, name: str, *, wake_up: bool = True
+) -> None:
     """Start the driver task for ``name`` unless one runs; wake it if it sleeps (not for the
     driver's own status writes, which would make it spin)."""
-    task = rt.drivers.get(name)
+    task = books.drivers.get(name)
     if task is not None and not task.done():
         if wake_up:
-            wake(rt, name)
+            wake(books, name)
         return
-    rt.wakeups[name] = asyncio.Event()
-    rt.drivers[name] = asyncio.create_task(_drive(rt, name), name=f"drive:{name}")
+    books.wakeups[name] = asyncio.Event()
+    books.drivers[name] = asyncio.create_task(
+        _drive(ports, cluster, books, name), name=f"drive:{name}"
+    )
 
 
-def wake(rt: Runtime, name: str) -> None:
+def wake(books: Bookkeeping, name: str) -> None:
     """Look at the incident now rather than after its retry interval (a new signal)."""
-    event = rt.wakeups.get(name)
+    event = books.wakeups.get(name)
     if event is not None:
         event.set()
 
 
-def stop_driver(rt: Runtime, name: str) -> None:
-    task = rt.drivers.pop(name, None)
+def stop_driver(cluster: ClusterView, books: Bookkeeping, name: str) -> None:
+    task = books.drivers.pop(name, None)
     if task is not None:
         task.cancel()
-    reservation = rt.reservations.pop(name, None)
+    reservation = books.reservations.pop(name, None)
     if reservation is not None:
         reservation.cancel()
-    rt.wakeups.pop(name, None)
-    rt.release_slot(name)
+    books.wakeups.pop(name, None)
+    cluster.release_slot(name)
 
 
-async def _drive(rt: Runtime, name: str) -> None:
+async def _drive(ports: Ports, cluster: ClusterView, books: Bookkeeping, name: str) -> None:
     attempt = 0
     while True:
         try:
-            delay = await advance(rt, name, attempt)
+            delay = await advance(ports, cluster, books, name, attempt)
         except asyncio.CancelledError:
             raise
         except Conflict:
-            rt.latest.pop(name, None)
+            cluster.latest.pop(name, None)
             delay = 0.0  # someone (a new signal, a person) changed it: read again
         except Exception:
-            rt.latest.pop(name, None)
+            cluster.latest.pop(name, None)
             attempt += 1
             delay = min(60.0, 2.0 ** min(attempt, 6)) * random.uniform(0.5, 1.0)  # noqa: S311
             log.exception("incident %s: step raised; retrying in %.0fs", name, delay)
         else:
             if delay is None:
-                rt.release_slot(name)
-                rt.wakeups.pop(name, None)
+                cluster.release_slot(name)
+                books.wakeups.pop(name, None)
                 return
             attempt = attempt + 1 if delay > 0 else 0
-        event = rt.wakeups.get(name)
+        event = books.wakeups.get(name)
         if event is None or delay <= 0:
             await asyncio.sleep(delay)
             continue
@@ -160,46 +165,49 @@ async def _drive(rt: Runtime, name: str) -> None:
         event.clear()
 
 
-async def advance(rt: Runtime, name: str, attempt: int = 0) -> float | None:
+async def advance(
+    ports: Ports, cluster: ClusterView, books: Bookkeeping, name: str, attempt: int = 0
+) -> float | None:
     """One pass over the incident. Returns seconds to sleep before the next pass (0: at once)
     or None when the incident is over (or gone)."""
-    nrem = rt.latest.get(name) or await _read(rt, name)
+    nrem = cluster.latest.get(name) or await _read(ports, cluster, name)
     if nrem is None or is_completed(nrem):
         return None
-    rec = Recorder(nrem, _now(), written=lambda body: _written(rt, body))
-    _record_reserved(rt, nrem, rec)
+    rec = Recorder(nrem, _now(), written=lambda body: _written(ports, cluster, body))
+    _record_reserved(books, nrem, rec)
     opened = None
     if not rec.holds(NremCondition.DETECTED):
-        why = await _vet(rt, nrem)
+        why = await _vet(ports, cluster, nrem)
         if why is not None:
-            await _refuse(rt, nrem, rec, why)
+            await _refuse(ports, nrem, rec, why)
             return None
         # Recorded with this pass's step (one write, not two): the engine then sees the
         # opening rung; a crash before the write repeats an idempotent step, nothing more.
         opened = _record_detected(nrem, rec)
         nrem = nrem.model_copy(update={"status": rec.status.model_copy(deep=True)})
-    policy = rt.policies.get(nrem.spec.policy_ref.name)
+    policy = cluster.policies.get(nrem.spec.policy_ref.name)
     if policy is None:
         await _block(
-            rt,
+            ports,
+            cluster,
             nrem,
             rec,
             Reason.POLICY_NOT_FOUND,
             f"RemediationPolicy {nrem.spec.policy_ref.name} not found",
         )
-        return rt.config.retry_interval
-    decision = await _decide(rt, nrem, policy, rec.now)
-    delay = await _carry_out(rt, nrem, rec, decision, attempt)
-    await rec.write(rt.require_kube())  # an early spare claim a path did not write yet
+        return ports.config.retry_interval
+    decision = await _decide(ports, cluster, nrem, policy, rec.now)
+    delay = await _carry_out(ports, cluster, books, nrem, rec, decision, attempt)
+    await rec.write(ports.require_kube())  # an early spare claim a path did not write yet
     if opened is not None:  # told once the status says it
-        rt.announce(nrem, NotifyEvent.OPENED, "SignalMatched", opened, rec.now)
-    _publish(rt, nrem, rec)
+        ports.announce(cluster, nrem, NotifyEvent.OPENED, "SignalMatched", opened, rec.now)
+    _publish(ports, nrem, rec)
     return delay
 
 
-async def _read(rt: Runtime, name: str) -> NodeRemediation | None:
+async def _read(ports: Ports, cluster: ClusterView, name: str) -> NodeRemediation | None:
     """The incident from the API server (after a 409, a failure, or a restart)."""
-    body = await rt.require_kube().get_custom(NREM_PLURAL, name)
+    body = await ports.require_kube().get_custom(NREM_PLURAL, name)
     if body is None:
         return None
     try:
@@ -207,69 +215,73 @@ async def _read(rt: Runtime, name: str) -> NodeRemediation | None:
     except ValidationError as exc:
         log.error("incident %s does not parse, leaving it: %s", name, exc)
         return None
-    rt.incident_seen(nrem)
+    take_in(ports, cluster, nrem)
     return nrem
 
 
-def _written(rt: Runtime, body: dict[str, Any]) -> None:
+def _written(ports: Ports, cluster: ClusterView, body: dict[str, Any]) -> None:
     """Our own status write, as stored: the next pass starts from it (no GET), and its echo
     in the watch is recognised and skipped."""
-    rt.incident_seen(NodeRemediation.model_validate(body), ours=True)
+    take_in(ports, cluster, NodeRemediation.model_validate(body), ours=True)
 
 
-def _publish(rt: Runtime, nrem: NodeRemediation, rec: Recorder) -> None:
+def _publish(ports: Ports, nrem: NodeRemediation, rec: Recorder) -> None:
     """Per-incident gauges from its status: what it waits for, when it last moved on."""
     name, node = nrem.metadata.name, nrem.spec.node_name
-    rt.metrics.incident_over(name, node)
+    ports.metrics.incident_over(name, node)
     if rec.holds(NremCondition.COMPLETED):
         return
     if rec.holds(NremCondition.BLOCKED):
         reason = rec.reason(NremCondition.BLOCKED) or "Unknown"
-        rt.metrics.incident_blocked.labels(name, node, reason).set(1)
+        ports.metrics.incident_blocked.labels(name, node, reason).set(1)
     moved = [
         c.last_transition_time
         for c in rec.status.conditions
         if c.type in _PROGRESS and c.status.value == "True"
     ]
     if moved:
-        rt.metrics.incident_progress.labels(name, node).set(max(moved).timestamp())
+        ports.metrics.incident_progress.labels(name, node).set(max(moved).timestamp())
 
 
 async def _decide(
-    rt: Runtime, nrem: NodeRemediation, policy: RemediationPolicy, now: dt.datetime
+    ports: Ports,
+    cluster: ClusterView,
+    nrem: NodeRemediation,
+    policy: RemediationPolicy,
+    now: dt.datetime,
 ) -> Decision:
     """The engine's answer for this incident, with the cluster's counts; a slot it takes
     and a breaker it opens or closes are taken under one lock, so a storm of incidents
     cannot take more slots than the policy allows."""
     name = nrem.metadata.name
     pname = policy.metadata.name
-    async with rt.slot_lock:
+    async with cluster.slot_lock:
         # The inputs as `gpuheal explain` builds them (`policy.reading`), from our caches:
         # the incident's record, this process's signals and the node's FaultHistory (a
         # restart forgets none), the same GPUs' signals on other nodes, blind sources.
-        judged = judge(rt.reading(), nrem.spec.node_name, now, incident=nrem)
+        judged = judge(cluster.reading(), nrem.spec.node_name, now, incident=nrem)
         decision: Decision = (
             judged[1]
             if judged is not None
             else Blocked(Reason.POLICY_NOT_FOUND, f"RemediationPolicy {pname} not found")
         )
         if isinstance(decision, Act) and decision.takes_slot:
-            rt.slots.setdefault(pname, set()).add(name)
+            cluster.slots.setdefault(pname, set()).add(name)
         breaker = decision.breaker if isinstance(decision, Act | Blocked) else None
         if breaker is not None:
-            rt.breakers[pname] = Breaker(open=breaker, changed_at=now)
+            cluster.breakers[pname] = Breaker(open=breaker, changed_at=now)
     if breaker is not None:
-        await _breaker_changed(rt, policy, breaker, decision)
+        await _breaker_changed(ports, policy, breaker, decision)
     return decision
 
 
 async def _breaker_changed(
-    rt: Runtime, policy: RemediationPolicy, opened: bool, decision: Decision
+    ports: Ports, policy: RemediationPolicy, opened: bool, decision: Decision
 ) -> None:
     pname = policy.metadata.name
-    rt.metrics.breaker_open.labels(pname).set(1 if opened else 0)
+    ports.metrics.breaker_open.labels(pname).set(1 if opened else 0)
     if opened:
-        rt.post_event(
+        ports.post_event(
             {
                 "apiVersion": f"{GROUP}/{VERSION}",
                 "kind": POLICY_KIND,
@@ -307,49 +319,55 @@ def _record_detected(nrem: NodeRemediation, rec: Recorder) -> str:
     return opened
 
 
-async def _vet(rt: Runtime, nrem: NodeRemediation) -> str | None:
+async def _vet(ports: Ports, cluster: ClusterView, nrem: NodeRemediation) -> str | None:
     """Could gpuheal have opened this incident (`policy.vet`)? None: yes (and it is marked
     started); else why not, for a person who made one by hand."""
     node, pname = nrem.spec.node_name, nrem.spec.policy_ref.name
-    view = rt.nodes.get(node)
+    view = cluster.nodes.get(node)
     if view is None:  # not in the views (yet, at start-up; or no such Node): ask
-        body = await rt.require_kube().get_node(node)
-        view = node_view(body, rt.kept_conditions) if body is not None else None
-    governing = choose_policy(rt.policies.values(), view.labels)[0] if view else None
+        body = await ports.require_kube().get_node(node)
+        view = node_view(body, cluster.kept_conditions) if body is not None else None
+    governing = choose_policy(cluster.policies.values(), view.labels)[0] if view else None
     why = refusal(
         nrem.metadata.name,
         nrem.spec,
-        rt.policies.get(pname),
+        cluster.policies.get(pname),
         governing.metadata.name if governing else None,
-        rt.incidents.values(),
+        cluster.incidents.values(),
     )
     if why is None:
         # Marked before any await: an incident on the same node looked at next sees this one.
-        mine = rt.incidents.get(nrem.metadata.name)
+        mine = cluster.incidents.get(nrem.metadata.name)
         if mine is not None:
-            rt.incidents[nrem.metadata.name] = dataclasses.replace(mine, started=True)
+            cluster.incidents[nrem.metadata.name] = dataclasses.replace(mine, started=True)
     return why
 
 
-async def _refuse(rt: Runtime, nrem: NodeRemediation, rec: Recorder, why: str) -> None:
+async def _refuse(ports: Ports, nrem: NodeRemediation, rec: Recorder, why: str) -> None:
     """An incident gpuheal could not have opened (`policy.vet`): completed at once, with why,
     and nothing done to the node."""
     message = f"not driven: {why}"
     log.warning("incident %s refused: %s", nrem.metadata.name, why)
     rec.condition(NremCondition.COMPLETED, "True", Reason.REFUSED, message)
     rec.event(NremCondition.COMPLETED, f"{Reason.REFUSED}: {message}")
-    await rec.write(rt.require_kube())
-    rt.metrics.incidents_completed.labels("refused").inc()
-    rt.post_event(nrem.to_k8s(), reason=EventReason.REFUSED, message=message, type_="Warning")
+    await rec.write(ports.require_kube())
+    ports.metrics.incidents_completed.labels("refused").inc()
+    ports.post_event(nrem.to_k8s(), reason=EventReason.REFUSED, message=message, type_="Warning")
 
 
-async def _carry_out(  # noqa: PLR0911
-    rt: Runtime, nrem: NodeRemediation, rec: Recorder, decision: Decision, attempt: int
+async def _carry_out(  # noqa: PLR0917, PLR0911
+    ports: Ports,
+    cluster: ClusterView,
+    books: Bookkeeping,
+    nrem: NodeRemediation,
+    rec: Recorder,
+    decision: Decision,
+    attempt: int,
 ) -> float | None:
     spec = nrem.spec
-    retry = rt.config.retry_interval
+    retry = ports.config.retry_interval
     if isinstance(decision, Blocked) and decision.reason == Reason.DRY_RUN:
-        return await _record_would(rt, nrem, rec, decision)
+        return await _record_would(ports, cluster, books, nrem, rec, decision)
     if isinstance(decision, Blocked):
         message = decision.message
         if decision.reason == Reason.APPROVAL_PENDING and decision.would is not None:
@@ -357,7 +375,7 @@ async def _carry_out(  # noqa: PLR0911
                 f": a person approves with `kubectl annotate nrem {nrem.metadata.name} "
                 f"{APPROVE_ANNOTATION}={decision.would.operation.value}`"
             )
-        await _block(rt, nrem, rec, decision.reason, message)
+        await _block(ports, cluster, nrem, rec, decision.reason, message)
         if decision.retry_at is not None:
             return max(0.2, min(retry, (decision.retry_at - rec.now).total_seconds()))
         return retry
@@ -365,28 +383,37 @@ async def _carry_out(  # noqa: PLR0911
         rung = int(decision.rung or 0)
         rec.set(rung=rung, next_step=0, why=decision.message[:256])
         rec.event("Escalated", decision.message)
-        await rec.write(rt.require_kube())
-        history.escalated(rt, nrem, rung, decision.message)
+        await rec.write(ports.require_kube())
+        history.escalated(books, nrem, rung, decision.message)
         return 0.0
     if isinstance(decision, Act) and decision.operation is Move.VERIFY:
-        return await _verify(rt, nrem, rec, decision)
+        return await _verify(ports, cluster, books, nrem, rec, decision)
     if isinstance(decision, Act) and decision.step is not None:
         if decision.reserve is not None:
-            _reserve_spare(rt, nrem, decision.reserve)
-        return await _run_step(rt, nrem, rec, decision, attempt)
+            _reserve_spare(ports, cluster, books, nrem, decision.reserve)
+        return await _run_step(ports, cluster, books, nrem, rec, decision, attempt)
     if spec.dry_run:
-        await _complete(rt, nrem, rec, "DryRun", "dry run: plan recorded, nothing changed")
+        await _complete(
+            ports, cluster, books, nrem, rec, "DryRun", "dry run: plan recorded, nothing changed"
+        )
         return None
-    return await _finish(rt, nrem, rec, decision)
+    return await _finish(ports, cluster, books, nrem, rec, decision)
 
 
-async def _record_would(
-    rt: Runtime, nrem: NodeRemediation, rec: Recorder, decision: Blocked
+async def _record_would(  # noqa: PLR0917
+    ports: Ports,
+    cluster: ClusterView,
+    books: Bookkeeping,
+    nrem: NodeRemediation,
+    rec: Recorder,
+    decision: Blocked,
 ) -> float | None:
     """Dry run: record what the step would do (a timeline entry, its condition False)."""
     would = decision.would
     if would is None or would.step is None:
-        await _complete(rt, nrem, rec, "DryRun", "dry run: plan recorded, nothing changed")
+        await _complete(
+            ports, cluster, books, nrem, rec, "DryRun", "dry run: plan recorded, nothing changed"
+        )
         return None
     action = would.step.action
     rung, index = int(would.rung or 0), int(would.step_index or 0)
@@ -402,15 +429,21 @@ async def _record_would(
     # False (DryRun), so nothing claims the step happened.
     rec.event(label, f"dry run: would {action.value}")
     rec.set(rung=rung, next_step=index + 1)
-    await rec.write(rt.require_kube())
-    rt.metrics.blocked.labels("DryRun").inc()
+    await rec.write(ports.require_kube())
+    ports.metrics.blocked.labels("DryRun").inc()
     return 0.0
 
 
-async def _run_step(
-    rt: Runtime, nrem: NodeRemediation, rec: Recorder, decision: Act, attempt: int
+async def _run_step(  # noqa: PLR0917
+    ports: Ports,
+    cluster: ClusterView,
+    books: Bookkeeping,
+    nrem: NodeRemediation,
+    rec: Recorder,
+    decision: Act,
+    attempt: int,
 ) -> float | None:
-    kube = rt.require_kube()
+    kube = ports.require_kube()
     spec = nrem.spec
     name = nrem.metadata.name
     assert decision.step is not None
@@ -420,8 +453,8 @@ async def _run_step(
     if decision.takes_slot and rec.status.slot_taken_at is None:
         rec.set(slot_taken_at=rec.now)
     if action is Action.ALERT:
-        rt.post_event(
-            _node_ref(rt, spec.node_name),
+        ports.post_event(
+            _node_ref(cluster, spec.node_name),
             reason=EventReason.DETECTED,
             message=f"{name}: {spec.signals[-1].message or spec.rule}",
             type_="Warning",
@@ -432,38 +465,42 @@ async def _run_step(
         return 0.0
     started = time.monotonic()
     if action is Action.REPLACE:  # one claim at a time per incident: the early one first
-        reservation = rt.reservations.get(name)
+        reservation = books.reservations.get(name)
         if reservation is not None:
             await asyncio.wait([reservation])
-    result = await steps.execute(rt, nrem, rec, decision.step, attempt=attempt)
-    rt.metrics.step_duration.labels(action.value).observe(time.monotonic() - started)
-    rt.metrics.steps.labels(action.value, result.kind).inc()
+    result = await steps.execute(ports, cluster, nrem, rec, decision.step, attempt=attempt)
+    ports.metrics.step_duration.labels(action.value).observe(time.monotonic() - started)
+    ports.metrics.steps.labels(action.value, result.kind).inc()
     for type_, status, reason, message in result.extra_conditions:
         rec.condition(type_, status, reason, message)
     if result.moves_on:
-        await _moved_on(rt, nrem, rec, result, action=action, label=label, at=(rung, index))
+        await _moved_on(
+            ports, books, nrem, rec, result, action=action, label=label, at=(rung, index)
+        )
         return 0.0
     if result.kind == "wait":
         rec.merge(result.status)  # e.g. a reset/reboot asked for (status.repair)
         rec.condition(result.condition, "False", result.reason, result.message)
         if result.reason in _BLOCKING_WAITS:
-            await _block(rt, nrem, rec, result.reason, result.message)
+            await _block(ports, cluster, nrem, rec, result.reason, result.message)
         else:
             await rec.write(kube)
-        return result.retry_after or rt.config.retry_interval
+        return result.retry_after or ports.config.retry_interval
     if action in (Action.RESET, Action.REBOOT):
         # Not verified (or refused): recorded on this rung; the engine climbs the ladder.
-        return await _repair_failed(rt, nrem, rec, result, label=label, rung=rung)
+        return await _repair_failed(ports, books, nrem, rec, result, label=label, rung=rung)
     # failed: stop; the node stays as it is (cordoned) and a person must look.
-    history.step(rt, nrem, action.value, rung, f"failed: {result.message}")
+    history.step(books, nrem, action.value, rung, f"failed: {result.message}")
     rec.condition(result.condition, "False", result.reason, result.message)
     rec.condition(NremCondition.FAILED, "True", result.reason, result.message)
     rec.condition(NremCondition.COMPLETED, "True", "Failed", f"{label} failed: {result.message}")
     rec.event(label, f"failed: {result.message}")
     await rec.write(kube)
-    rt.announce(nrem, NotifyEvent.FAILED, result.reason, f"{label}: {result.message}", rec.now)
-    rt.metrics.incidents_completed.labels("failed").inc()
-    rt.post_event(
+    ports.announce(
+        cluster, nrem, NotifyEvent.FAILED, result.reason, f"{label}: {result.message}", rec.now
+    )
+    ports.metrics.incidents_completed.labels("failed").inc()
+    ports.post_event(
         nrem.to_k8s(),
         reason=EventReason.STEP_FAILED,
         message=f"{label}: {result.message}",
@@ -473,7 +510,8 @@ async def _run_step(
 
 
 async def _moved_on(
-    rt: Runtime,
+    ports: Ports,
+    books: Bookkeeping,
     nrem: NodeRemediation,
     rec: Recorder,
     result: steps.StepResult,
@@ -491,23 +529,25 @@ async def _moved_on(
     rung, index = at
     rec.set(rung=rung, next_step=index + 1)
     rec.event(label, result.message, at=result.at)
-    await rec.write(rt.require_kube())
+    await rec.write(ports.require_kube())
     # A skipped step is on the node's record as such: a Noop reset is no repair.
     said = result.message if result.kind == "done" else f"skipped: {result.message}"
-    history.step(rt, nrem, action.value, rung, said)
-    _observe_latency(rt, nrem, rec, action)
+    history.step(books, nrem, action.value, rung, said)
+    _observe_latency(ports, nrem, rec, action)
     reason = EVENT_OF[action] if result.kind == "done" else EventReason.STEP_SKIPPED
-    rt.post_event(nrem.to_k8s(), reason=reason, message=f"{label}: {result.message}")
+    ports.post_event(nrem.to_k8s(), reason=reason, message=f"{label}: {result.message}")
 
 
-def _reserve_spare(rt: Runtime, nrem: NodeRemediation, step: Step) -> None:
+def _reserve_spare(
+    ports: Ports, cluster: ClusterView, books: Bookkeeping, nrem: NodeRemediation, step: Step
+) -> None:
     """Claim the spare of the rung's replace step now, beside the current step (the engine's
     `reserve`): claim, promotion and Slurm resume, as the replace step does them, so that
     the requeued job finds the spare ready. Idempotent (the claim is a label naming the
     incident, written under the spare's resourceVersion: never two incidents on one spare,
     and a restart finds its own claim); recorded by the next pass (`_record_reserved`)."""
     name = nrem.metadata.name
-    if nrem.status.replacement_node is not None or name in rt.reservations:
+    if nrem.status.replacement_node is not None or name in books.reservations:
         return
     assert step.replace is not None
     pool = step.replace.reserve_pool_ref.name
@@ -515,30 +555,30 @@ def _reserve_spare(rt: Runtime, nrem: NodeRemediation, step: Step) -> None:
     async def claim() -> steps.StepResult:
         try:
             return await steps.replace(
-                rt.require_kube(),
-                rt.slurm_for,
-                rt.pools.get(pool),
+                ports.require_kube(),
+                partial(ports.slurm_for, cluster),
+                cluster.pools.get(pool),
                 pool,
-                list(rt.nodes.values()),
-                rt.spares_out_in_slurm,
+                list(cluster.nodes.values()),
+                cluster.spares_out_in_slurm,
                 node=nrem.spec.node_name,
                 incident=name,
-                retry_after=rt.config.retry_interval,
+                retry_after=ports.config.retry_interval,
             )
         finally:
-            wake(rt, name)
+            wake(books, name)
 
-    rt.reservations[name] = asyncio.create_task(claim(), name=f"reserve:{name}")
+    books.reservations[name] = asyncio.create_task(claim(), name=f"reserve:{name}")
 
 
-def _record_reserved(rt: Runtime, nrem: NodeRemediation, rec: Recorder) -> None:
+def _record_reserved(books: Bookkeeping, nrem: NodeRemediation, rec: Recorder) -> None:
     """Put a finished early claim on record (written with this pass): the replacement node
     and the ReplacementClaimed condition. The replace step itself runs later and finds it."""
     name = nrem.metadata.name
-    task = rt.reservations.get(name)
+    task = books.reservations.get(name)
     if task is None or not task.done():
         return
-    del rt.reservations[name]
+    del books.reservations[name]
     if task.cancelled():
         return
     if task.exception() is not None:
@@ -555,21 +595,26 @@ def _record_reserved(rt: Runtime, nrem: NodeRemediation, rec: Recorder) -> None:
     rec.event("spareClaimed", result.message)
 
 
-def _observe_latency(rt: Runtime, nrem: NodeRemediation, rec: Recorder, action: Action) -> None:
+def _observe_latency(ports: Ports, nrem: NodeRemediation, rec: Recorder, action: Action) -> None:
     detected_at = rec.since(NremCondition.DETECTED)
     if detected_at is not None:
         signal_at = nrem.spec.signals[0].observed_at
-        rt.metrics.detection_to_step.labels(action.value).observe(
+        ports.metrics.detection_to_step.labels(action.value).observe(
             max(0.0, (rec.now - min(detected_at, signal_at)).total_seconds())
         )
 
 
-async def _finish(  # noqa: PLR0911
-    rt: Runtime, nrem: NodeRemediation, rec: Recorder, decision: Decision
+async def _finish(  # noqa: PLR0917, PLR0911
+    ports: Ports,
+    cluster: ClusterView,
+    books: Bookkeeping,
+    nrem: NodeRemediation,
+    rec: Recorder,
+    decision: Decision,
 ) -> float | None:
     """Every step of the rung is done; the engine says: close, return, or wait."""
     node = nrem.spec.node_name
-    retry = rt.config.retry_interval
+    retry = ports.config.retry_interval
     if isinstance(decision, Act) and decision.unchecked is not None:
         # Nothing verified the node: said so, never Verified=True.
         rec.condition(NremCondition.VERIFIED, "Unknown", Reason.NO_CHECK, decision.unchecked)
@@ -577,43 +622,52 @@ async def _finish(  # noqa: PLR0911
         if decision.reason in (Reason.VERIFICATION_FAILED, Reason.REPAIR_FAILED):
             rec.condition(NremCondition.FAILED, "True", decision.reason, decision.message)
             await _complete(
-                rt, nrem, rec, "Failed", decision.message, failed=_cause(rec, decision.reason)
+                ports,
+                cluster,
+                books,
+                nrem,
+                rec,
+                "Failed",
+                decision.message,
+                failed=_cause(rec, decision.reason),
             )
             return None
         if decision.reason == Reason.RETIRED:
-            await _complete(rt, nrem, rec, "Retired", f"{node} retired: {rec.status.why}")
+            await _complete(
+                ports, cluster, books, nrem, rec, "Retired", f"{node} retired: {rec.status.why}"
+            )
             return None
         if decision.reason == Reason.REPLACED:
             spare = rec.status.replacement_node
             message = f"{node} replaced by {spare}; {node} stays cordoned for repair"
-            await _complete(rt, nrem, rec, "Replaced", message)
+            await _complete(ports, cluster, books, nrem, rec, "Replaced", message)
             return None
         if decision.reason == Reason.NOTHING_OWNED:
             # Nothing returned: what keeps the node out (if anything) is someone else's.
             message = f"{node} healthy; gpuheal had cordoned/drained nothing to undo"
             rec.condition(NremCondition.RETURNED, "False", "NothingToUndo", message)
-            await _complete(rt, nrem, rec, "NothingToUndo", message)
+            await _complete(ports, cluster, books, nrem, rec, "NothingToUndo", message)
             return None
-        await _complete(rt, nrem, rec, decision.reason, decision.message)
+        await _complete(ports, cluster, books, nrem, rec, decision.reason, decision.message)
         return None
     if isinstance(decision, Act) and decision.operation is Move.RETURN_TO_SERVICE:
         if decision.to_pool is not None:
-            result = await steps.return_to_pool(rt, nrem, decision, decision.to_pool)
+            result = await steps.return_to_pool(ports, cluster, nrem, decision, decision.to_pool)
         else:
-            result = await steps.return_to_service(rt, nrem, decision)
-        return await _returned(rt, nrem, rec, result, decision.to_pool)
+            result = await steps.return_to_service(ports, cluster, nrem, decision)
+        return await _returned(ports, cluster, books, nrem, rec, result, decision.to_pool)
     if isinstance(decision, Idle) and decision.reason == Reason.RETURN_DISABLED:
-        await _complete(rt, nrem, rec, "Remediated", decision.message)
+        await _complete(ports, cluster, books, nrem, rec, "Remediated", decision.message)
         return None
     if isinstance(decision, Wait):
         status = "Unknown" if decision.reason == Reason.HYSTERESIS_PENDING else "False"
         if rec.reason(NremCondition.RETURNED) != decision.reason:
             rec.condition(NremCondition.RETURNED, status, decision.reason, decision.message)
             rec.event(NremCondition.RETURNED, f"{decision.reason}: {decision.message}")
-            await rec.write(rt.require_kube())
+            await rec.write(ports.require_kube())
         return max(0.2, min(retry, (decision.until - rec.now).total_seconds()))
     rec.condition(NremCondition.RETURNED, "False", decision.reason, decision.message)
-    await rec.write(rt.require_kube())
+    await rec.write(ports.require_kube())
     return retry
 
 
@@ -625,8 +679,10 @@ _RETURN_OUTCOME = {
 }
 
 
-async def _returned(
-    rt: Runtime,
+async def _returned(  # noqa: PLR0917
+    ports: Ports,
+    cluster: ClusterView,
+    books: Bookkeeping,
     nrem: NodeRemediation,
     rec: Recorder,
     result: steps.StepResult,
@@ -639,22 +695,26 @@ async def _returned(
     the incident completes `Remediated`, repaired but not back in Slurm service."""
     if result.kind == "wait":
         rec.condition(NremCondition.RETURNED, "False", result.reason, result.message)
-        await _block(rt, nrem, rec, result.reason, result.message)
-        return result.retry_after or rt.config.retry_interval
+        await _block(ports, cluster, nrem, rec, result.reason, result.message)
+        return result.retry_after or ports.config.retry_interval
     if result.kind == "done":
         rec.condition(NremCondition.RETURNED, "True", result.reason, result.message)
         to_pool = result.reason == "ReturnedToPool"
         rec.set(returned_to=f"ReservePool/{pool}" if to_pool else "Service")
-        await _complete(rt, nrem, rec, _RETURN_OUTCOME[result.reason], result.message)
+        await _complete(
+            ports, cluster, books, nrem, rec, _RETURN_OUTCOME[result.reason], result.message
+        )
         return None
     rec.condition(NremCondition.RETURNED, "False", result.reason, result.message)
     message = f"{nrem.spec.node_name} repaired, not back in Slurm service: {result.message}"
-    await _complete(rt, nrem, rec, "Remediated", message)
+    await _complete(ports, cluster, books, nrem, rec, "Remediated", message)
     return None
 
 
 async def _complete(  # noqa: PLR0917
-    rt: Runtime,
+    ports: Ports,
+    cluster: ClusterView,
+    books: Bookkeeping,
     nrem: NodeRemediation,
     rec: Recorder,
     reason: str,
@@ -666,16 +726,16 @@ async def _complete(  # noqa: PLR0917
     rec.clear_blocked()
     rec.condition(NremCondition.COMPLETED, "True", reason, message)
     rec.event(NremCondition.COMPLETED, f"{reason}: {message}")
-    await rec.write(rt.require_kube())
+    await rec.write(ports.require_kube())
     if failed is None:
-        rt.announce(nrem, NotifyEvent.COMPLETED, reason, message, rec.now)
+        ports.announce(cluster, nrem, NotifyEvent.COMPLETED, reason, message, rec.now)
     else:
-        rt.announce(nrem, NotifyEvent.FAILED, failed, message, rec.now)
-    history.outcome(rt, nrem, reason, message)
-    await history.write_now(rt, nrem.spec.node_name)
-    rt.metrics.incidents_completed.labels(reason.lower()).inc()
+        ports.announce(cluster, nrem, NotifyEvent.FAILED, failed, message, rec.now)
+    history.outcome(books, nrem, reason, message)
+    await history.write_now(ports, cluster, books, nrem.spec.node_name)
+    ports.metrics.incidents_completed.labels(reason.lower()).inc()
     event_reason = ENDED_EVENT.get(reason, EventReason.COMPLETED)
-    rt.post_event(nrem.to_k8s(), reason=event_reason, message=message)
+    ports.post_event(nrem.to_k8s(), reason=event_reason, message=message)
 
 
 def _cause(rec: Recorder, reason: str) -> str:
@@ -691,8 +751,13 @@ def _cause(rec: Recorder, reason: str) -> str:
     return reason
 
 
-async def _block(
-    rt: Runtime, nrem: NodeRemediation, rec: Recorder, reason: str, message: str
+async def _block(  # noqa: PLR0917
+    ports: Ports,
+    cluster: ClusterView,
+    nrem: NodeRemediation,
+    rec: Recorder,
+    reason: str,
+    message: str,
 ) -> None:
     """Say why in status (Blocked=True) and, when the reason changes, as an Event and a
     notification (sent once the status says it)."""
@@ -700,25 +765,26 @@ async def _block(
     rec.condition(NremCondition.BLOCKED, "True", reason, message)
     if changed:
         rec.event(NremCondition.BLOCKED, f"{reason}: {message}")
-        rt.metrics.blocked.labels(reason).inc()
-        rt.post_event(
+        ports.metrics.blocked.labels(reason).inc()
+        ports.post_event(
             nrem.to_k8s(),
             reason=EventReason.STEP_BLOCKED,
             message=f"{reason}: {message}",
             type_="Warning",
         )
-    await rec.write(rt.require_kube())
+    await rec.write(ports.require_kube())
     if changed:
         event = (
             NotifyEvent.APPROVAL_PENDING
             if reason == Reason.APPROVAL_PENDING
             else NotifyEvent.BLOCKED
         )
-        rt.announce(nrem, event, reason, message, rec.now)
+        ports.announce(cluster, nrem, event, reason, message, rec.now)
 
 
 async def _repair_failed(
-    rt: Runtime,
+    ports: Ports,
+    books: Bookkeeping,
     nrem: NodeRemediation,
     rec: Recorder,
     result: steps.StepResult,
@@ -739,9 +805,9 @@ async def _repair_failed(
     )
     rec.condition(result.condition, "False", result.reason, result.message)
     rec.event(label, f"failed: {result.message}")
-    await rec.write(rt.require_kube())
-    history.step(rt, nrem, label.rpartition("/")[2], rung, f"failed: {result.message}")
-    rt.post_event(
+    await rec.write(ports.require_kube())
+    history.step(books, nrem, label.rpartition("/")[2], rung, f"failed: {result.message}")
+    ports.post_event(
         nrem.to_k8s(),
         reason=EventReason.STEP_FAILED,
         message=f"{label}: {result.message}",
@@ -750,12 +816,19 @@ async def _repair_failed(
     return 0.0
 
 
-async def _verify(rt: Runtime, nrem: NodeRemediation, rec: Recorder, decision: Act) -> float:
+async def _verify(  # noqa: PLR0917
+    ports: Ports,
+    cluster: ClusterView,
+    books: Bookkeeping,
+    nrem: NodeRemediation,
+    rec: Recorder,
+    decision: Act,
+) -> float:
     """Run (or look at) the policy's check; a verdict is recorded (Verified, status.
     verification) and the engine decides on the next pass: healthyFor, or climb."""
-    policy = rt.policies[nrem.spec.policy_ref.name]
+    policy = cluster.policies[nrem.spec.policy_ref.name]
     check = policy.spec.return_to_service.check
-    result = await steps.verify(rt, nrem, rec, check, restart=decision.restart)
+    result = await steps.verify(ports, nrem, rec, check, restart=decision.restart)
     rec.merge(result.status)
     run = rec.status.verification
     rung = int(decision.rung or 0)
@@ -763,8 +836,8 @@ async def _verify(rt: Runtime, nrem: NodeRemediation, rec: Recorder, decision: A
         rec.condition(NremCondition.VERIFIED, "Unknown", result.reason, result.message)
         if decision.restart:
             rec.event("Verify", result.message)
-        await rec.write(rt.require_kube())
-        return result.retry_after or rt.config.retry_interval
+        await rec.write(ports.require_kube())
+        return result.retry_after or ports.config.retry_interval
     passed = result.kind == "done"
     if run is not None:
         stamp = {"passed_at": rec.now} if passed else {"failed_at": rec.now}
@@ -772,10 +845,12 @@ async def _verify(rt: Runtime, nrem: NodeRemediation, rec: Recorder, decision: A
     rec.condition(NremCondition.VERIFIED, "True" if passed else "False", result.reason,
                   result.message)  # fmt: skip
     rec.event("Verify", f"{'passed' if passed else 'failed'}: {result.message}")
-    await rec.write(rt.require_kube())
-    history.step(rt, nrem, "check", rung, f"{'passed' if passed else 'failed'}: {result.message}")
+    await rec.write(ports.require_kube())
+    history.step(
+        books, nrem, "check", rung, f"{'passed' if passed else 'failed'}: {result.message}"
+    )
     if not passed:
-        rt.post_event(
+        ports.post_event(
             nrem.to_k8s(),
             reason=EventReason.VERIFICATION_FAILED,
             message=result.message,
@@ -784,8 +859,8 @@ async def _verify(rt: Runtime, nrem: NodeRemediation, rec: Recorder, decision: A
     return 0.0
 
 
-def _node_ref(rt: Runtime, node: str) -> dict[str, Any]:
-    view = rt.nodes.get(node)
+def _node_ref(cluster: ClusterView, node: str) -> dict[str, Any]:
+    view = cluster.nodes.get(node)
     return {
         "apiVersion": "v1",
         "kind": "Node",

@@ -7,7 +7,7 @@ namespace at each send (``secretRef``; ``secret:NAME/KEY`` in ``--notify-webhook
 URL is often a credential in itself (Slack's), so logs name a target by its Secret or by its
 scheme and host only, never by its URL.
 
-The driver calls `Runtime.announce` after the transition is recorded in status, and it
+The driver calls `Ports.announce` after the transition is recorded in status, and it
 returns at once: each receiver has its own bounded queue and one sender task
 (messages to a receiver keep their order; a slow or dead receiver holds up only its own
 queue, never a remediation). A full queue drops the new message and counts it. A send is

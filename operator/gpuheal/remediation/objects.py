@@ -18,73 +18,79 @@ from gpuheal.api.reservepool import ReservePool
 from gpuheal.policy.inputs import node_view
 from gpuheal.remediation import intake
 from gpuheal.remediation.driver import ensure_driver, stop_driver
-from gpuheal.remediation.state import Runtime, Unparsed
+from gpuheal.remediation.state import Bookkeeping, ClusterView, Ports, Unparsed, take_in
 
 log = logging.getLogger("gpuheal.objects")
 
 
-def node_changed(rt: Runtime, type_: str | None, body: dict[str, Any]) -> None:
+def node_changed(
+    ports: Ports, cluster: ClusterView, books: Bookkeeping, type_: str | None, body: dict[str, Any]
+) -> None:
     """A Node was listed, added, modified or deleted. Costs one dict reduction and a few
     comparisons, and no API call while nothing is wrong."""
     name = (body.get("metadata") or {}).get("name")
     if not name:
         return
     if type_ == "DELETED":
-        rt.drop_node(name)
+        cluster.drop_node(name)
     else:
-        view = node_view(body, rt.kept_conditions)
-        rt.set_node(view)
-        if "conditions" in rt.config.sources:
-            intake.check_conditions(rt, view)
-    rt.metrics.nodes_watched.set(len(rt.nodes))
+        view = node_view(body, cluster.kept_conditions)
+        cluster.set_node(view)
+        if "conditions" in ports.config.sources:
+            intake.check_conditions(ports, cluster, books, view)
+    ports.metrics.nodes_watched.set(len(cluster.nodes))
 
 
-def policy_changed(rt: Runtime, type_: str | None, body: dict[str, Any]) -> None:
+def policy_changed(
+    ports: Ports, cluster: ClusterView, books: Bookkeeping, type_: str | None, body: dict[str, Any]
+) -> None:
     name = body["metadata"]["name"]
     if type_ == "DELETED":
-        rt.unparsed.pop((POLICY_PLURAL, name), None)
-        rt.drop_policy(name)
+        cluster.unparsed.pop((POLICY_PLURAL, name), None)
+        cluster.drop_policy(name)
         return
     try:
         policy = RemediationPolicy.model_validate(body)
     except ValidationError as exc:
-        _unparsed(rt, POLICY_PLURAL, body, exc)
-        rt.drop_policy(name)
+        _unparsed(cluster, POLICY_PLURAL, body, exc)
+        cluster.drop_policy(name)
         return
-    rt.unparsed.pop((POLICY_PLURAL, name), None)
-    old = rt.policies.get(name)
-    rt.set_policy(policy)
+    cluster.unparsed.pop((POLICY_PLURAL, name), None)
+    old = cluster.policies.get(name)
+    cluster.set_policy(policy)
     if old is not None and old.metadata.generation == policy.metadata.generation:
         return  # a status write (the operator's own report, mostly): no new rules to apply
-    if "conditions" in rt.config.sources:
-        for view in list(rt.nodes.values()):
-            if rt.assignment.get(view.name) == name:
-                intake.check_conditions(rt, view)
+    if "conditions" in ports.config.sources:
+        for view in list(cluster.nodes.values()):
+            if cluster.assignment.get(view.name) == name:
+                intake.check_conditions(ports, cluster, books, view)
 
 
-def pool_changed(rt: Runtime, type_: str | None, body: dict[str, Any]) -> None:
+def pool_changed(cluster: ClusterView, type_: str | None, body: dict[str, Any]) -> None:
     name = body["metadata"]["name"]
     if type_ == "DELETED":
-        rt.unparsed.pop((POOL_PLURAL, name), None)
-        rt.pools.pop(name, None)
+        cluster.unparsed.pop((POOL_PLURAL, name), None)
+        cluster.pools.pop(name, None)
         return
     try:
-        rt.pools[name] = ReservePool.model_validate(body)
+        cluster.pools[name] = ReservePool.model_validate(body)
     except ValidationError as exc:
-        _unparsed(rt, POOL_PLURAL, body, exc)
-        rt.pools.pop(name, None)
+        _unparsed(cluster, POOL_PLURAL, body, exc)
+        cluster.pools.pop(name, None)
         return
-    rt.unparsed.pop((POOL_PLURAL, name), None)
+    cluster.unparsed.pop((POOL_PLURAL, name), None)
 
 
-def _unparsed(rt: Runtime, plural: str, body: dict[str, Any], exc: ValidationError) -> None:
+def _unparsed(
+    cluster: ClusterView, plural: str, body: dict[str, Any], exc: ValidationError
+) -> None:
     """Ignore an object the API server stored but this operator cannot read (stored before
     a rule was added, or by a newer CRD): logged once per generation, and its status says
     Ready=False (report.unparsed_status) instead of the last good object's Active."""
     meta = body["metadata"]
     generation = meta.get("generation")
     key = (plural, meta["name"])
-    known = rt.unparsed.get(key)
+    known = cluster.unparsed.get(key)
     if known is not None and known.generation == generation:
         return  # a status write (ours, mostly): same spec, said already
     why = describe_errors(exc)
@@ -93,7 +99,7 @@ def _unparsed(rt: Runtime, plural: str, body: dict[str, Any], exc: ValidationErr
     status = status if isinstance(status, dict) else {}
     conditions = status.get("conditions")
     observed = status.get("observedGeneration")
-    rt.unparsed[key] = Unparsed(
+    cluster.unparsed[key] = Unparsed(
         generation=generation,
         why=why,
         conditions=[c for c in conditions if isinstance(c, dict)]
@@ -103,30 +109,32 @@ def _unparsed(rt: Runtime, plural: str, body: dict[str, Any], exc: ValidationErr
     )
 
 
-def history_changed(rt: Runtime, type_: str | None, body: dict[str, Any]) -> None:
+def history_changed(cluster: ClusterView, type_: str | None, body: dict[str, Any]) -> None:
     """A node's FaultHistory (ours, a restore from a backup, a back-dated import)."""
     name = body["metadata"]["name"]
     if type_ == "DELETED":
-        rt.set_fault_history(name, None)
+        cluster.set_fault_history(name, None)
         return
     try:
         history = FaultHistory.model_validate(body)
     except ValidationError as exc:
         log.error("FaultHistory %s does not parse; ignoring it: %s", name, exc)
         return
-    rt.set_fault_history(history.spec.node_name, history)
+    cluster.set_fault_history(history.spec.node_name, history)
 
 
-def incident_changed(rt: Runtime, type_: str | None, body: dict[str, Any]) -> None:
+def incident_changed(
+    ports: Ports, cluster: ClusterView, books: Bookkeeping, type_: str | None, body: dict[str, Any]
+) -> None:
     """Keep the incident's summary current; an open incident gets a driver. The echo of
     the operator's own write (same resourceVersion as its answer, taken in already) costs
     a dict lookup: no parse, no wake-up."""
     name = body["metadata"]["name"]
     if type_ == "DELETED":
-        rt.incident_gone(name)
-        stop_driver(rt, name)
+        cluster.incident_gone(name)
+        stop_driver(cluster, books, name)
         return
-    held = rt.latest.get(name)
+    held = cluster.latest.get(name)
     if held is not None and held.metadata.resource_version == body["metadata"].get(
         "resourceVersion"
     ):
@@ -137,6 +145,6 @@ def incident_changed(rt: Runtime, type_: str | None, body: dict[str, Any]) -> No
         log.error("NodeRemediation %s does not parse; ignoring it: %s", name, exc)
         return
     # A person (approval) or a new signal changed it: worth a look now, unlike our own writes.
-    changed = rt.incident_seen(nrem)
-    if rt.incidents[name].active:
-        ensure_driver(rt, name, wake_up=changed)
+    changed = take_in(ports, cluster, nrem)
+    if cluster.incidents[name].active:
+        ensure_driver(ports, cluster, books, name, wake_up=changed)

@@ -31,7 +31,7 @@ from gpuheal.api.meta import ConditionStatus, find_condition, parse_duration, sc
 from gpuheal.api.names import API_VERSION, POOL_KIND, EventReason, PoolCondition
 from gpuheal.api.reservepool import RefillStatus, ReservePool
 from gpuheal.policy.pool import REFUSED, RefillAsk, refill_due, slurm_unavailable
-from gpuheal.remediation.state import Runtime
+from gpuheal.remediation.state import Bookkeeping, ClusterView, Ports
 
 log = logging.getLogger("gpuheal.pools")
 #: How often the pool's spares are looked at in Slurm (one bridge read per spare): an admin's
@@ -41,40 +41,42 @@ SLURM_LOOK_EVERY = dt.timedelta(seconds=30)
 SLURM_LOOK_TIMEOUT = 10.0
 
 
-async def look_in_slurm(rt: Runtime, pool: ReservePool, now: dt.datetime) -> None:
+async def look_in_slurm(
+    ports: Ports, cluster: ClusterView, books: Bookkeeping, pool: ReservePool, now: dt.datetime
+) -> None:
     """Note which unclaimed spares of the pool Slurm keeps out for someone else (a drain
     whose reason is not the pool's reserveReason, or DOWN), at most every SLURM_LOOK_EVERY.
     A bridge that does not answer leaves the last look as it was."""
     slurm = pool.spec.promotion.slurm
     name = pool.metadata.name
-    last = rt.slurm_looked_at.get(name)
+    last = books.slurm_looked_at.get(name)
     if slurm is None or (last is not None and now - last < SLURM_LOOK_EVERY):
         return
-    rt.slurm_looked_at[name] = now
+    books.slurm_looked_at[name] = now
     spares = [
         v.name
-        for v in rt.nodes.values()
+        for v in cluster.nodes.values()
         if pool.spec.node_selector.matches(dict(v.labels)) and not v.claimed_by
     ]
 
     async def look(node: str) -> None:
         try:
-            bridge = rt.slurm_for(node)
+            bridge = ports.slurm_for(cluster, node)
             if bridge is None:
                 return
             state = await bridge.node(node)
         except SlurmNotFound:
-            rt.spares_out_in_slurm.pop(node, None)  # not a Slurm node: nothing keeps it out
+            cluster.spares_out_in_slurm.pop(node, None)  # not a Slurm node: nothing keeps it out
             return
         except (SlurmError, UnknownCluster) as exc:
             log.debug("pool %s: %s not looked at in Slurm: %s", name, node, exc)
             return
         why = slurm_unavailable(state, slurm.reserve_reason)
         if why is None:
-            rt.spares_out_in_slurm.pop(node, None)
-        elif rt.spares_out_in_slurm.get(node) != why:
+            cluster.spares_out_in_slurm.pop(node, None)
+        elif cluster.spares_out_in_slurm.get(node) != why:
             log.info("pool %s: spare %s %s: %s", name, node, why.reason, why.message)
-            rt.spares_out_in_slurm[node] = why
+            cluster.spares_out_in_slurm[node] = why
 
     try:
         await asyncio.wait_for(
@@ -84,21 +86,23 @@ async def look_in_slurm(rt: Runtime, pool: ReservePool, now: dt.datetime) -> Non
         log.warning("pool %s: the bridge did not answer for every spare in time", name)
 
 
-async def refill(rt: Runtime, pool: ReservePool, available: int, now: dt.datetime) -> None:
+async def refill(
+    ports: Ports, books: Bookkeeping, pool: ReservePool, available: int, now: dt.datetime
+) -> None:
     """Ask the pool's provider for spares when `refill_due` says so; remember the answer."""
     name = pool.metadata.name
-    last = rt.refills.get(name) or pool.status.refill
+    last = books.refills.get(name) or pool.status.refill
     low = find_condition(pool.status.conditions, PoolCondition.LOW)
     low_since = low.last_transition_time if low and low.status is ConditionStatus.TRUE else None
     ask = refill_due(name, pool.spec, available, low_since=low_since, last=last, now=now)
     if ask is None:
         return
     result, message = await _post(pool, available, ask)
-    rt.refills[name] = RefillStatus(
+    books.refills[name] = RefillStatus(
         requested_at=now, wanted=ask.wanted, since=ask.since, result=result, message=message
     )
     log.info("pool %s refill: asked for %d spare(s): %s %s", name, ask.wanted, result, message)
-    rt.post_event(
+    ports.post_event(
         {"apiVersion": API_VERSION, "kind": POOL_KIND,
          "metadata": {"name": name, "uid": pool.metadata.uid}},
         reason=EventReason.REFILL_REQUESTED,

@@ -42,7 +42,7 @@ from gpuheal.policy import allowed_unhealthy, unhealthy_reasons
 from gpuheal.policy.pool import spare_unavailable
 from gpuheal.policy.warnings import policy_warnings
 from gpuheal.remediation import pools
-from gpuheal.remediation.state import Breaker, Runtime, Unparsed
+from gpuheal.remediation.state import Bookkeeping, Breaker, ClusterView, Ports, Unparsed
 
 log = logging.getLogger("gpuheal.report")
 INTERVAL = 3.0
@@ -73,15 +73,15 @@ class _Conditions:
 
 
 def policy_status(
-    rt: Runtime, policy: RemediationPolicy, now: dt.datetime
+    ports: Ports, cluster: ClusterView, policy: RemediationPolicy, now: dt.datetime
 ) -> RemediationPolicyStatus:
     name = policy.metadata.name
-    selected = rt.selected_nodes(name)
-    tied = sorted(n for n, names in rt.tied.items() if name in names)
+    selected = cluster.selected_nodes(name)
+    tied = sorted(n for n, names in cluster.tied.items() if name in names)
     unhealthy = sorted(v.name for v in selected if unhealthy_reasons(policy.spec, v))
-    counts = rt.counts(name)
+    counts = cluster.counts(name)
     allowed = allowed_unhealthy(policy.spec.safety, len(selected))
-    breaker = rt.breakers.get(name, Breaker())
+    breaker = cluster.breakers.get(name, Breaker())
     conds = _Conditions(list(policy.status.conditions), policy.metadata.generation, now)
     conds.set(
         PolicyCondition.CIRCUIT_BREAKER_OPEN,
@@ -92,7 +92,7 @@ def policy_status(
         f"{counts.remediating} of {len(selected)} nodes out of service; {allowed} allowed",
         at=breaker.changed_at,
     )
-    others = sorted({o for n in tied[:50] for o in rt.tied.get(n, ())} - {name})
+    others = sorted({o for n in tied[:50] for o in cluster.tied.get(n, ())} - {name})
     conds.set(
         PolicyCondition.OVERLAPPING,
         bool(tied),
@@ -106,14 +106,14 @@ def policy_status(
     conds.set(
         PolicyCondition.PAUSED, paused, Reason.PAUSED_BY_SPEC if paused else Reason.NOT_PAUSED
     )
-    unreadable = [n for plural, n in rt.unparsed if plural == POOL_PLURAL]
+    unreadable = [n for plural, n in cluster.unparsed if plural == POOL_PLURAL]
     matched = (  # only worth the scan when the policy governs nothing
         None
         if selected
-        else sum(policy.spec.node_selector.matches(dict(v.labels)) for v in rt.nodes.values())
+        else sum(policy.spec.node_selector.matches(dict(v.labels)) for v in cluster.nodes.values())
     )
     warnings = policy_warnings(
-        policy.spec, rt.pools, len(selected), unreadable=unreadable, matched=matched
+        policy.spec, cluster.pools, len(selected), unreadable=unreadable, matched=matched
     )
     conds.set(
         PolicyCondition.WARNINGS,
@@ -127,8 +127,8 @@ def policy_status(
         Reason.ACTIVE,
         "dry run: plans are recorded, nothing is changed" if policy.spec.safety.dry_run else "",
     )
-    rt.metrics.breaker_open.labels(name).set(1 if breaker.open else 0)
-    rt.metrics.unhealthy_nodes.labels(name).set(len(unhealthy))
+    ports.metrics.breaker_open.labels(name).set(1 if breaker.open else 0)
+    ports.metrics.unhealthy_nodes.labels(name).set(len(unhealthy))
     return RemediationPolicyStatus(
         observed_generation=policy.metadata.generation,
         selected_nodes=len(selected),
@@ -140,14 +140,17 @@ def policy_status(
     )
 
 
-def pool_status(rt: Runtime, pool: ReservePool, now: dt.datetime) -> ReservePoolStatus:
+def pool_status(
+    ports: Ports, cluster: ClusterView, books: Bookkeeping, pool: ReservePool, now: dt.datetime
+) -> ReservePoolStatus:
     name = pool.metadata.name
-    members = [v for v in rt.nodes.values() if pool.spec.node_selector.matches(dict(v.labels))]
+    members = [v for v in cluster.nodes.values() if pool.spec.node_selector.matches(dict(v.labels))]
     claimed = [v for v in members if v.claimed_by]
     out = {
         v.name: why
         for v in members
-        if not v.claimed_by and (why := spare_unavailable(v, rt.spares_out_in_slurm)) is not None
+        if not v.claimed_by
+        and (why := spare_unavailable(v, cluster.spares_out_in_slurm)) is not None
     }
     available = [v for v in members if not v.claimed_by and v.name not in out]
     low = len(available) < pool.spec.min_available
@@ -174,11 +177,11 @@ def pool_status(rt: Runtime, pool: ReservePool, now: dt.datetime) -> ReservePool
         ("claimed", len(claimed)),
         ("total", len(members)),
     ):
-        rt.metrics.pool_nodes.labels(name, state).set(n)
-    rt.metrics.pool_min_available.labels(name).set(pool.spec.min_available)
+        ports.metrics.pool_nodes.labels(name, state).set(n)
+    ports.metrics.pool_min_available.labels(name).set(pool.spec.min_available)
     known = {c.node: c.claimed_at for c in pool.status.claims}
     return ReservePoolStatus(
-        refill=rt.refills.get(name) or pool.status.refill,
+        refill=books.refills.get(name) or pool.status.refill,
         observed_generation=pool.metadata.generation,
         available=len(available),
         claimed=len(claimed),
@@ -229,23 +232,25 @@ def _comparable(status: dict[str, Any]) -> Any:
     return out
 
 
-async def report_once(rt: Runtime, last: dict[tuple[str, str], Any]) -> None:
-    kube = rt.require_kube()
+async def report_once(
+    ports: Ports, cluster: ClusterView, books: Bookkeeping, last: dict[tuple[str, str], Any]
+) -> None:
+    kube = ports.require_kube()
     now = _now()
-    for pool in list(rt.pools.values()):
-        await pools.look_in_slurm(rt, pool, now)
-    available = rt.pool_counts()
-    for name, pool in list(rt.pools.items()):
+    for pool in list(cluster.pools.values()):
+        await pools.look_in_slurm(ports, cluster, books, pool, now)
+    available = cluster.pool_counts()
+    for name, pool in list(cluster.pools.items()):
         if name in available:
-            await pools.refill(rt, pool, available[name].available, now)
+            await pools.refill(ports, books, pool, available[name].available, now)
     work: list[tuple[str, str, dict[str, Any], dict[str, Any]]] = [
         *(
-            (POLICY_PLURAL, n, p.status.to_k8s(), policy_status(rt, p, now).to_k8s())
-            for n, p in rt.policies.items()
+            (POLICY_PLURAL, n, p.status.to_k8s(), policy_status(ports, cluster, p, now).to_k8s())
+            for n, p in cluster.policies.items()
         ),
         *(
-            (POOL_PLURAL, n, p.status.to_k8s(), pool_status(rt, p, now).to_k8s())
-            for n, p in rt.pools.items()
+            (POOL_PLURAL, n, p.status.to_k8s(), pool_status(ports, cluster, books, p, now).to_k8s())
+            for n, p in cluster.pools.items()
         ),
         *(
             (
@@ -254,7 +259,7 @@ async def report_once(rt: Runtime, last: dict[tuple[str, str], Any]) -> None:
                 {"observedGeneration": u.observed_generation, "conditions": u.conditions},
                 unparsed_status(u, now),
             )
-            for (plural, n), u in rt.unparsed.items()
+            for (plural, n), u in cluster.unparsed.items()
         ),
     ]
     for plural, name, old, wire in work:
@@ -268,10 +273,12 @@ async def report_once(rt: Runtime, last: dict[tuple[str, str], Any]) -> None:
         await kube.patch_custom_status(plural, name, wire)
         last[key] = current
         if plural == POOL_PLURAL:
-            _warn_deprecated(rt, name, old, wire)
+            _warn_deprecated(ports, cluster, name, old, wire)
 
 
-def _warn_deprecated(rt: Runtime, name: str, old: dict[str, Any], new: dict[str, Any]) -> None:
+def _warn_deprecated(
+    ports: Ports, cluster: ClusterView, name: str, old: dict[str, Any], new: dict[str, Any]
+) -> None:
     """A Warning Event on the pool when its status starts to say it sets deprecated fields
     (or says it differently): `kubectl describe rsvp` shows what to do instead."""
 
@@ -283,11 +290,11 @@ def _warn_deprecated(rt: Runtime, name: str, old: dict[str, Any], new: dict[str,
         return c.message if c and c.status is ConditionStatus.TRUE else None
 
     message = said(new)
-    pool = rt.pools.get(name)
+    pool = cluster.pools.get(name)
     if message is None or message == said(old) or pool is None:
         return
     log.warning("ReservePool %s: %s", name, message)
-    rt.post_event(
+    ports.post_event(
         {"apiVersion": API_VERSION, "kind": POOL_KIND,
          "metadata": {"name": name, "uid": pool.metadata.uid}},
         reason=EventReason.DEPRECATED_FIELDS,
@@ -296,12 +303,13 @@ def _warn_deprecated(rt: Runtime, name: str, old: dict[str, Any], new: dict[str,
     )  # fmt: skip
 
 
-async def report_forever(rt: Runtime) -> None:
+async def report_forever(ports: Ports, cluster: ClusterView, books: Bookkeeping) -> None:
     last: dict[tuple[str, str], Any] = {}
     while True:
         try:
-            rt.forget_before(_now() - HISTORY_KEEP)
-            await report_once(rt, last)
+            cluster.forget_before(_now() - HISTORY_KEEP)
+            books.forget_before(_now() - HISTORY_KEEP)
+            await report_once(ports, cluster, books, last)
         except asyncio.CancelledError:
             raise
         except Exception as exc:

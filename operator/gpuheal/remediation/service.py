@@ -28,29 +28,31 @@ from gpuheal.config import bridge_targets, parse_events, parse_webhooks, secret_
 from gpuheal.remediation import history, objects, report, sources
 from gpuheal.remediation.lease import Lease
 from gpuheal.remediation.notify import Notifier, SecretUrl, Target, secret_url
-from gpuheal.remediation.state import Runtime
+from gpuheal.remediation.state import Bookkeeping, ClusterView, Ports
 
 log = logging.getLogger("gpuheal.service")
 
 
-async def start(rt: Runtime, *, serve_metrics: bool) -> None:
+async def start(
+    ports: Ports, cluster: ClusterView, books: Bookkeeping, *, serve_metrics: bool
+) -> None:
     """Everything before the first signal. Safe to call again after a failure part-way
     (kopf retries start-up): nothing is started twice."""
-    cfg = rt.config
-    if rt.kube is None:
-        rt.kube = Kube.connect(cfg.kubeconfig, component="gpuheal")
-    if rt.events is None:
-        posted = rt.metrics.events
-        rt.events = EventOutbox(rt.kube, count=lambda result: posted.labels(result).inc())
-        _spawn(rt, "outbox", rt.events.run())
-    if cfg.lease_duration > 0 and rt.lease is None:
-        rt.lease = Lease(rt.kube, cfg.namespace, duration=cfg.lease_duration)
-        await rt.lease.acquire()  # a second copy waits here: nothing below runs in it
-        _spawn(rt, "lease", rt.lease.keep(_lost_lease))
-    if not rt.bridges:
-        calls = rt.metrics.bridge_calls
-        for cluster, target in bridge_targets(cfg).items():
-            rt.bridges[cluster] = BridgeSlurm.from_settings(
+    cfg = ports.config
+    if ports.kube is None:
+        ports.kube = Kube.connect(cfg.kubeconfig, component="gpuheal")
+    if ports.events is None:
+        posted = ports.metrics.events
+        ports.events = EventOutbox(ports.kube, count=lambda result: posted.labels(result).inc())
+        _spawn(books, "outbox", ports.events.run())
+    if cfg.lease_duration > 0 and ports.lease is None:
+        ports.lease = Lease(ports.kube, cfg.namespace, duration=cfg.lease_duration)
+        await ports.lease.acquire()  # a second copy waits here: nothing below runs in it
+        _spawn(books, "lease", ports.lease.keep(_lost_lease))
+    if not ports.bridges:
+        calls = ports.metrics.bridge_calls
+        for name, target in bridge_targets(cfg).items():
+            ports.bridges[name] = BridgeSlurm.from_settings(
                 target.url,
                 target.token_file,
                 target.ca_file,
@@ -60,67 +62,67 @@ async def start(rt: Runtime, *, serve_metrics: bool) -> None:
                 retries=0,
                 on_call=lambda operation, result: calls.labels(operation, result).inc(),
             )
-        rt.slurm = rt.bridges.get(cfg.bridge_cluster)
-    if rt.notifier is None:
+        ports.slurm = ports.bridges.get(cfg.bridge_cluster)
+    if ports.notifier is None:
         events = parse_events(cfg.notify_events)
-        rt.notify_targets = [
+        ports.notify_targets = [
             Target(None, fmt, events, SecretUrl(cfg.namespace, *ref))
             if (ref := secret_item(url))
             else Target(url, fmt, events)
             for fmt, url in parse_webhooks(cfg.notify_webhooks or "")
         ]
-        sender = rt.notify_sender = WebhookSender(cfg.notify_timeout)
-        sent = rt.metrics.notifications
-        kube = rt.kube
-        rt.notifier = Notifier(
+        sender = ports.notify_sender = WebhookSender(cfg.notify_timeout)
+        sent = ports.metrics.notifications
+        kube = ports.kube
+        ports.notifier = Notifier(
             lambda url, body, key: sender.post(url, body, key=key),
             queue_size=cfg.notify_queue_size,
             retries=cfg.notify_retries,
             on_result=lambda event, result: sent.labels(event.value, result).inc(),
             resolve=lambda ref: secret_url(kube, ref),
         )
-    if cfg.metrics_port and serve_metrics and not rt.metrics_served:
-        start_http_server(cfg.metrics_port, registry=rt.metrics.registry)
-        rt.metrics_served = True
-    await _prefill(rt)
-    if "incidents" not in _running(rt):
+    if cfg.metrics_port and serve_metrics and not books.metrics_served:
+        start_http_server(cfg.metrics_port, registry=ports.metrics.registry)
+        books.metrics_served = True
+    await _prefill(ports, cluster, books)
+    if "incidents" not in _running(books):
         incidents_ready = asyncio.Event()
-        _spawn(rt, "incidents", sources.watch_incidents(rt, incidents_ready))
+        _spawn(books, "incidents", sources.watch_incidents(ports, cluster, books, incidents_ready))
         await asyncio.wait_for(incidents_ready.wait(), timeout=300)  # before any signal
-        _breakers_from_incidents(rt)
-    if "nodes" not in _running(rt):
+        _breakers_from_incidents(cluster)
+    if "nodes" not in _running(books):
         nodes_ready = asyncio.Event()
-        _spawn(rt, "nodes", sources.watch_nodes(rt, nodes_ready))
+        _spawn(books, "nodes", sources.watch_nodes(ports, cluster, books, nodes_ready))
         await asyncio.wait_for(nodes_ready.wait(), timeout=300)  # views before any signal
     if "events" in cfg.sources:
-        _spawn(rt, "events", sources.watch_events(rt))
+        _spawn(books, "events", sources.watch_events(ports, cluster, books))
     if "dcgm" in cfg.sources:
-        _spawn(rt, "dcgm", sources.scrape_dcgm(rt))
-    _spawn(rt, "status", report.report_forever(rt))
-    _spawn(rt, "history", history.write_forever(rt))
-    for cluster, bridge in rt.bridges.items():
-        _spawn(rt, f"bridge:{cluster}", _watch_bridge(rt, cluster, bridge))
+        _spawn(books, "dcgm", sources.scrape_dcgm(ports, cluster, books))
+    _spawn(books, "status", report.report_forever(ports, cluster, books))
+    _spawn(books, "history", history.write_forever(ports, cluster, books))
+    for name, bridge in ports.bridges.items():
+        _spawn(books, f"bridge:{name}", _watch_bridge(ports, name, bridge))
     log.info(
         "gpuheal started: sources=%s bridges=%s",
         ",".join(sorted(cfg.sources)),
-        ",".join(f"{c}={b.client.base_url}" for c, b in rt.bridges.items()) or "none",
+        ",".join(f"{c}={b.client.base_url}" for c, b in ports.bridges.items()) or "none",
     )
 
 
 async def _watch_bridge(
-    rt: Runtime, cluster: str, bridge: BridgeSlurm, every: float = 15.0
+    ports: Ports, cluster: str, bridge: BridgeSlurm, every: float = 15.0
 ) -> None:
     """`gpuheal_bridge_up{cluster}`: does the bridge answer /readyz (slurmctld reachable)?"""
-    gauge = rt.metrics.bridge_up.labels(cluster)
+    gauge = ports.metrics.bridge_up.labels(cluster)
     while True:
         gauge.set(1 if await bridge.ready() else 0)
         await asyncio.sleep(every)
 
 
-def _breakers_from_incidents(rt: Runtime) -> None:
+def _breakers_from_incidents(cluster: ClusterView) -> None:
     """A policy whose status lost its breaker (deleted and re-created) gets it back from its
-    incidents, so a storm cooldown is not skipped (`Runtime.breakers_from_incidents`)."""
-    for name in rt.breakers_from_incidents():
+    incidents, so a storm cooldown is not skipped (`ClusterView.breakers_from_incidents`)."""
+    for name in cluster.breakers_from_incidents():
         log.warning(
             "RemediationPolicy %s: its status says nothing of the breaker (re-created?); "
             "open, as its held incidents recorded",
@@ -134,32 +136,31 @@ def _lost_lease() -> None:
     os._exit(70)
 
 
-async def _prefill(rt: Runtime) -> None:
+async def _prefill(ports: Ports, cluster: ClusterView, books: Bookkeeping) -> None:
     """Read policies, pools and fault histories before any incident or signal is handled
     (the incidents' own watch lists them next, so that a signal seen at start-up attaches to
     the incident it belongs to instead of opening a second, and counts with everything the
     nodes went through before)."""
-    for plural, changed in (
-        (POLICY_PLURAL, objects.policy_changed),
-        (POOL_PLURAL, objects.pool_changed),
-        (HISTORY_PLURAL, objects.history_changed),
-    ):
-        for item in await _list_retrying(rt, plural):
-            changed(rt, None, item)
+    for item in await _list_retrying(ports, POLICY_PLURAL):
+        objects.policy_changed(ports, cluster, books, None, item)
+    for item in await _list_retrying(ports, POOL_PLURAL):
+        objects.pool_changed(cluster, None, item)
+    for item in await _list_retrying(ports, HISTORY_PLURAL):
+        objects.history_changed(cluster, None, item)
 
 
-def _running(rt: Runtime) -> set[str]:
-    return {t.get_name() for t in rt.tasks if not t.done()}
+def _running(books: Bookkeeping) -> set[str]:
+    return {t.get_name() for t in books.tasks if not t.done()}
 
 
-def _spawn(rt: Runtime, name: str, coro: Coroutine[Any, Any, Any]) -> None:
-    if name in _running(rt):
+def _spawn(books: Bookkeeping, name: str, coro: Coroutine[Any, Any, Any]) -> None:
+    if name in _running(books):
         coro.close()
         return
-    rt.tasks.append(asyncio.create_task(coro, name=name))
+    books.tasks.append(asyncio.create_task(coro, name=name))
 
 
-async def _list_retrying(rt: Runtime, plural: str) -> list[dict[str, Any]]:
+async def _list_retrying(ports: Ports, plural: str) -> list[dict[str, Any]]:
     """LIST, riding out a CRD that was just created ("storage is (re)initializing", 429) or an
     API server that is restarting: jittered backoff for about a minute, then give up (kopf
     retries start-up)."""
@@ -187,33 +188,33 @@ async def _list_retrying(rt: Runtime, plural: str) -> list[dict[str, Any]]:
         reraise=True,
     ):
         with attempt:
-            return await rt.require_kube().list_custom(plural)
+            return await ports.require_kube().list_custom(plural)
     raise AssertionError("unreachable: tenacity reraises")
 
 
-async def stop(rt: Runtime) -> None:
-    if rt.history_queue and rt.kube is not None:
+async def stop(ports: Ports, cluster: ClusterView, books: Bookkeeping) -> None:
+    if books.history_queue and ports.kube is not None:
         with contextlib.suppress(Exception):  # a clean stop writes what is queued
-            await asyncio.wait_for(history.write_queued(rt), timeout=5)
-    outbox = [t for t in rt.tasks if t.get_name() == "outbox"]
-    pending = [t for t in [*rt.tasks, *rt.drivers.values()] if t not in outbox]
+            await asyncio.wait_for(history.write_queued(ports, cluster, books), timeout=5)
+    outbox = [t for t in books.tasks if t.get_name() == "outbox"]
+    pending = [t for t in [*books.tasks, *books.drivers.values()] if t not in outbox]
     for task in pending:
         task.cancel()
     await asyncio.gather(*pending, return_exceptions=True)
-    if rt.events is not None:
-        await rt.events.flush(within=5.0)  # what is left is logged, not dropped silently
+    if ports.events is not None:
+        await ports.events.flush(within=5.0)  # what is left is logged, not dropped silently
     for task in outbox:
         task.cancel()
     await asyncio.gather(*outbox, return_exceptions=True)
-    for timer in rt.condition_timers.values():
+    for timer in books.condition_timers.values():
         timer.cancel()
-    if rt.lease is not None:
-        await rt.lease.release()
-    for bridge in rt.bridges.values():
+    if ports.lease is not None:
+        await ports.lease.release()
+    for bridge in ports.bridges.values():
         await bridge.close()
-    if rt.notifier is not None:
-        await rt.notifier.close()
-    if rt.notify_sender is not None:
-        await rt.notify_sender.aclose()
-    if rt.kube is not None:
-        await rt.kube.close()
+    if ports.notifier is not None:
+        await ports.notifier.close()
+    if ports.notify_sender is not None:
+        await ports.notify_sender.aclose()
+    if ports.kube is not None:
+        await ports.kube.close()

@@ -22,7 +22,7 @@ from gpuheal.policy.trust import Untrusted, judge_event
 from gpuheal.policy.types import NodeView, Observation
 from gpuheal.remediation import intake
 from gpuheal.remediation.objects import incident_changed, node_changed
-from gpuheal.remediation.state import Runtime
+from gpuheal.remediation.state import Bookkeeping, ClusterView, Ports
 from gpuheal.xid.identity import NO_GPUS, normalize_uuid
 from gpuheal.xid.parse import dcgm_xid_events, parse_dcgm_metrics
 
@@ -33,25 +33,31 @@ def _now() -> dt.datetime:
     return dt.datetime.now(dt.UTC)
 
 
-def _blind(rt: Runtime, source: str, message: str) -> None:
-    rt.metrics.source_up.labels(source).set(0)
-    rt.metrics.source_errors.labels(source).inc()
-    rt.set_blind(source)
+def _blind(ports: Ports, cluster: ClusterView, source: str, message: str) -> None:
+    ports.metrics.source_up.labels(source).set(0)
+    ports.metrics.source_errors.labels(source).inc()
+    cluster.set_blind(source)
     log.warning("%s source blind: %s", source, message)
 
 
-def _seeing(rt: Runtime, source: str) -> None:
-    rt.metrics.source_up.labels(source).set(1)
-    rt.set_seeing(source, _now())
+def _seeing(ports: Ports, cluster: ClusterView, source: str) -> None:
+    ports.metrics.source_up.labels(source).set(1)
+    cluster.set_seeing(source, _now())
 
 
-async def _follow(rt: Runtime, resource: Watched, source: str, ready: asyncio.Event | None,
-                  handle: Any) -> None:  # fmt: skip
-    async for ev in rt.require_kube().list_watch(resource):
+async def _follow(  # noqa: PLR0917
+    ports: Ports,
+    cluster: ClusterView,
+    resource: Watched,
+    source: str,
+    ready: asyncio.Event | None,
+    handle: Any,
+) -> None:
+    async for ev in ports.require_kube().list_watch(resource):
         if ev.type == "BLIND":
-            _blind(rt, source, ev.obj["message"])
+            _blind(ports, cluster, source, ev.obj["message"])
         elif ev.type == "SYNCED":
-            _seeing(rt, source)
+            _seeing(ports, cluster, source)
             if ready is not None:
                 ready.set()
         try:
@@ -60,27 +66,29 @@ async def _follow(rt: Runtime, resource: Watched, source: str, ready: asyncio.Ev
             raise
         except Exception:
             # One object nobody foresaw must not end the watch: the views would freeze.
-            rt.metrics.source_errors.labels(source).inc()
+            ports.metrics.source_errors.labels(source).inc()
             name = (ev.obj.get("metadata") or {}).get("name") if isinstance(ev.obj, dict) else None
             log.exception("%s: could not handle %s %s; skipped", source, ev.type, name)
 
 
-async def watch_nodes(rt: Runtime, ready: asyncio.Event | None = None) -> None:
-    """Keep ``rt.nodes`` (compact views) in sync with the cluster's Nodes, forever; after a
+async def watch_nodes(
+    ports: Ports, cluster: ClusterView, books: Bookkeeping, ready: asyncio.Event | None = None
+) -> None:
+    """Keep ``cluster.nodes`` (compact views) in sync with the cluster's Nodes, forever; after a
     relist, drop the views of Nodes that disappeared meanwhile. Lists again when asked
-    (``rt.relist_nodes``: a policy now names a kubelet condition the views dropped)."""
+    (``cluster.relist_nodes``: a policy now names a kubelet condition the views dropped)."""
 
     async def handle(kind: str, obj: dict[str, Any]) -> None:
         if kind in ("LISTED", "ADDED", "MODIFIED", "DELETED"):
-            node_changed(rt, "DELETED" if kind == "DELETED" else "ADDED", obj)
+            node_changed(ports, cluster, books, "DELETED" if kind == "DELETED" else "ADDED", obj)
         elif kind == "SYNCED":
-            for gone in set(rt.nodes) - set(obj["names"]):
-                node_changed(rt, "DELETED", {"metadata": {"name": gone}})
+            for gone in set(cluster.nodes) - set(obj["names"]):
+                node_changed(ports, cluster, books, "DELETED", {"metadata": {"name": gone}})
 
     while True:
-        rt.relist_nodes.clear()  # before the list: a request during it lists once more
-        follow = asyncio.create_task(_follow(rt, "nodes", "nodes", ready, handle))
-        asked = asyncio.create_task(rt.relist_nodes.wait())
+        cluster.relist_nodes.clear()  # before the list: a request during it lists once more
+        follow = asyncio.create_task(_follow(ports, cluster, "nodes", "nodes", ready, handle))
+        asked = asyncio.create_task(cluster.relist_nodes.wait())
         try:
             await asyncio.wait((follow, asked), return_when=asyncio.FIRST_COMPLETED)
         finally:
@@ -91,61 +99,65 @@ async def watch_nodes(rt: Runtime, ready: asyncio.Event | None = None) -> None:
             raise failed
         log.info(
             "listing Nodes again: the policies now name the kubelet conditions %s",
-            ",".join(sorted(rt.kept_conditions)) or "none",
+            ",".join(sorted(cluster.kept_conditions)) or "none",
         )
 
 
-async def watch_incidents(rt: Runtime, ready: asyncio.Event | None = None) -> None:
+async def watch_incidents(
+    ports: Ports, cluster: ClusterView, books: Bookkeeping, ready: asyncio.Event | None = None
+) -> None:
     """NodeRemediations, forever, through our own list+watch rather than kopf: most of their
     changes are the operator's own status writes, whose echo costs a JSON parse and a dict
     lookup here (`objects.incident_changed`), where kopf spent a deep copy and a diff on
     each. After a relist, incidents that vanished meanwhile are dropped."""
-    async for ev in rt.require_kube().list_watch("noderemediations"):
+    async for ev in ports.require_kube().list_watch("noderemediations"):
         if ev.type in ("LISTED", "ADDED", "MODIFIED", "DELETED"):
-            incident_changed(rt, ev.type, ev.obj)
+            incident_changed(ports, cluster, books, ev.type, ev.obj)
         elif ev.type == "SYNCED":
-            for gone in set(rt.incidents) - set(ev.obj["names"]):
-                incident_changed(rt, "DELETED", {"metadata": {"name": gone}})
+            for gone in set(cluster.incidents) - set(ev.obj["names"]):
+                incident_changed(ports, cluster, books, "DELETED", {"metadata": {"name": gone}})
             if ready is not None:
                 ready.set()
         elif ev.type == "BLIND":
             log.warning("NodeRemediation watch failed, relisting: %s", ev.obj["message"])
 
 
-async def watch_events(rt: Runtime) -> None:
+async def watch_events(ports: Ports, cluster: ClusterView, books: Bookkeeping) -> None:
     """Events about Nodes, forever (server-side ``fieldSelector=involvedObject.kind=Node``)."""
 
     async def handle(kind: str, obj: dict[str, Any]) -> None:
         if kind in ("LISTED", "ADDED", "MODIFIED"):
-            await handle_event(rt, obj)
+            await handle_event(ports, cluster, books, obj)
 
-    await _follow(rt, "node_events", "events", None, handle)
+    await _follow(ports, cluster, "node_events", "events", None, handle)
 
 
-async def handle_event(rt: Runtime, body: dict[str, Any]) -> None:
+async def handle_event(
+    ports: Ports, cluster: ClusterView, books: Bookkeeping, body: dict[str, Any]
+) -> None:
     """Hand each XID the Event reports (or the Warning itself) to the intake (which handles
     it while the watch reads on), if a trusted reporter sent it (`policy.trust`)."""
     ev = node_event(body)
-    if ev is None or ev.component == rt.require_kube().component:
+    if ev is None or ev.component == ports.require_kube().component:
         return  # not about a Node, or one of our own Events
-    view = rt.nodes.get(ev.node)
+    view = cluster.nodes.get(ev.node)
     now = _now()
     observations = event_observations(ev, now, view.gpus if view is not None else None)
     if not observations:
         return
-    policy = rt.policy_of(ev.node) if view is not None else None
+    policy = cluster.policy_of(ev.node) if view is not None else None
     verdict = judge_event(
-        ev, observations, rt.config.trusted_reporters, policy.spec.rules if policy else ()
+        ev, observations, ports.config.trusted_reporters, policy.spec.rules if policy else ()
     )
     if verdict is not None:
         # Never to the intake: an untrusted signal must not even count in the node's history
         # (repeats there escalate a later real fault).
-        rt.metrics.signals.labels("events", "untrusted").inc(len(observations))
+        ports.metrics.signals.labels("events", "untrusted").inc(len(observations))
         if verdict.matters and view is not None:
-            _warn_untrusted(rt, view, ev, verdict, now)
+            _warn_untrusted(ports, books, view, ev, verdict, now)
         return
     for obs in observations:
-        await intake.submit(rt, ev.node, obs)
+        await intake.submit(ports, cluster, books, ev.node, obs)
 
 
 UNTRUSTED_WARN_EVERY = dt.timedelta(minutes=10)
@@ -154,18 +166,26 @@ naming another reporter, say) must become neither a flood of gpuheal's own Event
 memory that grows with the forger's text (the metric counts every one)."""
 
 
-def _warn_untrusted(
-    rt: Runtime, view: NodeView, ev: NodeEvent, verdict: Untrusted, now: dt.datetime
+def _warn_untrusted(  # noqa: PLR0917
+    ports: Ports,
+    books: Bookkeeping,
+    view: NodeView,
+    ev: NodeEvent,
+    verdict: Untrusted,
+    now: dt.datetime,
 ) -> None:
     node = view.name
-    if ev.last_seen is not None and (now - ev.last_seen).total_seconds() > rt.config.event_max_age:
+    if (
+        ev.last_seen is not None
+        and (now - ev.last_seen).total_seconds() > ports.config.event_max_age
+    ):
         return  # old enough to start nothing anyway (a relist replays it at every start)
-    last = rt.untrusted_warned.get(node)
+    last = books.untrusted_warned.get(node)
     if last is not None and now - last < UNTRUSTED_WARN_EVERY:
         return
-    rt.untrusted_warned[node] = now
+    books.untrusted_warned[node] = now
     log.warning("untrusted signal on %s: %s", node, verdict.message, extra={"node": node})
-    rt.post_event(
+    ports.post_event(
         {"apiVersion": "v1", "kind": "Node", "metadata": {"name": node, "uid": view.uid}},
         reason=EventReason.UNTRUSTED_SIGNAL,
         message=verdict.message,
@@ -173,34 +193,35 @@ def _warn_untrusted(
     )
 
 
-async def scrape_dcgm(rt: Runtime) -> None:
+async def scrape_dcgm(ports: Ports, cluster: ClusterView, books: Bookkeeping) -> None:
     """Every ``--dcgm-interval`` seconds, scrape each dcgm-exporter pod (found by label
     selector) and turn XID counter rises / gauge changes into signals on its node."""
     previous: dict[str, dict[Any, float]] = {}
-    scraper = DcgmScraper(port=rt.config.dcgm_port)
+    scraper = DcgmScraper(port=ports.config.dcgm_port)
     try:
         while True:
             try:
-                pods = await _dcgm_pods(rt)
+                pods = await _dcgm_pods(ports)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
                 # Every node an exporter covered is blind now (the others never were seen).
-                rt.metrics.source_up.labels("dcgm").set(0)
-                rt.metrics.source_errors.labels("dcgm").inc()
-                for node in rt.dcgm_nodes:
-                    rt.set_blind("dcgm", node)
+                ports.metrics.source_up.labels("dcgm").set(0)
+                ports.metrics.source_errors.labels("dcgm").inc()
+                for node in cluster.dcgm_nodes:
+                    cluster.set_blind("dcgm", node)
                 log.warning("dcgm source blind: listing dcgm-exporter pods failed: %s", exc)
             else:
-                for node, obs in await scrape_once(rt, scraper, pods, previous):
-                    await intake.submit(rt, node, obs)
-            await asyncio.sleep(rt.config.dcgm_interval)
+                for node, obs in await scrape_once(ports, cluster, scraper, pods, previous):
+                    await intake.submit(ports, cluster, books, node, obs)
+            await asyncio.sleep(ports.config.dcgm_interval)
     finally:
         await scraper.close()
 
 
 async def scrape_once(
-    rt: Runtime,
+    ports: Ports,
+    cluster: ClusterView,
     scraper: DcgmScraper,
     pods: list[dict[str, Any]],
     previous: dict[str, dict[Any, float]],
@@ -211,9 +232,9 @@ async def scrape_once(
     out: list[tuple[str, Observation]] = []
     failed = 0
     covered = {(p.get("spec") or {}).get("nodeName") for p in pods} - {None}
-    for gone in rt.dcgm_nodes - covered:  # no exporter there any more: nothing to be blind to
-        rt.blind_nodes.get("dcgm", set()).discard(gone)
-    rt.dcgm_nodes = {str(n) for n in covered}
+    for gone in cluster.dcgm_nodes - covered:  # no exporter there any more: nothing to be blind to
+        cluster.blind_nodes.get("dcgm", set()).discard(gone)
+    cluster.dcgm_nodes = {str(n) for n in covered}
     for pod in pods:
         node = (pod.get("spec") or {}).get("nodeName")
         ip = (pod.get("status") or {}).get("podIP")
@@ -223,15 +244,15 @@ async def scrape_once(
             text = await scraper.scrape(ip)
         except ScrapeFailed as exc:
             failed += 1
-            rt.metrics.source_errors.labels("dcgm").inc()
-            rt.set_blind("dcgm", node)  # this node only: the others are still seen
+            ports.metrics.source_errors.labels("dcgm").inc()
+            cluster.set_blind("dcgm", node)  # this node only: the others are still seen
             log.warning("scrape of %s failed: %s", node, exc)
             continue
         now = _now()
-        rt.set_seeing("dcgm", now, node)
+        cluster.set_seeing("dcgm", now, node)
         events, state = dcgm_xid_events(previous.get(node), parse_dcgm_metrics(text), now)
         previous[node] = state
-        view = rt.nodes.get(node)
+        view = cluster.nodes.get(node)
         gpus = (view.gpus if view is not None else NO_GPUS).learn(
             (xe.pci_bus_id, xe.gpu_uuid) for xe in events
         )
@@ -254,10 +275,12 @@ async def scrape_once(
                     ),
                 )
             )
-    rt.metrics.source_up.labels("dcgm").set(1 if pods and not failed else 0)
+    ports.metrics.source_up.labels("dcgm").set(1 if pods and not failed else 0)
     return out
 
 
-async def _dcgm_pods(rt: Runtime) -> list[dict[str, Any]]:
-    pods = await rt.require_kube().list_pods(rt.config.dcgm_selector, rt.config.dcgm_namespace)
+async def _dcgm_pods(ports: Ports) -> list[dict[str, Any]]:
+    pods = await ports.require_kube().list_pods(
+        ports.config.dcgm_selector, ports.config.dcgm_namespace
+    )
     return [p for p in pods if (p.get("status") or {}).get("phase") == "Running"]

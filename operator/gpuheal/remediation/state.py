@@ -1,10 +1,19 @@
-"""What the operator keeps in memory (kopf's memo holds one `Runtime`): the clients, compact
-views of Nodes, policies, pools and incidents, each node's recent signals, and the indexes
-that make cluster counts cheap (which policy selects a node, which nodes gpuheal keeps out).
+"""What the operator keeps in memory, in three parts that kopf's memo holds together
+(`Runtime`) and hands apart:
 
-Everything here is a cache of the cluster (rebuilt by a LIST at start), the signal history
-included: what this process saw is also written to the node's FaultHistory (and to the
-incident it belongs to), and read back from there after a restart.
+- `ClusterView`: what steps and decisions READ, the cluster as the operator has read it:
+  compact views of Nodes, policies, pools and incidents, each node's recent signals and
+  FaultHistory, the sources it cannot read now, and the indexes that make cluster counts
+  cheap (which policy selects a node, which nodes gpuheal keeps out);
+- `Ports`: what steps USE TO ACT: the Kubernetes client, the Slurm bridges (`slurm_for`),
+  the Event outbox, the notifier, the metrics, the Lease;
+- `Bookkeeping`: the operator's own work: driver tasks and their wake-ups, spares being
+  claimed early, locks, timers, queued writes.
+
+A function's signature says which of them it touches. The view is a cache of the cluster
+(rebuilt by a LIST at start), the signal history included: what this process saw is also
+written to the node's FaultHistory (and to the incident it belongs to), and read back from
+there after a restart.
 """
 
 from __future__ import annotations
@@ -215,17 +224,15 @@ def _member(sets: dict[str, set[str]], key: str, item: str, sign: int) -> None:
 
 
 @dataclass
-class Runtime:
-    config: OperatorConfig
-    metrics: Metrics
-    kube: Kube | None = None
-    lease: Lease | None = None
-    slurm: BridgeSlurm | None = None  # the default cluster's bridge (--bridge-url)
-    bridges: dict[str, BridgeSlurm] = field(default_factory=dict)  # every cluster's, by name
-    notifier: Notifier | None = None
-    notify_sender: WebhookSender | None = None
-    notify_targets: list[Target] = field(default_factory=list)  # --notify-webhooks
-    events: EventOutbox | None = None
+class ClusterView:
+    """The cluster as the operator has read it: what steps and decisions READ.
+
+    Kept current by the watches (`sources`, `objects`) and by the answers to the operator's
+    own writes; beside the objects themselves, the indexes that make a decision's inputs
+    cheap (which policy governs a node, which nodes gpuheal keeps out, per-policy tallies)
+    and what this process has claimed but no object records yet (`slots`, `breakers`), which
+    the counts must include. Nothing here does I/O."""
+
     nodes: dict[str, NodeView] = field(default_factory=dict)
     # The kubelet conditions some policy's rule names: the node views keep them (the others
     # are dropped to keep 5,000 views small). When a policy names a new one, the views lack
@@ -250,14 +257,8 @@ class Runtime:
     kept_out_of: dict[str, dict[str, str]] = field(default_factory=dict)
     history: dict[str, deque[Observation]] = field(default_factory=dict)
     seen_keys: dict[str, dt.datetime] = field(default_factory=dict)
-    attached_at: dict[str, dt.datetime] = field(default_factory=dict)  # incident -> last record
-    attach_pending: dict[str, list[Observation]] = field(default_factory=dict)  # its next write
-    drivers: dict[str, asyncio.Task[None]] = field(default_factory=dict)
-    wakeups: dict[str, asyncio.Event] = field(default_factory=dict)
-    # incident -> its spare being claimed ahead of the replace step (driver._reserve_spare)
-    reservations: dict[str, asyncio.Task[Any]] = field(default_factory=dict)
-    tasks: list[asyncio.Task[Any]] = field(default_factory=list)
-    # maxUnhealthy slots taken by incidents of this process, not yet recorded on them.
+    # maxUnhealthy slots taken by incidents of this process, not yet recorded on them; the
+    # lock makes a decision's read of the counts and its slot (or breaker) one step.
     slots: dict[str, set[str]] = field(default_factory=dict)
     slot_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     breakers: dict[str, Breaker] = field(default_factory=dict)
@@ -270,91 +271,9 @@ class Runtime:
     # the nodes' FaultHistory objects, as read (watch) or written; UUID -> nodes with it
     fault_history: dict[str, NodeRecord] = field(default_factory=dict)
     gpu_nodes: dict[str, set[str]] = field(default_factory=dict)
-    history_queue: dict[str, list[HistoryEntry]] = field(default_factory=dict)
-    refills: dict[str, RefillStatus] = field(default_factory=dict)  # pool -> last request
     # spares Slurm keeps out for someone else (an admin's drain, DOWN): node -> why, as the
-    # bridge said at the last look (pools.refresh_slurm) or at a refused promotion
+    # bridge said at the last look (pools.look_in_slurm) or at a refused promotion
     spares_out_in_slurm: dict[str, Unavailable] = field(default_factory=dict)
-    slurm_looked_at: dict[str, dt.datetime] = field(default_factory=dict)  # pool -> last look
-    history_wakeup: asyncio.Event = field(default_factory=asyncio.Event)
-    node_locks: dict[str, asyncio.Lock] = field(default_factory=dict)
-    condition_timers: dict[str, asyncio.TimerHandle] = field(default_factory=dict)
-    # node -> when an untrusted Event about it was last reported (one Warning per 10 min)
-    untrusted_warned: dict[str, dt.datetime] = field(default_factory=dict)
-    metrics_served: bool = False
-    intake_slots: asyncio.Semaphore = field(init=False)  # see intake.submit
-
-    def __post_init__(self) -> None:
-        self.intake_slots = asyncio.Semaphore(self.config.signal_concurrency)
-
-    def require_kube(self) -> Kube:
-        if self.kube is None:
-            raise RuntimeError("the Kubernetes client is not set up (startup did not run)")
-        return self.kube
-
-    def slurm_for(self, node: str) -> BridgeSlurm | None:
-        """The bridge of the node's Slurm cluster (its label, else its policy's
-        ``slurmCluster``, else the default bridge); None: no Slurm here. Raises
-        `UnknownCluster` when the node names a cluster without a bridge."""
-        view = self.nodes.get(node)
-        policy = self.policy_of(node)
-        name = slurm_cluster(
-            view.labels if view is not None else {},
-            self.config.slurm_cluster_label,
-            policy.spec.slurm_cluster if policy is not None else None,
-        )
-        if name is None:
-            return self.slurm
-        bridge = self.bridges.get(name)
-        if bridge is None:
-            known = ", ".join(sorted(self.bridges)) or "none"
-            raise UnknownCluster(
-                f"{node} is in Slurm cluster {name!r}, which has no bridge (known: {known})"
-            )
-        return bridge
-
-    def post_event(
-        self, involved: dict[str, Any], *, reason: str, message: str, type_: str = "Normal"
-    ) -> None:
-        """Queue a Kubernetes Event (posted in the background: never on a step's path)."""
-        if self.events is None:
-            raise RuntimeError("the Event outbox is not set up (startup did not run)")
-        self.events.post(involved, reason=reason, message=message, type_=type_)
-
-    def announce(
-        self,
-        nrem: NodeRemediation,
-        event: NotifyEvent,
-        reason: str,
-        message: str,
-        now: dt.datetime,
-    ) -> None:
-        """Tell the incident's receivers (the operator's and its policy's) about a transition
-        that status now records. Returns at once (`notify.Notifier` sends in the background)."""
-        if self.notifier is None:
-            return
-        spec = nrem.spec
-        policy = self.policies.get(spec.policy_ref.name)
-        targets = merge_targets(
-            self.notify_targets,
-            policy_targets(policy.spec.notifications if policy else None, self.config.namespace),
-        )
-        if not targets:
-            return
-        xid = next((s.xid for s in reversed(spec.signals) if s.xid is not None), None)
-        notice = Notice(
-            event=event,
-            incident=nrem.metadata.name,
-            node=spec.node_name,
-            policy=spec.policy_ref.name,
-            rule=spec.rule,
-            reason=reason,
-            message=message,
-            time=now,
-            xid=xid,
-            dry_run=spec.dry_run,
-        )
-        self.notifier.notify(notice, targets)
 
     # ---- views --------------------------------------------------------------------------
     def set_node(self, view: NodeView) -> None:
@@ -523,7 +442,6 @@ class Runtime:
             self.latest.pop(name, None)
         if summary.holds_slot or not summary.active:
             self.release_slot(name)  # recorded on the incident now (or over)
-        self.metrics.active_incidents.set(self.incidents.open_count)
         mark = (nrem.metadata.generation, nrem.metadata.annotations.get(APPROVE_ANNOTATION))
         changed = self.incident_marks.get(name) != mark
         self.incident_marks[name] = mark
@@ -560,8 +478,6 @@ class Runtime:
         """Drop dedupe keys and history older than ``cutoff`` (bounded memory)."""
         for key in [k for k, t in self.seen_keys.items() if t < cutoff]:
             del self.seen_keys[key]
-        for name in [n for n, t in self.attached_at.items() if t < cutoff]:
-            del self.attached_at[name]
         for node in list(self.history):
             kept = deque((s for s in self.history[node] if s.time >= cutoff), HISTORY_PER_NODE)
             if kept:
@@ -610,8 +526,148 @@ class Runtime:
             blind.discard(node)
             self.readable_since[f"{source}/{node}"] = now
 
+
+@dataclass
+class Ports:
+    """What steps USE TO ACT: the Kubernetes client, the Slurm bridges, the Event outbox, the
+    notifier, the metrics and the Lease, with the flags that configure them. Set up by
+    `service.start`; nothing here remembers the cluster."""
+
+    config: OperatorConfig
+    metrics: Metrics
+    kube: Kube | None = None
+    lease: Lease | None = None
+    slurm: BridgeSlurm | None = None  # the default cluster's bridge (--bridge-url)
+    bridges: dict[str, BridgeSlurm] = field(default_factory=dict)  # every cluster's, by name
+    notifier: Notifier | None = None
+    notify_sender: WebhookSender | None = None
+    notify_targets: list[Target] = field(default_factory=list)  # --notify-webhooks
+    events: EventOutbox | None = None
+
+    def require_kube(self) -> Kube:
+        if self.kube is None:
+            raise RuntimeError("the Kubernetes client is not set up (startup did not run)")
+        return self.kube
+
+    def slurm_for(self, cluster: ClusterView, node: str) -> BridgeSlurm | None:
+        """The bridge of the node's Slurm cluster (its label in ``cluster``, else its
+        policy's ``slurmCluster``, else the default bridge); None: no Slurm here. Raises
+        `UnknownCluster` when the node names a cluster without a bridge."""
+        view = cluster.nodes.get(node)
+        policy = cluster.policy_of(node)
+        name = slurm_cluster(
+            view.labels if view is not None else {},
+            self.config.slurm_cluster_label,
+            policy.spec.slurm_cluster if policy is not None else None,
+        )
+        if name is None:
+            return self.slurm
+        bridge = self.bridges.get(name)
+        if bridge is None:
+            known = ", ".join(sorted(self.bridges)) or "none"
+            raise UnknownCluster(
+                f"{node} is in Slurm cluster {name!r}, which has no bridge (known: {known})"
+            )
+        return bridge
+
+    def post_event(
+        self, involved: dict[str, Any], *, reason: str, message: str, type_: str = "Normal"
+    ) -> None:
+        """Queue a Kubernetes Event (posted in the background: never on a step's path)."""
+        if self.events is None:
+            raise RuntimeError("the Event outbox is not set up (startup did not run)")
+        self.events.post(involved, reason=reason, message=message, type_=type_)
+
+    def announce(  # noqa: PLR0917
+        self,
+        cluster: ClusterView,
+        nrem: NodeRemediation,
+        event: NotifyEvent,
+        reason: str,
+        message: str,
+        now: dt.datetime,
+    ) -> None:
+        """Tell the incident's receivers (the operator's, and its policy's in ``cluster``)
+        about a transition that status now records. Returns at once (`notify.Notifier` sends
+        in the background)."""
+        if self.notifier is None:
+            return
+        spec = nrem.spec
+        policy = cluster.policies.get(spec.policy_ref.name)
+        targets = merge_targets(
+            self.notify_targets,
+            policy_targets(policy.spec.notifications if policy else None, self.config.namespace),
+        )
+        if not targets:
+            return
+        xid = next((s.xid for s in reversed(spec.signals) if s.xid is not None), None)
+        notice = Notice(
+            event=event,
+            incident=nrem.metadata.name,
+            node=spec.node_name,
+            policy=spec.policy_ref.name,
+            rule=spec.rule,
+            reason=reason,
+            message=message,
+            time=now,
+            xid=xid,
+            dry_run=spec.dry_run,
+        )
+        self.notifier.notify(notice, targets)
+
+
+@dataclass
+class Bookkeeping:
+    """The operator's own work in progress, none of it the cluster's: its tasks (drivers,
+    early spare claims, signals in hand), what wakes them, locks and timers, and the writes
+    and requests it has queued or made."""
+
+    intake_slots: asyncio.Semaphore  # see intake.submit: --signal-concurrency places
+    drivers: dict[str, asyncio.Task[None]] = field(default_factory=dict)
+    wakeups: dict[str, asyncio.Event] = field(default_factory=dict)
+    # incident -> its spare being claimed ahead of the replace step (driver._reserve_spare)
+    reservations: dict[str, asyncio.Task[Any]] = field(default_factory=dict)
+    tasks: list[asyncio.Task[Any]] = field(default_factory=list)
+    node_locks: dict[str, asyncio.Lock] = field(default_factory=dict)
+    condition_timers: dict[str, asyncio.TimerHandle] = field(default_factory=dict)
+    attached_at: dict[str, dt.datetime] = field(default_factory=dict)  # incident -> last record
+    attach_pending: dict[str, list[Observation]] = field(default_factory=dict)  # its next write
+    history_queue: dict[str, list[HistoryEntry]] = field(default_factory=dict)
+    history_wakeup: asyncio.Event = field(default_factory=asyncio.Event)
+    refills: dict[str, RefillStatus] = field(default_factory=dict)  # pool -> last request
+    slurm_looked_at: dict[str, dt.datetime] = field(default_factory=dict)  # pool -> last look
+    # node -> when an untrusted Event about it was last reported (one Warning per 10 min)
+    untrusted_warned: dict[str, dt.datetime] = field(default_factory=dict)
+    metrics_served: bool = False
+
     def node_lock(self, node: str) -> asyncio.Lock:
         return self.node_locks.setdefault(node, asyncio.Lock())
+
+    def forget_before(self, cutoff: dt.datetime) -> None:
+        """Drop the record times of incidents older than ``cutoff`` (bounded memory)."""
+        for name in [n for n, t in self.attached_at.items() if t < cutoff]:
+            del self.attached_at[name]
+
+
+class Runtime:
+    """What kopf's memo holds: the three parts, handed apart by the handlers and
+    `service.start`. Nothing below them receives the whole."""
+
+    __slots__ = ("books", "ports", "view")
+
+    def __init__(self, config: OperatorConfig, metrics: Metrics) -> None:
+        self.view = ClusterView()
+        self.ports = Ports(config=config, metrics=metrics)
+        self.books = Bookkeeping(intake_slots=asyncio.Semaphore(config.signal_concurrency))
+
+
+def take_in(
+    ports: Ports, cluster: ClusterView, nrem: NodeRemediation, *, ours: bool = False
+) -> bool:
+    """`ClusterView.incident_seen`, and the open-incident gauge kept with it."""
+    changed = cluster.incident_seen(nrem, ours=ours)
+    ports.metrics.active_incidents.set(cluster.incidents.open_count)
+    return changed
 
 
 def _newer(rv: str | None, than: str | None) -> bool:

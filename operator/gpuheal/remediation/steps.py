@@ -14,6 +14,7 @@ import hashlib
 import logging
 from collections.abc import Callable, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import yaml
@@ -69,7 +70,7 @@ from gpuheal.policy.pool import Unavailable, slurm_unavailable, spare_unavailabl
 from gpuheal.policy.repair import reboot_proof, reset_proof
 from gpuheal.policy.types import Act, NodeView
 from gpuheal.remediation.record import Recorder
-from gpuheal.remediation.state import Runtime
+from gpuheal.remediation.state import ClusterView, Ports
 from gpuheal.remediation.victims import PostEvent, RecordPlan, base_options, requeue_victims
 from gpuheal.xid.identity import (
     GPU_MAP_ANNOTATION,
@@ -387,15 +388,17 @@ async def drain_pods(
 
 
 # ---- reset / reboot hooks ------------------------------------------------------------------
-async def work_on_node(rt: Runtime, node: str, action: Action, cond: str) -> StepResult | None:
+async def work_on_node(
+    ports: Ports, cluster: ClusterView, node: str, action: Action, cond: str
+) -> StepResult | None:
     """Before a reset or reboot is asked for: None when no Slurm job (the bridge's list of
     the node's jobs) and no pod a drain would evict is on the node, else the wait that says
     which (`policy.idle.work_on_node` decides). Without a bridge, or on a node Slurm does not
     know, only the pods count; a bridge that cannot answer is a wait, never "idle"."""
-    retry = rt.config.retry_interval
+    retry = ports.config.retry_interval
     jobs: list[JobState] = []
     try:
-        bridge = rt.slurm_for(node)
+        bridge = ports.slurm_for(cluster, node)
         if bridge is not None:
             jobs = (await bridge.jobs(node)).jobs
     except UnknownCluster as exc:
@@ -408,7 +411,7 @@ async def work_on_node(rt: Runtime, node: str, action: Action, cond: str) -> Ste
         )
     except SlurmError as exc:
         return StepResult.failed(cond, "BridgeError", f"cannot list {node}'s Slurm jobs: {exc}")
-    pods = await rt.require_kube().pods_on_node(node)
+    pods = await ports.require_kube().pods_on_node(node)
     busy = idle.work_on_node(action.value, node, pods=pods, jobs=jobs)
     return None if busy is None else StepResult.wait(cond, busy.reason, busy.message, retry)
 
@@ -793,8 +796,9 @@ def gpus_back(body: Mapping[str, Any] | None) -> tuple[bool, str]:
     return True, f"Ready, {have} of {want} GPUs allocatable"
 
 
-async def repair(  # noqa: PLR0911 - one exit per verified outcome
-    rt: Runtime,
+async def repair(  # noqa: PLR0917, PLR0911 - one exit per verified outcome
+    ports: Ports,
+    cluster: ClusterView,
     nrem: NodeRemediation,
     rec: Recorder,
     action: Action,
@@ -808,11 +812,11 @@ async def repair(  # noqa: PLR0911 - one exit per verified outcome
     `settle`; both with the node Ready and every GPU allocatable. A hook's exit code or 2xx
     alone is never taken for it; the request and what proves it are kept in status.repair,
     written before the hook runs (restarts)."""
-    kube = rt.require_kube()
+    kube = ports.require_kube()
     cond = C.RESET if action is Action.RESET else C.REBOOTED
     node, name, rung = nrem.spec.node_name, nrem.metadata.name, rec.status.rung
     hook = opts.hook
-    retry = rt.config.retry_interval
+    retry = ports.config.retry_interval
     if hook.type is HookType.NOOP:
         return noop_skipped(cond, action.value)
     record = _repair_record(rec, action)
@@ -854,7 +858,7 @@ async def repair(  # noqa: PLR0911 - one exit per verified outcome
     if record.hook_done_at is None:
         if hook.type is HookType.SLURM:
             try:
-                bridge = rt.slurm_for(node)
+                bridge = ports.slurm_for(cluster, node)
             except UnknownCluster as exc:
                 return StepResult.wait(cond, "SlurmClusterUnknown", str(exc), retry)
             asked = await _slurm_reboot(bridge, node, name, xid, rung)
@@ -884,7 +888,7 @@ async def repair(  # noqa: PLR0911 - one exit per verified outcome
             record = record.model_copy(update={"hook_done_at": rec.now})
         status["repair"] = record.to_k8s()
     settle = parse_duration(opts.settle) if isinstance(opts, ResetOptions) else dt.timedelta()
-    seen, what = await _repaired(rt, node, action, record, now=rec.now, settle=settle)
+    seen, what = await _repaired(ports, cluster, node, action, record, now=rec.now, settle=settle)
     if seen is True:
         verified = record.model_copy(update={"verified_at": rec.now, "message": what[:1024]})
         reason = (
@@ -923,7 +927,8 @@ async def _slurm_reboot(
 
 
 async def _repaired(  # noqa: PLR0911 - one exit per verdict
-    rt: Runtime,
+    ports: Ports,
+    cluster: ClusterView,
     node: str,
     action: Action,
     record: RepairRecord,
@@ -933,11 +938,11 @@ async def _repaired(  # noqa: PLR0911 - one exit per verdict
 ) -> tuple[bool | None, str]:
     """(True: it happened / False: it failed / None: not yet, what was seen): the proof per
     action is `policy.repair`'s; the node Ready with its GPUs allocatable besides."""
-    body = await rt.require_kube().get_node(node)
+    body = await ports.require_kube().get_node(node)
     back, gpus = gpus_back(body)
     if action is Action.REBOOT and record.via == HookType.SLURM.value:
         try:
-            bridge = rt.slurm_for(node)
+            bridge = ports.slurm_for(cluster, node)
             assert bridge is not None  # the reboot went through it
             st = await bridge.node(node)
         except (SlurmUnavailable, UnknownCluster) as exc:
@@ -960,7 +965,7 @@ async def _repaired(  # noqa: PLR0911 - one exit per verdict
             _gpu_report(body),
             reset_at=record.hook_done_at or record.requested_at,
             want_count=int(count) if count and count.isdecimal() else None,
-            observations=rt.node_history(node).observations,
+            observations=cluster.node_history(node).observations,
             settle=settle,
             now=now,
         )  # fmt: skip
@@ -971,7 +976,7 @@ async def _repaired(  # noqa: PLR0911 - one exit per verdict
 
 # ---- verification before return (returnToService.check) -------------------------------------
 async def verify(  # noqa: PLR0911, PLR0912 - one exit per check type and verdict
-    rt: Runtime,
+    ports: Ports,
     nrem: NodeRemediation,
     rec: Recorder,
     check: VerificationCheck,
@@ -981,9 +986,9 @@ async def verify(  # noqa: PLR0911, PLR0912 - one exit per check type and verdic
     """Start (``restart``) or look at the policy's check on the node. ``done``: passed;
     ``failed``: the check says unhealthy (or gave no verdict in time); ``wait``: not yet.
     A new run is recorded in ``status["verification"]``."""
-    kube = rt.require_kube()
+    kube = ports.require_kube()
     node, name, rung = nrem.spec.node_name, nrem.metadata.name, rec.status.rung
-    cond, retry = C.VERIFIED, rt.config.retry_interval
+    cond, retry = C.VERIFIED, ports.config.retry_interval
     current = rec.status.verification
     run = current if current is not None and current.rung == rung else None
     if restart or run is None:
@@ -1094,14 +1099,20 @@ def _started(rec: Recorder, condition: str) -> dt.datetime:
 
 
 async def execute(  # noqa: PLR0911
-    rt: Runtime, nrem: NodeRemediation, rec: Recorder, step: Step, *, attempt: int
+    ports: Ports,
+    cluster: ClusterView,
+    nrem: NodeRemediation,
+    rec: Recorder,
+    step: Step,
+    *,
+    attempt: int,
 ) -> StepResult:
     """Run `step` of the incident once."""
-    kube = rt.require_kube()
+    kube = ports.require_kube()
     spec = nrem.spec
     name = nrem.metadata.name
     node = spec.node_name
-    retry = rt.config.retry_interval
+    retry = ports.config.retry_interval
     now = rec.now
     xid = next((s.xid for s in reversed(spec.signals) if s.xid is not None), None)
     action = step.action
@@ -1109,10 +1120,10 @@ async def execute(  # noqa: PLR0911
         return await cordon(kube, node, name)
     if action is Action.SLURM_DRAIN:
         try:
-            slurm = rt.slurm_for(node)
+            slurm = ports.slurm_for(cluster, node)
         except UnknownCluster as exc:
             return StepResult.wait(C.SLURM_DRAINED, "SlurmClusterUnknown", str(exc), retry)
-        return await _slurm_drain_step(rt, slurm, nrem, rec, step, xid=xid, attempt=attempt)
+        return await _slurm_drain_step(ports, slurm, nrem, rec, step, xid=xid, attempt=attempt)
     if action is Action.DRAIN:
         result, counts = await drain_pods(
             kube,
@@ -1125,7 +1136,7 @@ async def execute(  # noqa: PLR0911
         )
         for what, n in counts.items():
             if n:
-                rt.metrics.evictions.labels(what).inc(n)
+                ports.metrics.evictions.labels(what).inc(n)
         return result
     if action in (Action.RESET, Action.REBOOT):
         opts: ResetOptions | RebootOptions | None = (
@@ -1134,10 +1145,10 @@ async def execute(  # noqa: PLR0911
         assert opts is not None
         cond = C.RESET if action is Action.RESET else C.REBOOTED
         if opts.when_idle and _repair_record(rec, action) is None:
-            busy = await work_on_node(rt, node, action, cond)
+            busy = await work_on_node(ports, cluster, node, action, cond)
             if busy is not None:
                 return busy
-        return await repair(rt, nrem, rec, action, opts, xid=xid)
+        return await repair(ports, cluster, nrem, rec, action, opts, xid=xid)
     if action is Action.RETIRE:
         return await retire(kube, node, name, rec.status.why)
     if action is Action.REPLACE:
@@ -1145,11 +1156,11 @@ async def execute(  # noqa: PLR0911
         pool_name = step.replace.reserve_pool_ref.name
         return await replace(
             kube,
-            rt.slurm_for,
-            rt.pools.get(pool_name),
+            partial(ports.slurm_for, cluster),
+            cluster.pools.get(pool_name),
             pool_name,
-            list(rt.nodes.values()),
-            rt.spares_out_in_slurm,
+            list(cluster.nodes.values()),
+            cluster.spares_out_in_slurm,
             node=node,
             incident=name,
             retry_after=retry,
@@ -1158,26 +1169,26 @@ async def execute(  # noqa: PLR0911
 
 
 async def return_to_pool(  # noqa: PLR0911 - one return per outcome
-    rt: Runtime, nrem: NodeRemediation, decision: Act, pool_name: str
+    ports: Ports, cluster: ClusterView, nrem: NodeRemediation, decision: Act, pool_name: str
 ) -> StepResult:
     """Put a verified, repaired node back into the ReservePool that gave its replacement:
     the pool's labels (and none of its promotion labels), the pool's taints back, no claim;
     then our cordon is lifted (the taints keep work off) and, in Slurm, our drain becomes
     the pool's ('reserve pool'), which promotion resumes. The Returned condition says what
     happened, as for `return_to_service`."""
-    kube = rt.require_kube()
+    kube = ports.require_kube()
     node, name = nrem.spec.node_name, nrem.metadata.name
-    pool = rt.pools.get(pool_name)
+    pool = cluster.pools.get(pool_name)
     current = await kube.get_node(node)
     if pool is None or current is None:
-        return await return_to_service(rt, nrem, decision)
+        return await return_to_service(ports, cluster, nrem, decision)
     promo = pool.spec.promotion
     labels: dict[str, str | None] = {k: None for k in promo.set_labels}
     labels.update(pool.spec.node_selector.match_labels)
     labels[CLAIMED_BY_LABEL] = None
     now_labels = {**(current.get("metadata", {}).get("labels") or {}), **labels}
     if not pool.spec.node_selector.matches({k: v for k, v in now_labels.items() if v}):
-        back = await return_to_service(rt, nrem, decision)
+        back = await return_to_service(ports, cluster, nrem, decision)
         back.message = f"ReservePool {pool_name}'s selector cannot be set by labels; {back.message}"
         return back
     taints = tuple(
@@ -1196,10 +1207,10 @@ async def return_to_pool(  # noqa: PLR0911 - one return per outcome
         messages.append(await uncordon(kube, node, name))
     if promo.slurm is None or not nrem.status.ownership.slurm_drained:
         if decision.resume_slurm:
-            return await _resume(rt, node, name, "ReturnedToPool", messages)
+            return await _resume(ports, cluster, node, name, "ReturnedToPool", messages)
         return StepResult.done(C.RETURNED, "ReturnedToPool", "; ".join(messages))
     # Our drain becomes the pool's: the node stays out of Slurm until promotion resumes it.
-    bridge = _bridge_to_return(rt, node, messages)
+    bridge = _bridge_to_return(ports, cluster, node, messages)
     if isinstance(bridge, StepResult):
         return bridge
     reason = promo.slurm.reserve_reason
@@ -1208,13 +1219,13 @@ async def return_to_pool(  # noqa: PLR0911 - one return per outcome
             node, incident=name, reason=reason, idempotency_key=f"{name}-reserve"
         )
     except SlurmError as exc:
-        return _not_returned(exc, "Reserve", messages, rt.config.retry_interval)
+        return _not_returned(exc, "Reserve", messages, ports.config.retry_interval)
     said = f"Slurm {resp.slurm_node}: {resp.outcome.value} ({reason!r})"
     return StepResult.done(C.RETURNED, "ReturnedToPool", _joined(messages, said))
 
 
 async def _slurm_drain_step(
-    rt: Runtime,
+    ports: Ports,
     slurm: BridgeSlurm | None,
     nrem: NodeRemediation,
     rec: Recorder,
@@ -1225,7 +1236,7 @@ async def _slurm_drain_step(
 ) -> StepResult:
     """`slurm_drain` with this incident's signal time, its recorded job plan, a way to record
     the plan before acting, and Events about its jobs posted on the incident."""
-    kube = rt.require_kube()
+    kube = ports.require_kube()
 
     async def record_plan(records: list[JobRecord]) -> None:
         rec.merge({"jobs": [r.to_k8s() for r in records]})
@@ -1239,7 +1250,7 @@ async def _slurm_drain_step(
         await rec.write(kube)
 
     async def post_event(reason: str, message: str, type_: str) -> None:
-        rt.post_event(nrem.to_k8s(), reason=reason, message=message, type_=type_)
+        ports.post_event(nrem.to_k8s(), reason=reason, message=message, type_=type_)
 
     return await slurm_drain(
         slurm,
@@ -1256,7 +1267,9 @@ async def _slurm_drain_step(
     )
 
 
-async def return_to_service(rt: Runtime, nrem: NodeRemediation, decision: Act) -> StepResult:
+async def return_to_service(
+    ports: Ports, cluster: ClusterView, nrem: NodeRemediation, decision: Act
+) -> StepResult:
     """Undo what gpuheal did (only that): uncordon, resume in Slurm. The Returned condition
     says what happened: `done` only when every side gpuheal had taken out is back (reason
     ReturnedToService, or ReturnedInKubernetesOnly when the policy's Slurm drain found no
@@ -1265,11 +1278,11 @@ async def return_to_service(rt: Runtime, nrem: NodeRemediation, decision: Act) -
     name = nrem.metadata.name
     messages = []
     if decision.uncordon:
-        messages.append(await uncordon(rt.require_kube(), node, name))
+        messages.append(await uncordon(ports.require_kube(), node, name))
     else:
         messages.append(f"{node}: cordon was not gpuheal's, left as it is")
     if decision.resume_slurm:
-        return await _resume(rt, node, name, "ReturnedToService", messages)
+        return await _resume(ports, cluster, node, name, "ReturnedToService", messages)
     drained = _condition(nrem, C.SLURM_DRAINED)
     if drained is not None and drained[1] == "SlurmNotConfigured":
         messages.append("Slurm not asked: no Slurm bridge configured (--bridge-url)")
@@ -1318,24 +1331,26 @@ async def resume_in_slurm(  # noqa: PLR0917
     return StepResult.done(C.RETURNED, returned, _joined(messages, said + no_longer))
 
 
-async def _resume(
-    rt: Runtime, node: str, incident: str, returned: str, messages: list[str]
+async def _resume(  # noqa: PLR0917
+    ports: Ports, cluster: ClusterView, node: str, incident: str, returned: str, messages: list[str]
 ) -> StepResult:
-    bridge = _bridge_to_return(rt, node, messages)
+    bridge = _bridge_to_return(ports, cluster, node, messages)
     if isinstance(bridge, StepResult):
         return bridge
     return await resume_in_slurm(
-        bridge, node, incident, returned, messages, rt.config.retry_interval
+        bridge, node, incident, returned, messages, ports.config.retry_interval
     )
 
 
-def _bridge_to_return(rt: Runtime, node: str, messages: list[str]) -> BridgeSlurm | StepResult:
+def _bridge_to_return(
+    ports: Ports, cluster: ClusterView, node: str, messages: list[str]
+) -> BridgeSlurm | StepResult:
     """The bridge that lifts gpuheal's Slurm drain of ``node``, or the wait that says why
     there is none: the node names a cluster without a bridge, or no bridge is configured
     any more (gpuheal drained the node through one: the drain stays until it is back)."""
-    retry = rt.config.retry_interval
+    retry = ports.config.retry_interval
     try:
-        bridge = rt.slurm_for(node)
+        bridge = ports.slurm_for(cluster, node)
     except UnknownCluster as exc:
         return StepResult.wait(C.RETURNED, "SlurmClusterUnknown", _joined(messages, exc), retry)
     if bridge is None:
