@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import signal
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -42,8 +43,9 @@ from gpuheal_bridge.server.guard import MAX_BODY_BYTES, BodyLimit, Guard
 from gpuheal_bridge.server.idempotency import IdempotencyStore
 from gpuheal_bridge.server.metrics import Metrics, MetricsEndpoint
 from gpuheal_bridge.server.routes import jobs, nodes, probes
-from gpuheal_bridge.server.services import Services, log
+from gpuheal_bridge.server.services import Services
 
+log = logging.getLogger("gpuheal_bridge")
 ROUTERS = (probes.router, nodes.router, jobs.router)
 
 
