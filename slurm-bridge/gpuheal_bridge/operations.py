@@ -29,7 +29,8 @@ import logging
 import time
 from collections import defaultdict
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Any
 
 from gpuheal_bridge.api.models import (
     DrainOutcome,
@@ -411,15 +412,10 @@ class Operations:
                 )
                 after = await self.backend.get_job(job_id)
                 if after.state in PENDING_STATES and after.restart_count > job.restart_count:
+                    by_job = JobOutcome.REQUEUED_BY_JOB
+                    requeued = _Requeued(job, opts, from_node, by_job, signalled, self._clock())
                     return await self._after_requeue(
-                        job,
-                        opts,
-                        from_node,
-                        JobOutcome.REQUEUED_BY_JOB,
-                        signalled,
-                        t0=self._clock(),
-                        requeued_at=self._wall(),
-                        already_pending=True,
+                        replace(requeued, already_pending=True), self._wall()
                     )
                 if opts.requeue_ended and after.ended in GRACE_ENDS:
                     # It stopped because of the checkpoint signal: requeue it like a failed job.
@@ -439,36 +435,18 @@ class Operations:
         self, job: JobState, opts: RequeueOptions, from_node: str | None, *, signalled: bool
     ) -> JobResult:
         """``scontrol requeue`` (or requeuehold) now, then the rest of the sequence."""
-        t0 = self._clock()
         hold = opts.mode is RequeueMode.REQUEUE_HOLD
+        outcome = JobOutcome.REQUEUED_HELD if hold else JobOutcome.REQUEUED
+        requeued = _Requeued(job, opts, from_node, outcome, signalled, self._clock())
         try:
             await self.backend.requeue(job.job_id, hold=hold)
         except Rejected as exc:
-            return JobResult(
-                job_id=job.job_id,
-                state_before=job.state,
-                outcome=JobOutcome.FAILED,
-                signalled=signalled,
-                ended_before=job.ended,
-                detail=f"slurm: {exc}",
-            )
-        outcome = JobOutcome.REQUEUED_HELD if hold else JobOutcome.REQUEUED
-        return await self._after_requeue(
-            job, opts, from_node, outcome, signalled, t0=t0, requeued_at=self._wall()
-        )
+            failed = JobOutcome.FAILED
+            return requeued.answer(outcome=failed, ended_before=job.ended, detail=f"slurm: {exc}")
+        return await self._after_requeue(requeued, self._wall())
 
-    async def _after_requeue(
-        self,
-        job: JobState,
-        opts: RequeueOptions,
-        from_node: str | None,
-        outcome: JobOutcome,
-        signalled: bool,
-        *,
-        t0: float,
-        requeued_at: dt.datetime,
-        already_pending: bool = False,
-    ) -> JobResult:
+    async def _after_requeue(self, requeued: _Requeued, requeued_at: dt.datetime) -> JobResult:
+        opts = requeued.opts
         # A plain requeue of a running job, where the caller asked for nothing the answer must
         # carry (no wait for RUNNING, no verdict on a job that may outlive SIGKILL, no ended
         # job or --nodelist release to report): answer now, finish in the background.
@@ -478,31 +456,20 @@ class Operations:
             or opts.requeue_ended
             or opts.release_node
         )
-        if opts.expedite and answer_now and outcome is JobOutcome.REQUEUED:
-            settle = self._settle(job, opts, from_node, outcome, signalled, t0=t0)
-            self._in_background(job.job_id, settle)
-            return JobResult(
-                job_id=job.job_id,
-                outcome=outcome,
-                state_before=job.state,
-                signalled=signalled,
+        if opts.expedite and answer_now and requeued.outcome is JobOutcome.REQUEUED:
+            self._in_background(requeued.job.job_id, self._settle(requeued))
+            return requeued.answer(
                 requeued_at=requeued_at,
                 detail="requeue accepted; the wait for PENDING, the exclusion and the "
                 "expedite go on in the bridge",
             )
         try:
-            result = await self._settle(
-                job, opts, from_node, outcome, signalled, t0=t0, already_pending=already_pending
-            )
+            result = await self._settle(requeued)
         except Unavailable as exc:
             # Requeued: that is the answer (a retry must not find a PENDING job and say
             # "left alone"); what followed is missing and said so.
-            return JobResult(
-                job_id=job.job_id,
-                outcome=outcome,
-                state_before=job.state,
-                signalled=signalled,
-                ended_before=job.ended,
+            return requeued.answer(
+                ended_before=requeued.job.ended,
                 requeued_at=requeued_at,
                 detail=f"requeued; then slurmctld unavailable, the exclusion/expedite may be "
                 f"missing: {exc}",
@@ -525,25 +492,16 @@ class Operations:
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
-    async def _settle(
-        self,
-        job: JobState,
-        opts: RequeueOptions,
-        from_node: str | None,
-        outcome: JobOutcome,
-        signalled: bool,
-        *,
-        t0: float,
-        already_pending: bool = False,
-    ) -> JobResult:
-        job_id = job.job_id
+    async def _settle(self, requeued: _Requeued) -> JobResult:
+        job, opts, from_node, t0 = requeued.job, requeued.opts, requeued.from_node, requeued.t0
+        outcome, job_id = requeued.outcome, job.job_id
         notes: list[str] = []
         if job.ended is not None:
             notes.append(f"ended {job.state}{_exit_text(job)} before the requeue")
         bad = [from_node] if from_node else list(job.nodes)
         left = await self._leave_node(job, opts, bad, t0=t0, notes=notes)
         probe = left.probe
-        requeue_seconds = None if already_pending else left.seconds
+        requeue_seconds = None if requeued.already_pending else left.seconds
         if probe.state not in PENDING_STATES:
             notes.append(f"after requeue the job is {probe.state}")
 
@@ -592,12 +550,8 @@ class Operations:
                 notes.append(f"not running within {opts.wait_running_seconds:g}s")
 
         final = await self.backend.get_job(job_id)
-        return JobResult(
-            job_id=job_id,
-            outcome=outcome,
-            state_before=job.state,
+        return requeued.answer(
             state_after=final.state,
-            signalled=signalled,
             excluded_nodes=excluded,
             expedited=expedited,
             requeue_seconds=requeue_seconds,
@@ -768,6 +722,31 @@ class Operations:
             if done(probe) or self._clock() >= deadline:
                 return probe
             await self._sleep(min(step, max(0.0, deadline - self._clock())))
+
+
+@dataclass(frozen=True)
+class _Requeued:
+    """A job whose requeue Slurm accepted (or was asked for), and how: what the rest of the
+    sequence works from. ``t0``: the clock at the requeue; ``already_pending``: the job
+    requeued itself (after the checkpoint signal), no requeue of ours to time."""
+
+    job: JobState
+    opts: RequeueOptions
+    from_node: str | None
+    outcome: JobOutcome
+    signalled: bool
+    t0: float
+    already_pending: bool = False
+
+    def answer(self, **fields: Any) -> JobResult:
+        """The job's result: its id, outcome, state before and signal, with ``fields``."""
+        base = {
+            "job_id": self.job.job_id,
+            "outcome": self.outcome,
+            "state_before": self.job.state,
+            "signalled": self.signalled,
+        }
+        return JobResult.model_validate({**base, **fields})
 
 
 @dataclass(frozen=True)

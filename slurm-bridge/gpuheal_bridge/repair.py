@@ -19,6 +19,9 @@ node's slurmd with ``-b``):
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
 from gpuheal_bridge.api.models import (
     NodeState,
     Owner,
@@ -33,6 +36,8 @@ from gpuheal_bridge.api.models import (
 from gpuheal_bridge.operations import Operations, OwnershipConflict, node_state
 from gpuheal_bridge.ownership import build_reason
 
+Answer = TypeVar("Answer", RebootResponse, ReserveResponse)
+
 
 def reboot_reason(incident: str, xid: int | None) -> str:
     """``gpuheal: nrem-abc xid=79 reboot``: still gpuheal's (and this incident's) reason, also
@@ -46,8 +51,8 @@ async def reboot(
     """Ask Slurm to reboot the node (once): refused (409) when someone else drained or
     downed it; a reboot of ours already pending or in progress is reported, not repeated."""
     backend = ops.backend
-    async with ops.lock(f"node:{slurm_name}"):
-        previous = node_state(k8s_name, await backend.get_node(slurm_name))
+
+    async def act(previous: NodeState) -> RebootOutcome:
         if previous.owner is Owner.OTHER:
             raise OwnershipConflict(
                 f"{slurm_name} is drained/down by someone else "
@@ -55,26 +60,19 @@ async def reboot(
                 previous,
             )
         if previous.rebooting and previous.owner is Owner.GPUHEAL:
-            outcome = RebootOutcome.ALREADY_REQUESTED
+            return RebootOutcome.ALREADY_REQUESTED
+        reason = reboot_reason(req.incident, req.xid)
+        if req.next_state is RebootNextState.RESUME:
+            await backend.reboot(slurm_name, reason, asap=True, resume=True)
         else:
-            reason = reboot_reason(req.incident, req.xid)
-            if req.next_state is RebootNextState.RESUME:
-                await backend.reboot(slurm_name, reason, asap=True, resume=True)
-            else:
-                if previous.owner is Owner.NONE:
-                    # Drained first, with our reason: nothing new starts there, and the drain
-                    # (ours) outlives the reboot until gpuheal resumes the node.
-                    await backend.drain(slurm_name, reason)
-                await backend.reboot(slurm_name, reason, asap=False, resume=False)
-            outcome = RebootOutcome.REQUESTED
-        current = node_state(k8s_name, await backend.get_node(slurm_name))
-        return RebootResponse(
-            node=k8s_name,
-            slurm_node=slurm_name,
-            outcome=outcome,
-            previous=previous,
-            current=current,
-        )
+            if previous.owner is Owner.NONE:
+                # Drained first, with our reason: nothing new starts there, and the drain
+                # (ours) outlives the reboot until gpuheal resumes the node.
+                await backend.drain(slurm_name, reason)
+            await backend.reboot(slurm_name, reason, asap=False, resume=False)
+        return RebootOutcome.REQUESTED
+
+    return await _change(ops, k8s_name, slurm_name, act, RebootResponse)
 
 
 async def reserve(
@@ -82,17 +80,31 @@ async def reserve(
 ) -> ReserveResponse:
     """DRAIN the node with the pool's reason: only a drain of this incident (or none) is
     replaced; someone else's is refused (409); the pool's reason already there is a no-op."""
-    backend = ops.backend
-    async with ops.lock(f"node:{slurm_name}"):
-        previous = node_state(k8s_name, await backend.get_node(slurm_name))
+
+    async def act(previous: NodeState) -> ReserveOutcome:
         if previous.drain and previous.reason == req.reason:
-            outcome = ReserveOutcome.ALREADY_RESERVED
-        else:
-            _check_ours(previous, req.incident)
-            await backend.drain(slurm_name, req.reason)
-            outcome = ReserveOutcome.RESERVED
-        current = node_state(k8s_name, await backend.get_node(slurm_name))
-        return ReserveResponse(
+            return ReserveOutcome.ALREADY_RESERVED
+        _check_ours(previous, req.incident)
+        await ops.backend.drain(slurm_name, req.reason)
+        return ReserveOutcome.RESERVED
+
+    return await _change(ops, k8s_name, slurm_name, act, ReserveResponse)
+
+
+async def _change(
+    ops: Operations,
+    k8s_name: str,
+    slurm_name: str,
+    act: Callable[[NodeState], Awaitable[Any]],  # the answer's outcome: checked by it
+    answer: type[Answer],
+) -> Answer:
+    """``act`` on the node under its lock, between two reads of its state: the answer
+    holds both and what ``act`` says it did."""
+    async with ops.lock(f"node:{slurm_name}"):
+        previous = node_state(k8s_name, await ops.backend.get_node(slurm_name))
+        outcome = await act(previous)
+        current = node_state(k8s_name, await ops.backend.get_node(slurm_name))
+        return answer(
             node=k8s_name,
             slurm_node=slurm_name,
             outcome=outcome,

@@ -438,31 +438,35 @@ class Kube:
         if grace_seconds is not None:
             body["deleteOptions"] = {"gracePeriodSeconds": grace_seconds}
         path = f"{CORE}/namespaces/{_q(meta['namespace'])}/pods/{_q(meta['name'])}/eviction"
-        crashpoints.at("evict", "before")
-        try:
-            await self.http.request("POST", path, body=body)
-        except ApiError as exc:
-            if exc.status == 429:
-                return EvictOutcome.PDB_BLOCKED
-            if exc.status == 404:
-                return EvictOutcome.GONE
-            raise
-        crashpoints.at("evict", "after")
-        return EvictOutcome.EVICTED
+        blocked = {429: EvictOutcome.PDB_BLOCKED, 404: EvictOutcome.GONE}
+        return await self._end_pod("POST", path, EvictOutcome.EVICTED, blocked, body=body)
 
     async def delete_pod(self, pod: JSON, *, grace_seconds: int | None = None) -> EvictOutcome:
         meta = pod["metadata"]
         params = {"gracePeriodSeconds": grace_seconds} if grace_seconds is not None else None
         path = f"{CORE}/namespaces/{_q(meta['namespace'])}/pods/{_q(meta['name'])}"
+        gone = {404: EvictOutcome.GONE}
+        return await self._end_pod("DELETE", path, EvictOutcome.FORCED, gone, params=params)
+
+    async def _end_pod(
+        self,
+        method: str,
+        path: str,
+        done: EvictOutcome,
+        refused: Mapping[int, EvictOutcome],
+        **request: Any,
+    ) -> EvictOutcome:
+        """One eviction or deletion (a crash point on each side): ``done``, or what the API
+        server's refusal with a status in ``refused`` means."""
         crashpoints.at("evict", "before")
         try:
-            await self.http.request("DELETE", path, params=params)
+            await self.http.request(method, path, **request)
         except ApiError as exc:
-            if exc.status == 404:
-                return EvictOutcome.GONE
+            if exc.status in refused:
+                return refused[exc.status]
             raise
         crashpoints.at("evict", "after")
-        return EvictOutcome.FORCED
+        return done
 
     # ---- events ------------------------------------------------------------------------
     async def post_event(

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING
 
 from pydantic import JsonValue
@@ -372,26 +372,43 @@ def _text_pairs(keys: list[tuple[str, int, str]]) -> Iterator[tuple[str, int, st
             yield v[:-4], int(v[-3:-1]), v[-1], int(w[-3:-1]), w[-1]
 
 
-def _condition_in_two_rules(rules: Sequence[Rule]) -> Iterator[str]:
-    keys = [
-        (f"{c.type} with status {c.status.value}", i, "-")
-        for i, r in enumerate(rules)
-        for c in r.signals.conditions
-    ]
-    for text, i, _, j, _ in _text_pairs(keys):
-        if i != j:
-            yield _shadowed_py(f"condition {text}", rules[i].name, rules[j].name)
+def _in_two_rules(
+    name: str,
+    field: str,
+    what: str,
+    *,
+    text: str,
+    texts: Callable[[Rule], Iterable[str]],
+    keep: str = "true",
+) -> SpecCheck:
+    """The same `what` (its `text` in CEL, `texts` of a rule in Python) among the `field`
+    items of two rules: the later rule never sees it."""
+
+    def problems(rules: Sequence[Rule]) -> Iterator[str]:
+        keys = [(t, i, "-") for i, r in enumerate(rules) for t in texts(r)]
+        for t, i, _, j, _ in _text_pairs(keys):
+            if i != j:
+                yield _shadowed_py(f"{what} {t}", rules[i].name, rules[j].name)
+
+    return _text_check(
+        name,
+        field,
+        keep=keep,
+        text=text,
+        flag="'-'",
+        pair=f"{_index('v')} != {_index('w')}",
+        describe=lambda t, a, b: _shadowed(f"{_s(what + ' ')} + {t}", a, b),
+        problems=problems,
+    )
 
 
-CONDITION_IN_TWO_RULES = _text_check(
+CONDITION_IN_TWO_RULES = _in_two_rules(
     "condition-in-two-rules",
     "conditions",
+    "condition",
     keep="has(e.status)",
     text="e.type + ' with status ' + e.status",
-    flag="'-'",
-    pair=f"{_index('v')} != {_index('w')}",
-    describe=lambda text, a, b: _shadowed(f"{_s('condition ')} + {text}", a, b),
-    problems=_condition_in_two_rules,
+    texts=lambda r: [f"{c.type} with status {c.status.value}" for c in r.signals.conditions],
 )
 
 
@@ -401,26 +418,13 @@ def _event_text(reason: str, message_contains: str | None) -> str:
     return f"{reason} with messageContains '{message_contains}'"
 
 
-def _event_in_two_rules(rules: Sequence[Rule]) -> Iterator[str]:
-    keys = [
-        (_event_text(e.reason, e.message_contains), i, "-")
-        for i, r in enumerate(rules)
-        for e in r.signals.events
-    ]
-    for text, i, _, j, _ in _text_pairs(keys):
-        if i != j:
-            yield _shadowed_py(f"Event reason {text}", rules[i].name, rules[j].name)
-
-
-EVENT_IN_TWO_RULES = _text_check(
+EVENT_IN_TWO_RULES = _in_two_rules(
     "event-in-two-rules",
     "events",
+    "Event reason",
     text="e.reason + (has(e.messageContains) ? ' with messageContains \\'' + e.messageContains "
     "+ '\\'' : '')",
-    flag="'-'",
-    pair=f"{_index('v')} != {_index('w')}",
-    describe=lambda text, a, b: _shadowed(f"{_s('Event reason ')} + {text}", a, b),
-    problems=_event_in_two_rules,
+    texts=lambda r: [_event_text(e.reason, e.message_contains) for e in r.signals.events],
 )
 
 

@@ -13,7 +13,7 @@ import enum
 import json
 import re
 import urllib.parse
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Annotated, Any, Literal
 
 from kube_custom_resource.schema import BaseModel
@@ -361,66 +361,8 @@ def label_value_cel(expr: str) -> str:
     return f"!format.labelValue().validate({expr}).hasValue()"
 
 
-def bad_label_key(text: str) -> str:
-    return f"'{text}' is not a valid label key: {LABEL_KEY_HELP}"
-
-
-def bad_label_value(text: str) -> str:
-    return f"'{text}' is not a valid label value: {LABEL_VALUE_HELP}"
-
-
 _KEY_TAIL = "' is not a valid label key: " + LABEL_KEY_HELP
 _VALUE_TAIL = "' is not a valid label value: " + LABEL_VALUE_HELP
-
-
-def _quoted_self_then(tail: str) -> str:
-    """CEL messageExpression: the value in quotes, then `tail`."""
-    return f'"\'" + self + {cel_str(tail)}'
-
-
-def _check_label_key(text: str) -> str:
-    if not is_label_key(text):
-        raise ValueError(bad_label_key(text))
-    return text
-
-
-def _check_label_value(text: str) -> str:
-    if not is_label_value(text):
-        raise ValueError(bad_label_value(text))
-    return text
-
-
-LabelKey = Annotated[
-    str,
-    Field(
-        max_length=MAX_LABEL_KEY,
-        json_schema_extra=cel(
-            check(
-                label_key_cel("self"),
-                message_expression=_quoted_self_then(_KEY_TAIL),
-            )
-        ),
-    ),
-    AfterValidator(_check_label_key),
-]
-"""A label (or taint) key, checked as the API server checks Node labels."""
-
-LabelValue = Annotated[
-    str,
-    Field(
-        max_length=MAX_LABEL_VALUE,
-        json_schema_extra=cel(
-            check(
-                label_value_cel("self"),
-                message_expression=_quoted_self_then(_VALUE_TAIL),
-            )
-        ),
-    ),
-    AfterValidator(_check_label_value),
-]
-"""A label value, checked as the API server checks Node labels."""
-
-
 _NAME_TAIL = (
     "' is not a valid name: at most 63 lowercase letters, digits or '-', starting and ending "
     "with a letter or digit"
@@ -432,45 +374,63 @@ _OBJECT_NAME_TAIL = (
 _DNS_LABEL_RE = re.compile(DNS_LABEL_PATTERN)
 
 
-def _check_dns_label(text: str) -> str:
-    if len(text) > MAX_LABEL_VALUE or not _DNS_LABEL_RE.match(text):
-        raise ValueError(f"'{text}{_NAME_TAIL}")
-    return text
+def _is_dns_label(text: str) -> bool:
+    return len(text) <= MAX_LABEL_VALUE and bool(_DNS_LABEL_RE.match(text))
 
 
-def _check_dns_subdomain(text: str) -> str:
-    if len(text) > MAX_NAME or not _DNS_SUBDOMAIN_RE.match(text):
-        raise ValueError(f"'{text}{_OBJECT_NAME_TAIL}")
-    return text
+def _is_dns_subdomain(text: str) -> bool:
+    return len(text) <= MAX_NAME and bool(_DNS_SUBDOMAIN_RE.match(text))
 
+
+def _checked_in_crd(max_length: int, valid: str, tail: str) -> Any:
+    """The Field of a string the API server checks with the CEL expression ``valid`` (on
+    ``self``), refusing it as ``'<the value>`` then ``tail``."""
+    message = f'"\'" + self + {cel_str(tail)}'
+    return Field(
+        max_length=max_length, json_schema_extra=cel(check(valid, message_expression=message))
+    )
+
+
+def _checked_in_python(valid: Callable[[str], bool], tail: str) -> AfterValidator:
+    """The same check in Python, with the same words as the CRD's."""
+
+    def checked(text: str) -> str:
+        if not valid(text):
+            raise ValueError(f"'{text}{tail}")
+        return text
+
+    return AfterValidator(checked)
+
+
+LabelKey = Annotated[
+    str,
+    _checked_in_crd(MAX_LABEL_KEY, label_key_cel("self"), _KEY_TAIL),
+    _checked_in_python(is_label_key, _KEY_TAIL),
+]
+"""A label (or taint) key, checked as the API server checks Node labels."""
+
+LabelValue = Annotated[
+    str,
+    _checked_in_crd(MAX_LABEL_VALUE, label_value_cel("self"), _VALUE_TAIL),
+    _checked_in_python(is_label_value, _VALUE_TAIL),
+]
+"""A label value, checked as the API server checks Node labels."""
 
 DnsLabel = Annotated[
     str,
-    Field(
-        max_length=MAX_LABEL_VALUE,
-        json_schema_extra=cel(
-            check(
-                "!format.dns1123Label().validate(self).hasValue()",
-                message_expression=_quoted_self_then(_NAME_TAIL),
-            )
-        ),
+    _checked_in_crd(
+        MAX_LABEL_VALUE, "!format.dns1123Label().validate(self).hasValue()", _NAME_TAIL
     ),
-    AfterValidator(_check_dns_label),
+    _checked_in_python(_is_dns_label, _NAME_TAIL),
 ]
 """A name such as a rule's, a rung's or a namespace (RFC 1123 label)."""
 
 DnsSubdomain = Annotated[
     str,
-    Field(
-        max_length=MAX_NAME,
-        json_schema_extra=cel(
-            check(
-                "!format.dns1123Subdomain().validate(self).hasValue()",
-                message_expression=_quoted_self_then(_OBJECT_NAME_TAIL),
-            )
-        ),
+    _checked_in_crd(
+        MAX_NAME, "!format.dns1123Subdomain().validate(self).hasValue()", _OBJECT_NAME_TAIL
     ),
-    AfterValidator(_check_dns_subdomain),
+    _checked_in_python(_is_dns_subdomain, _OBJECT_NAME_TAIL),
 ]
 """The name of a Kubernetes object (RFC 1123 subdomain)."""
 

@@ -15,6 +15,9 @@ from typing import Protocol, runtime_checkable
 
 from gpuheal_bridge.api.models import JobState, SignalTarget
 
+#: Node names for a job's ExcNodeList or ReqNodeList; None: leave that list as it is.
+Nodes = list[str] | None
+
 
 class BackendError(Exception):
     """Base of backend errors; ``str()`` is the Slurm message."""
@@ -161,16 +164,13 @@ class Backend(Protocol):
     async def signal(self, job_id: int, signal: str, target: SignalTarget) -> None: ...
 
     async def set_excluded_nodes(
-        self, job_id: int, nodes: list[str], required_nodes: list[str] | None = None
+        self, job_id: int, nodes: list[str], required_nodes: Nodes = None
     ) -> None:
         """``ExcNodeList`` (and ``ReqNodeList`` when given; ``[]`` clears it)."""
         ...
 
     async def start_now(
-        self,
-        job_id: int,
-        excluded_nodes: list[str] | None = None,
-        required_nodes: list[str] | None = None,
+        self, job_id: int, excluded_nodes: Nodes = None, required_nodes: Nodes = None
     ) -> None:
         """``StartTime=now``: lift the BeginTime hold of a requeued job (and set its excluded
         and required nodes in the same update when given)."""

@@ -25,6 +25,7 @@ from gpuheal_bridge.backends.base import (
     BackendError,
     Capability,
     JobProbe,
+    Nodes,
     NotFound,
     Ping,
     SlurmNode,
@@ -249,17 +250,14 @@ class CliBackend:
         await self._ok("scancel", f"--signal={signal}", *args, str(job_id))
 
     async def set_excluded_nodes(
-        self, job_id: int, nodes: list[str], required_nodes: list[str] | None = None
+        self, job_id: int, nodes: list[str], required_nodes: Nodes = None
     ) -> None:
         await self._ok(
             "scontrol", "update", f"JobId={job_id}", *job_node_args(nodes, required_nodes)
         )
 
     async def start_now(
-        self,
-        job_id: int,
-        excluded_nodes: list[str] | None = None,
-        required_nodes: list[str] | None = None,
+        self, job_id: int, excluded_nodes: Nodes = None, required_nodes: Nodes = None
     ) -> None:
         args = job_node_args(excluded_nodes or None, required_nodes)
         await self._ok("scontrol", "update", f"JobId={job_id}", *args, "StartTime=now")

@@ -36,6 +36,7 @@ from gpuheal_bridge.backends.base import (
     Backend,
     Capability,
     JobProbe,
+    Nodes,
     NotFound,
     Ping,
     Rejected,
@@ -201,17 +202,15 @@ class RestBackend:
         await self._update_node(node, "RESUME", None)
 
     async def reboot(self, node: str, reason: str, *, asap: bool, resume: bool) -> None:
-        if self.fallback is None:
-            raise Unsupported("slurmrestd has no reboot operation; use --rest-write-fallback cli")
-        await self.fallback.reboot(node, reason, asap=asap, resume=resume)
+        why = "slurmrestd has no reboot operation; use --rest-write-fallback cli"
+        await self._scontrol(why).reboot(node, reason, asap=asap, resume=resume)
 
     async def set_down(self, node: str, reason: str) -> None:
         await self._update_node(node, "DOWN", reason)
 
     async def requeue(self, job_id: int, hold: bool) -> None:
-        if self.fallback is None:
-            raise Unsupported("slurmrestd has no requeue operation; use --rest-write-fallback cli")
-        await self.fallback.requeue(job_id, hold)
+        why = "slurmrestd has no requeue operation; use --rest-write-fallback cli"
+        await self._scontrol(why).requeue(job_id, hold)
 
     async def signal(self, job_id: int, signal: str, target: SignalTarget) -> None:
         api = await self._api()
@@ -225,21 +224,22 @@ class RestBackend:
         _checked(await self._request("DELETE", f"/slurm/{api}/job/{job_id}", params=params), True)
 
     async def set_excluded_nodes(
-        self, job_id: int, nodes: list[str], required_nodes: list[str] | None = None
+        self, job_id: int, nodes: list[str], required_nodes: Nodes = None
     ) -> None:
-        if self.fallback is None:
-            raise Unsupported("job updates (ExcNodeList) are done with scontrol: enable fallback")
-        await self.fallback.set_excluded_nodes(job_id, nodes, required_nodes)
+        why = "job updates (ExcNodeList) are done with scontrol: enable fallback"
+        await self._scontrol(why).set_excluded_nodes(job_id, nodes, required_nodes)
 
     async def start_now(
-        self,
-        job_id: int,
-        excluded_nodes: list[str] | None = None,
-        required_nodes: list[str] | None = None,
+        self, job_id: int, excluded_nodes: Nodes = None, required_nodes: Nodes = None
     ) -> None:
+        why = "job updates (StartTime) are done with scontrol: enable fallback"
+        await self._scontrol(why).start_now(job_id, excluded_nodes, required_nodes)
+
+    def _scontrol(self, why: str) -> Backend:
+        """The CLI fallback, for what slurmrestd cannot do; none: Unsupported (501), ``why``."""
         if self.fallback is None:
-            raise Unsupported("job updates (StartTime) are done with scontrol: enable fallback")
-        await self.fallback.start_now(job_id, excluded_nodes, required_nodes)
+            raise Unsupported(why)
+        return self.fallback
 
     async def aclose(self) -> None:
         await self._http.aclose()

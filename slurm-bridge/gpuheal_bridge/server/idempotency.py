@@ -21,6 +21,8 @@ from pathlib import Path
 from typing import Any
 
 KEY_MAX = 200
+#: Set on an answer that is the stored one of an earlier request with the same key.
+REPLAYED_HEADER = "Idempotency-Replayed"
 
 
 class KeyMismatch(Exception):

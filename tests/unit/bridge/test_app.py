@@ -295,7 +295,7 @@ def test_plain_http_is_served_to_loopback_only(
 
 
 def test_tokens_replaced_at_once(client: TestClient) -> None:
-    auth = client.app.state.auth  # type: ignore[attr-defined]
+    auth = client.app.state.services.auth  # type: ignore[attr-defined]
     new = "n3w-t0ken-for-the-operator-987654"
     auth.replace({"operator": TOKEN, "rotated": new})
     assert client.get("/v1/nodes/node1", headers={"Authorization": f"Bearer {new}"}).is_success

@@ -1,0 +1,130 @@
+"""What every request passes before its route: the transport and bearer-token checks (and the
+request metrics) in :class:`Guard`, the body size limit in :class:`BodyLimit`."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+from fastapi import Request, Security
+from fastapi.responses import JSONResponse, Response
+from fastapi.security import HTTPBearer
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.middleware.base import BaseHTTPMiddleware, RequestResponseEndpoint
+from starlette.routing import BaseRoute, Match
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from gpuheal_bridge.api.models import ErrorCode
+from gpuheal_bridge.server.auth import is_loopback
+from gpuheal_bridge.server.errors import error
+from gpuheal_bridge.server.idempotency import REPLAYED_HEADER
+from gpuheal_bridge.server.metrics import result_label
+from gpuheal_bridge.server.services import services_of
+
+#: Request bodies above this are refused (413) before they are read: a drain request is a few
+#: hundred bytes.
+MAX_BODY_BYTES = 64 * 1024
+# The bearer scheme in the OpenAPI document (components.securitySchemes + security on every
+# /v1 operation). The check itself is the guard's, before anything else runs.
+BEARER = [
+    Security(
+        HTTPBearer(
+            scheme_name="bearer",
+            description="`Authorization: Bearer <token>`: one of the bridge's named tokens.",
+            auto_error=False,
+        )
+    )
+]
+
+
+class Guard(BaseHTTPMiddleware):
+    """Plain HTTP from a peer not on loopback: 403; /v1 without a known token: 401. Nothing
+    else runs for either. Counts and times every request by the name of its route, found
+    among ``routes`` before routing (a refused request has a name too)."""
+
+    def __init__(self, app: ASGIApp, routes: Sequence[BaseRoute]) -> None:
+        super().__init__(app)
+        self.routes = routes
+
+    def operation_of(self, request: Request) -> str:
+        for route in self.routes:
+            match, _ = route.matches(request.scope)
+            if match is Match.FULL:
+                return str(getattr(route, "name", "other"))
+        return "other"
+
+    async def dispatch(self, request: Request, call_next: RequestResponseEndpoint) -> Response:
+        services = services_of(request)
+        metrics = services.metrics
+        t0 = time.perf_counter()
+        op = request.state.op = self.operation_of(request)
+        peer = request.client.host if request.client else None
+        if (
+            request.url.scheme == "http"
+            and not services.remote_plain_http
+            and not is_loopback(peer)
+        ):
+            status, body, _ = error(
+                403,
+                ErrorCode.INSECURE_TRANSPORT,
+                "plain HTTP is served to loopback clients only: use https (the bridge's "
+                "--tls-cert/--tls-key)",
+            )
+            metrics.requests.labels(op, "insecure").inc()
+            return JSONResponse(body, status)
+        if request.url.path.startswith("/v1"):
+            who = services.auth.who(request.headers.get("authorization"))
+            if who is None:
+                status, body, _ = error(
+                    401, ErrorCode.UNAUTHORIZED, "missing or invalid bearer token"
+                )
+                response: Response = JSONResponse(
+                    body, status, headers={"WWW-Authenticate": 'Bearer realm="gpuheal-bridge"'}
+                )
+                metrics.requests.labels(op, "unauthorized").inc()
+                return response
+            request.state.who = who
+        response = await call_next(request)
+        metrics.requests.labels(
+            op, result_label(response.status_code, REPLAYED_HEADER.lower() in response.headers)
+        ).inc()
+        metrics.duration.labels(op).observe(time.perf_counter() - t0)
+        return response
+
+
+class BodyLimit:
+    """Refuse a request body larger than ``limit`` bytes (413) before it is read: at once when
+    its Content-Length says so, else as soon as the chunks received pass the limit. The 413 is
+    raised where the route reads its body, so it is answered (and audited) like any refusal,
+    after the token check."""
+
+    def __init__(self, app: ASGIApp, limit: int) -> None:
+        self.app, self.limit = app, limit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = dict(scope.get("headers") or []).get(b"content-length", b"0")
+        seen, refused = 0, False
+
+        def refuse() -> StarletteHTTPException:
+            nonlocal refused
+            refused = True  # once: a later read (a disconnect listener) gets what comes
+            return StarletteHTTPException(
+                413, f"the request body is larger than {self.limit} bytes"
+            )
+
+        async def limited() -> Message:
+            nonlocal seen
+            if refused:
+                return await receive()
+            if not declared.isdigit() or int(declared) > self.limit:
+                raise refuse()
+            message = await receive()
+            seen += len(message.get("body", b""))
+            if seen > self.limit:
+                raise refuse()
+            return message
+
+        await self.app(scope, limited, send)

@@ -1,0 +1,1 @@
+"""The bridge's routes, one router per group of operations: probes, nodes, jobs."""

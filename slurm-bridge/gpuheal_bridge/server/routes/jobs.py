@@ -1,0 +1,45 @@
+"""``/v1/jobs``: one job's state, and its requeue (:meth:`Operations.requeue_job`)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Path
+from fastapi.responses import JSONResponse
+
+from gpuheal_bridge.api.models import JobRequeueRequest, JobResult, JobState
+from gpuheal_bridge.api.names import JOB_ID_PATTERN, InvalidName, validate_job_id
+from gpuheal_bridge.nodemap import NotMapped
+from gpuheal_bridge.server.errors import ERRORS
+from gpuheal_bridge.server.guard import BEARER
+from gpuheal_bridge.server.mutation import Mutate
+from gpuheal_bridge.server.services import Svc
+
+JobId = Annotated[
+    str,
+    Path(
+        description="A Slurm job id: 1..4294967293 in decimal (no array syntax).",
+        json_schema_extra={"pattern": JOB_ID_PATTERN},
+    ),
+]
+router = APIRouter(prefix="/v1/jobs", tags=["jobs"], responses=ERRORS, dependencies=BEARER)
+
+
+@router.get("/{job_id}", response_model=JobState)
+async def get_job(job_id: JobId, services: Svc) -> JobState:
+    """One job (finished ones too, while Slurm remembers them)."""
+    return await services.backend.get_job(validate_job_id(job_id))
+
+
+@router.post("/{job_id}/requeue", response_model=JobResult)
+async def requeue_job(job_id: JobId, body: JobRequeueRequest, mutation: Mutate) -> JSONResponse:
+    """Requeue one running batch job (see RequeueOptions); never revives a finished job."""
+    services = mutation.services
+    try:
+        jid = validate_job_id(job_id)
+        from_node = services.mapper.to_slurm(body.from_node) if body.from_node else None
+    except (InvalidName, NotMapped) as exc:
+        return mutation.refuse(exc, body)
+    return await mutation.run(
+        target=str(jid), body=body, action=lambda: services.ops.requeue_job(jid, body, from_node)
+    )
