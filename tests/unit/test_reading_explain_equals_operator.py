@@ -28,7 +28,7 @@ from gpuheal.cli.explain import explain_node
 from gpuheal.cli.simulate import kernel_line, xid_event
 from gpuheal.config import OperatorConfig
 from gpuheal.metrics import Metrics
-from gpuheal.policy import history as fh
+from gpuheal.policy import faultrecord as fh
 from gpuheal.policy.engine import same_fault
 from gpuheal.policy.inputs import event_observations, node_event, node_view
 from gpuheal.policy.types import Decision, Observation

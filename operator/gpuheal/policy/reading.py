@@ -23,7 +23,7 @@ from gpuheal.api.names import APPROVE_ANNOTATION
 from gpuheal.api.noderemediation import NodeRemediation
 from gpuheal.api.remediationpolicy import RemediationPolicy
 from gpuheal.api.reservepool import ReservePool
-from gpuheal.policy import history as fault_history
+from gpuheal.policy import faultrecord as fault_history
 from gpuheal.policy.engine import decide
 from gpuheal.policy.inputs import (
     breaker_from_incidents,
@@ -34,9 +34,9 @@ from gpuheal.policy.inputs import (
     merge_observations,
     recorded_observations,
 )
-from gpuheal.policy.pool import Unavailable, spare_unavailable
 from gpuheal.policy.safety import ScannedTally, Tally, cluster_counts, starts_since, tally
 from gpuheal.policy.select import select_policy
+from gpuheal.policy.spares import Unavailable, spare_unavailable
 from gpuheal.policy.types import (
     ALWAYS,
     ClusterCounts,

@@ -39,9 +39,9 @@ from gpuheal.api.reservepool import (
     deprecations,
 )
 from gpuheal.policy import allowed_unhealthy, unhealthy_reasons
-from gpuheal.policy.pool import spare_unavailable
+from gpuheal.policy.spares import spare_unavailable
 from gpuheal.policy.warnings import policy_warnings
-from gpuheal.remediation import pools
+from gpuheal.remediation import poolupkeep
 from gpuheal.remediation.state import Bookkeeping, Breaker, ClusterView, Ports, Unparsed
 
 log = logging.getLogger("gpuheal.report")
@@ -238,11 +238,11 @@ async def report_once(
     kube = ports.require_kube()
     now = _now()
     for pool in list(cluster.pools.values()):
-        await pools.look_in_slurm(ports, cluster, books, pool, now)
+        await poolupkeep.look_in_slurm(ports, cluster, books, pool, now)
     available = cluster.pool_counts()
     for name, pool in list(cluster.pools.items()):
         if name in available:
-            await pools.refill(ports, books, pool, available[name].available, now)
+            await poolupkeep.refill(ports, books, pool, available[name].available, now)
     work: list[tuple[str, str, dict[str, Any], dict[str, Any]]] = [
         *(
             (POLICY_PLURAL, n, p.status.to_k8s(), policy_status(ports, cluster, p, now).to_k8s())

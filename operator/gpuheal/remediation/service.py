@@ -25,7 +25,7 @@ from gpuheal.adapters.notify import WebhookSender
 from gpuheal.adapters.slurm import BridgeSlurm
 from gpuheal.api.names import HISTORY_PLURAL, POLICY_PLURAL, POOL_PLURAL
 from gpuheal.config import bridge_targets, parse_events, parse_webhooks, secret_item
-from gpuheal.remediation import history, objects, report, sources
+from gpuheal.remediation import historywriter, objects, report, sources
 from gpuheal.remediation.lease import Lease
 from gpuheal.remediation.notify import Notifier, SecretUrl, Target, secret_url
 from gpuheal.remediation.state import Bookkeeping, ClusterView, Ports
@@ -99,7 +99,7 @@ async def start(
     if "dcgm" in cfg.sources:
         _spawn(books, "dcgm", sources.scrape_dcgm(ports, cluster, books))
     _spawn(books, "status", report.report_forever(ports, cluster, books))
-    _spawn(books, "history", history.write_forever(ports, cluster, books))
+    _spawn(books, "history", historywriter.write_forever(ports, cluster, books))
     for name, bridge in ports.bridges.items():
         _spawn(books, f"bridge:{name}", _watch_bridge(ports, name, bridge))
     log.info(
@@ -195,7 +195,7 @@ async def _list_retrying(ports: Ports, plural: str) -> list[dict[str, Any]]:
 async def stop(ports: Ports, cluster: ClusterView, books: Bookkeeping) -> None:
     if books.history_queue and ports.kube is not None:
         with contextlib.suppress(Exception):  # a clean stop writes what is queued
-            await asyncio.wait_for(history.write_queued(ports, cluster, books), timeout=5)
+            await asyncio.wait_for(historywriter.write_queued(ports, cluster, books), timeout=5)
     outbox = [t for t in books.tasks if t.get_name() == "outbox"]
     pending = [t for t in [*books.tasks, *books.drivers.values()] if t not in outbox]
     for task in pending:

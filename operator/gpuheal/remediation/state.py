@@ -46,9 +46,9 @@ from gpuheal.policy.inputs import (
     incident_summary,
     kept_conditions,
 )
-from gpuheal.policy.pool import Unavailable
 from gpuheal.policy.reading import ClusterRead, NodeRecord, node_record
 from gpuheal.policy.select import slurm_cluster
+from gpuheal.policy.spares import Unavailable
 from gpuheal.policy.types import (
     ClusterCounts,
     History,
