@@ -134,6 +134,20 @@ def pstats(values: Sequence[float]) -> dict[str, float | int | None]:
     }
 
 
+def fit_line(xs: Sequence[float], ys: Sequence[float]) -> dict[str, Any]:
+    """Least-squares ``y = a + b*x``: ``a``, ``b``, each point's residual (measured - fitted)
+    and the largest one in absolute value; needs two distinct x."""
+    if len(xs) != len(ys) or len(set(xs)) < 2:
+        raise ValueError(f"fit_line needs two or more distinct x, got {list(xs)}")
+    n = len(xs)
+    mx, my = sum(xs) / n, sum(ys) / n
+    sxx = sum((x - mx) ** 2 for x in xs)
+    b = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sxx
+    a = my - b * mx
+    residuals = [y - (a + b * x) for x, y in zip(xs, ys, strict=True)]
+    return {"a": a, "b": b, "residuals": residuals, "max_abs_residual": max(map(abs, residuals))}
+
+
 # ---- processes ------------------------------------------------------------------------------
 
 
@@ -469,6 +483,32 @@ class Churn:
     def __exit__(self, *_: object) -> None:
         self._stop.set()
         self._thread.join(15)
+
+
+def create_nodes(access: KubeAccess, names: Sequence[str], in_flight: int = 32) -> int:
+    """POST a kwok GPU node (``gpu_node_manifest``) per name, ``in_flight`` at once from one
+    asyncio loop: ~5x the Python client's rate on a loaded 2-core machine, which matters at
+    20,000 nodes. An existing node is left alone; returns how many were created."""
+    from gpuheal_dev.sandbox.nodes import gpu_node_manifest
+
+    async def main() -> int:
+        sem = asyncio.Semaphore(in_flight)
+        created = 0
+        async with access.async_client(limits=in_flight) as http:
+
+            async def one(name: str) -> None:
+                nonlocal created
+                async with sem:
+                    resp = await http.post("/api/v1/nodes", json=gpu_node_manifest(name))
+                if resp.status_code == 409:
+                    return
+                resp.raise_for_status()
+                created += 1
+
+            await asyncio.gather(*(one(n) for n in names))
+        return created
+
+    return asyncio.run(main())
 
 
 # ---- sandbox pieces -------------------------------------------------------------------------
