@@ -482,6 +482,7 @@ def _scale_one(
                         if lvl["lag_p99"] > 1.0 or achieved < 0.7 * rate:
                             break
                     churn.set_rate(0)
+            # an operator that exited: its last live sample (a zombie's /proc shows no memory)
             s_end = op.sample() if op.alive() else rss.samples[-1][1]
         res.update(
             churn_levels=out_levels,

@@ -292,9 +292,12 @@ class RssSampler:
     def _run(self) -> None:
         while not self._stop.wait(self.every):
             try:
-                self.samples.append((time.monotonic(), self.proc.sample()))
+                sample = self.proc.sample()
             except OSError:
                 return
+            if not sample["hwm_mib"]:  # a zombie (exited, not yet reaped) has no memory lines
+                return
+            self.samples.append((time.monotonic(), sample))
 
     def __enter__(self) -> RssSampler:
         self._thread.start()
