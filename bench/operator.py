@@ -15,7 +15,9 @@ import datetime as dt
 import json
 import os
 import shutil
+import signal
 import statistics
+import subprocess
 import tempfile
 import threading
 import time
@@ -34,6 +36,7 @@ from bench.opkit import (
     baseline_process,
     bench_policy,
     chunks,
+    collapsed_top,
     create_nodes,
     create_policy,
     first_at_least,
@@ -307,9 +310,21 @@ def _rack_storm(ctx: Context, access: KubeAccess, op: Measured, names: list[str]
             cordoned[name] = t
 
     load0 = loadavg()
+    spy_bin = os.environ.get("GPUHEAL_BENCH_PYSPY")  # a py-spy binary: profile the storm
+    spy_out = ctx.tmpdir("pyspy") / "storm.txt"
     with access.client(timeout=120) as http:
         uids = node_uids(http)
         with Watcher(access, "/api/v1/nodes", on_node):
+            spy = (
+                subprocess.Popen(
+                    [spy_bin, "record", "--pid", str(op.pid), "--rate", "200", "--nonblocking",
+                     "--format", "raw", "--output", str(spy_out)],
+                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                )
+                if spy_bin
+                else None
+            )  # fmt: skip
+            time.sleep(1.0 if spy else 0.0)  # py-spy attaches
             cpu0 = op.sample()["cpu_s"]
             start = time.monotonic()
 
@@ -322,6 +337,10 @@ def _rack_storm(ctx: Context, access: KubeAccess, op: Measured, names: list[str]
             with contextlib.suppress(TimeoutError):
                 wait_until(lambda: len(cordoned) >= len(rack), "rack cordoned", 60, every=0.05)
             storm_s = time.monotonic() - start
+            if spy is not None:
+                spy.send_signal(signal.SIGINT)
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    spy.wait(30)
             try:
                 cpu: float | None = op.sample()["cpu_s"] - cpu0
             except OSError:  # it exited (recorded by the caller)
@@ -341,6 +360,10 @@ def _rack_storm(ctx: Context, access: KubeAccess, op: Measured, names: list[str]
         "operator_cpu_s": round(cpu, 3) if cpu is not None else None,
         "load_avg": [load0, loadavg()],
     }
+    if spy_bin and spy_out.exists():
+        out["pyspy"] = {"rate_hz": 200, **collapsed_top(spy_out.read_text())}
+        ctx.progress(f"py-spy over the storm: {out['pyspy']['samples']} samples, top self: "
+                     f"{out['pyspy']['self'][:3]}")  # fmt: skip
     ctx.progress(
         f"rack storm: {len(rack)} XIDs sent in {send_s:.2f} s, {len(lat)} cordoned: p50 "
         f"{out['cordon_p50_s']} s, p99 {out['cordon_p99_s']} s, max {out['cordon_max_s']} s; "

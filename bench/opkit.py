@@ -148,6 +148,31 @@ def fit_line(xs: Sequence[float], ys: Sequence[float]) -> dict[str, Any]:
     return {"a": a, "b": b, "residuals": residuals, "max_abs_residual": max(map(abs, residuals))}
 
 
+def collapsed_top(raw: str, n: int = 12) -> dict[str, Any]:
+    """py-spy's raw (collapsed) output ``frame;frame;... count`` per line -> the samples, the
+    ``n`` frames with the most samples on top of the stack (self) and the ``n`` gpuheal
+    frames with the most samples anywhere in the stack (inclusive)."""
+    total = 0
+    own: dict[str, int] = {}
+    incl: dict[str, int] = {}
+    for line in raw.splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not stack or not count.isdigit():
+            continue
+        k = int(count)
+        total += k
+        frames = stack.split(";")
+        own[frames[-1]] = own.get(frames[-1], 0) + k
+        for frame in set(frames):
+            if "gpuheal/" in frame:
+                incl[frame] = incl.get(frame, 0) + k
+
+    def top(d: dict[str, int]) -> list[tuple[str, int]]:
+        return sorted(d.items(), key=lambda kv: -kv[1])[:n]
+
+    return {"samples": total, "self": top(own), "gpuheal_inclusive": top(incl)}
+
+
 # ---- processes ------------------------------------------------------------------------------
 
 

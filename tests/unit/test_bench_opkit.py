@@ -7,6 +7,7 @@ import math
 import pytest
 from bench.opkit import (
     classify_request,
+    collapsed_top,
     first_at_least,
     fit_line,
     metric_sum,
@@ -112,3 +113,21 @@ def test_fit_line_recovers_a_line_and_reports_residuals() -> None:
     assert (exact["a"], exact["b"]) == (pytest.approx(5.0), pytest.approx(2.0))
     with pytest.raises(ValueError, match="two or more distinct x"):
         fit_line([1000, 1000], [1.0, 2.0])
+
+
+def test_collapsed_top_counts_self_and_inclusive_gpuheal_frames() -> None:
+    raw = (
+        "run (asyncio/base_events.py:1);_run_once (asyncio/base_events.py:2);"
+        "select (selectors.py:3) 50\n"
+        "run (asyncio/base_events.py:1);signal (gpuheal/remediation/intake.py:9);"
+        "model_validate (pydantic/main.py:5) 30\n"
+        "run (asyncio/base_events.py:1);signal (gpuheal/remediation/intake.py:9) 20\n"
+        "garbage\n"
+    )
+    top = collapsed_top(raw, n=2)
+    assert top["samples"] == 100
+    assert top["self"] == [
+        ("select (selectors.py:3)", 50),
+        ("model_validate (pydantic/main.py:5)", 30),
+    ]
+    assert top["gpuheal_inclusive"] == [("signal (gpuheal/remediation/intake.py:9)", 50)]
