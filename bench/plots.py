@@ -173,54 +173,79 @@ def latency_plot(doc: dict[str, Any], path: Path) -> None:
 
 
 def scale_plot(doc: dict[str, Any], path: Path) -> None:
-    """Left: RSS steady/peak of gpuheal vs the plain kopf baseline per node count.
-    Right: p99 node-event lag against the achieved churn rate."""
+    """Left: RSS steady/peak of gpuheal (with the fitted line out to 100,000 nodes) and of the
+    plain kopf baseline against the node count. Middle: rack-storm cordon latency per node
+    count. Right: p99 node-event lag against the achieved churn rate."""
     results = doc["params"]["results"]
-    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(13.0, 6.0))
-    fig.subplots_adjust(top=0.84, bottom=0.16, left=0.06, right=0.98, wspace=0.22)
-    width = 0.2
-    for j, r in enumerate(results):
-        bars = [
-            ("gpuheal steady", r.get("rss_steady_mib"), "#1f77b4"),
-            ("gpuheal peak", r.get("rss_peak_mib"), "#aec7e8"),
-            ("kopf baseline steady", r.get("baseline_rss_steady_mib"), "#ff7f0e"),
-            ("kopf baseline peak", r.get("baseline_rss_peak_mib"), "#ffbb78"),
-        ]
-        for k, (label, value, color) in enumerate(bars):
-            x = j + (k - 1.5) * width
-            ax.bar(x, value or 0, width, color=color, label=label if j == 0 else None)
-            if value:
-                ax.text(x, value, f"{value:.0f}", ha="center", va="bottom", fontsize=8)
-    ax.axhline(120, color="#d62728", ls=":", lw=1.2, label="target: 5,000 nodes <= 120 MiB")
-    ax.set_xticks(
-        range(len(results)),
-        [
-            f"{r['nodes']} nodes\nview complete {r.get('startup_to_full_view_s', 0):.1f} s\n"
-            f"(kopf baseline {r.get('baseline_full_view_s', 0):.1f} s)"
-            for r in results
-        ],
-        fontsize=8.5,
-    )
-    ax.set_ylabel("RSS (MiB)")
-    ax.set_ylim(0, max([120.0] + [b for r in results for b in (
-        r.get("baseline_rss_peak_mib") or 0, r.get("rss_peak_mib") or 0)]) * 1.25)  # fmt: skip
-    ax.legend(fontsize=8, loc="upper left")
-    ax.grid(axis="y", alpha=0.3)
+    models = doc["params"].get("memory_model", {})
+    targets = doc["params"].get("targets", {})
+    fig, (ax, ax_s, ax2) = plt.subplots(1, 3, figsize=(18.0, 6.2))
+    fig.subplots_adjust(top=0.84, bottom=0.12, left=0.05, right=0.98, wspace=0.25)
+    xs = [int(r["nodes"]) for r in results]
+    for key, label, color in (
+        ("rss_steady_mib", "gpuheal steady", "#1f77b4"),
+        ("rss_peak_mib", "gpuheal peak", "#aec7e8"),
+        ("baseline_rss_steady_mib", "kopf baseline steady", "#ff7f0e"),
+        ("baseline_rss_peak_mib", "kopf baseline peak", "#ffbb78"),
+    ):
+        pts = [(int(r["nodes"]), r[key]) for r in results if r.get(key) is not None]
+        ax.plot([x for x, _ in pts], [y for _, y in pts], "o-" if "gpuheal" in label else "s--",
+                color=color, label=label)  # fmt: skip
+        for x, y in pts:
+            if "gpuheal" in label:
+                ax.annotate(f"{y:.0f}", (x, y), textcoords="offset points", xytext=(4, -10),
+                            fontsize=7.5, color=color)  # fmt: skip
+    m = models.get("rss_steady_mib") or {}
+    if "predicted_mib" in m:
+        top = m["predict_at"]
+        lo = min(xs)
+        grid = [lo * (top / lo) ** (k / 40) for k in range(41)]
+        slope = (m["predicted_mib"] - m["a_mib"]) / top
+        ax.plot(grid, [m["a_mib"] + slope * x for x in grid], ":", color="#1f77b4", lw=1.2,
+                label=f"fit: {m['a_mib']:.0f} MiB + {m['b_kib_per_node']:.2f} KiB/node "
+                f"-> {m['predicted_mib']:.0f} MiB at {top:,}")  # fmt: skip
+        ax.plot([top], [m["predicted_mib"]], "D", color="#1f77b4")
+    if targets.get("rss_steady_20000_mib"):
+        ax.plot([20000], [targets["rss_steady_20000_mib"]], "v", color="#d62728", ms=9,
+                label="targets: <= 300 MiB at 20,000, <= 1.5 GiB predicted at 100,000")  # fmt: skip
+    if targets.get("rss_predicted_100000_mib"):
+        ax.plot([100000], [targets["rss_predicted_100000_mib"]], "v", color="#d62728", ms=9)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("kwok GPU nodes (log)")
+    ax.set_ylabel("RSS (MiB, log)")
+    ax.legend(fontsize=7.5, loc="upper left")
+    ax.grid(alpha=0.3, which="both")
     ax.set_title("operator RSS vs a plain kopf handler", fontsize=10, loc="left")
+    for j, r in enumerate(results):
+        lat = (r.get("rack_storm") or {}).get("cordon_s") or []
+        _strip(ax_s, j, lat, COLORS[j % len(COLORS)], None, half=0.25)
+        p99 = (r.get("rack_storm") or {}).get("cordon_p99_s")
+        if p99 is not None:
+            ax_s.hlines(p99, j - 0.3, j + 0.3, color="#555555", ls="--", lw=1)
+            ax_s.annotate(f"p99 {p99:.2f}", (j + 0.3, p99), fontsize=7.5, va="bottom")
+    ax_s.axhline(1.0, color="#d62728", ls=":", lw=1.2, label="target: p99 <= 1 s")
+    ax_s.set_xticks(range(len(results)), [f"{x:,} nodes" for x in xs], fontsize=8.5)
+    ax_s.set_ylabel("XID Event POST -> cordon seen in a watch (s)")
+    ax_s.set_ylim(bottom=0)
+    ax_s.legend(fontsize=8, loc="upper left")
+    ax_s.grid(axis="y", alpha=0.3)
+    ax_s.set_title("rack storm: 72 XIDs at once, cordon latency", fontsize=10, loc="left")
     fig.suptitle(doc["title"], fontsize=11.5, fontweight="bold", x=0.01, ha="left")
     fig.text(0.01, 0.925, _machine_line(doc), fontsize=7.5, color="#555555", ha="left")
     for j, r in enumerate(results):
         lv = r.get("churn_levels", [])
-        xs = [x["achieved_rate"] for x in lv]
-        ax2.plot(xs, [x["lag_p99"] for x in lv], "o-", color=COLORS[j], label=f"{r['nodes']} p99")
-        ax2.plot(xs, [x["lag_p50"] for x in lv], "o--", color=COLORS[j], alpha=0.5,
-                 label=f"{r['nodes']} p50")  # fmt: skip
+        cx = [x["achieved_rate"] for x in lv]
+        ax2.plot(cx, [x["lag_p99"] for x in lv], "o-", color=COLORS[j % len(COLORS)],
+                 label=f"{r['nodes']} p99")  # fmt: skip
+        ax2.plot(cx, [x["lag_p50"] for x in lv], "o--", color=COLORS[j % len(COLORS)],
+                 alpha=0.5, label=f"{r['nodes']} p50")  # fmt: skip
     ax2.axhline(1.0, color="#d62728", ls=":", lw=1.2)
     ax2.set_yscale("log")
     ax2.set_xlabel("node events/s (churn patches achieved)")
     ax2.set_ylabel("lag: node change -> operator's view (s, log)")
     ax2.set_title("event lag under node churn", fontsize=10, loc="left")
-    ax2.legend(fontsize=8)
+    ax2.legend(fontsize=7.5, ncol=2)
     ax2.grid(alpha=0.3, which="both")
     fig.savefig(path, dpi=110)
     plt.close(fig)

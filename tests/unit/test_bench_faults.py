@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import Counter
 
 import pytest
-from bench.faults import FAULT_KINDS, ettr, trace
+from bench.faults import FAULT_KINDS, ettr, project, trace
 
 
 def test_trace_is_one_fault_per_interval_mixing_every_kind() -> None:
@@ -44,3 +44,9 @@ def test_ettr_of_a_dead_job_counts_only_its_last_checkpoint() -> None:
     r = ettr(recs, 0.0, 100.0, rate=10.0)
     assert not r["training_at_end"]
     assert r["ettr"] == pytest.approx(0.48)
+
+
+def test_projection_spreads_the_loss_per_fault_over_the_real_time_between_faults() -> None:
+    assert project(36.0, 1.0) == pytest.approx(0.99)  # 36 s lost per hour
+    assert project(900.0, 3.0) == pytest.approx(1 - 900 / 10800)
+    assert project(7200.0, 1.0) == 0.0  # a loss longer than the interval: nothing kept

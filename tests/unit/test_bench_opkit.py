@@ -7,7 +7,9 @@ import math
 import pytest
 from bench.opkit import (
     classify_request,
+    collapsed_top,
     first_at_least,
+    fit_line,
     metric_sum,
     parse_proc_stat_cpu,
     parse_proc_status,
@@ -99,3 +101,33 @@ def test_first_at_least_and_pstats() -> None:
     assert s["p50"] is not None
     assert math.isclose(s["p50"], 0.25)
     assert pstats([])["p50"] is None
+
+
+def test_fit_line_recovers_a_line_and_reports_residuals() -> None:
+    fit = fit_line([1000, 5000, 10000], [80.0, 88.0, 98.0])
+    # 80 + 0.002x would give 80, 88, 98; least squares through the three points:
+    assert fit["b"] == pytest.approx(0.0020, abs=1e-4)
+    assert sum(fit["residuals"]) == pytest.approx(0.0, abs=1e-9)
+    assert fit["max_abs_residual"] < 0.5
+    exact = fit_line([0, 10], [5.0, 25.0])
+    assert (exact["a"], exact["b"]) == (pytest.approx(5.0), pytest.approx(2.0))
+    with pytest.raises(ValueError, match="two or more distinct x"):
+        fit_line([1000, 1000], [1.0, 2.0])
+
+
+def test_collapsed_top_counts_self_and_inclusive_gpuheal_frames() -> None:
+    raw = (
+        "run (asyncio/base_events.py:1);_run_once (asyncio/base_events.py:2);"
+        "select (selectors.py:3) 50\n"
+        "run (asyncio/base_events.py:1);signal (gpuheal/remediation/intake.py:9);"
+        "model_validate (pydantic/main.py:5) 30\n"
+        "run (asyncio/base_events.py:1);signal (gpuheal/remediation/intake.py:9) 20\n"
+        "garbage\n"
+    )
+    top = collapsed_top(raw, n=2)
+    assert top["samples"] == 100
+    assert top["self"] == [
+        ("select (selectors.py:3)", 50),
+        ("model_validate (pydantic/main.py:5)", 30),
+    ]
+    assert top["gpuheal_inclusive"] == [("signal (gpuheal/remediation/intake.py:9)", 50)]
