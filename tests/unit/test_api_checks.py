@@ -12,8 +12,8 @@ import yaml
 from pydantic import ValidationError
 
 from gpuheal.api import RemediationPolicy, parse_duration
-from gpuheal.api.checks import SPEC_CHECKS, class_of
 from gpuheal.api.meta import DurationError, is_label_key, is_label_value
+from gpuheal.api.policylint import SPEC_CHECKS, class_of
 from gpuheal.api.remediationpolicy import webhook_url_ok
 from gpuheal.xid.types import XidClass
 

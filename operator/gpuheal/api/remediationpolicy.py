@@ -11,7 +11,6 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel as PydanticModel
 from pydantic import ConfigDict, Field, model_validator
 
-from gpuheal.api.checks import SPEC_CHECKS, check_spec
 from gpuheal.api.meta import (
     CONDITION_TYPE_PATTERN,
     DNS_LABEL_PATTERN,
@@ -46,6 +45,7 @@ from gpuheal.api.meta import (
     parse_duration,
 )
 from gpuheal.api.names import OPT_OUT_LABEL
+from gpuheal.api.policylint import SPEC_CHECKS, check_spec
 from gpuheal.xid.catalogue import CATALOGUE
 from gpuheal.xid.types import FirstSight, RecoveryAction, XidClass
 from gpuheal_bridge.api.names import CATCHABLE_SIGNALS
