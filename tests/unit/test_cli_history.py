@@ -12,8 +12,8 @@ import pytest
 
 from gpuheal.api.faulthistory import EntryKind, FaultHistory
 from gpuheal.cli.history import node_record, offenders_table, parse_window
-from gpuheal.policy import history as fh
-from gpuheal.policy.history import offenders
+from gpuheal.policy import faultrecord as fh
+from gpuheal.policy.faultrecord import offenders
 from gpuheal.policy.types import Observation
 
 NOW = dt.datetime(2026, 3, 1, 12, 0, tzinfo=dt.UTC)

@@ -18,7 +18,7 @@ from gpuheal.api.names import Reason
 from gpuheal.api.noderemediation import NodeRemediation
 from gpuheal.api.remediationpolicy import Step
 from gpuheal.policy import admit, cluster_counts, decide
-from gpuheal.policy import history as fh
+from gpuheal.policy import faultrecord as fh
 from gpuheal.policy.engine import human_window, repeat_phrase
 from gpuheal.policy.inputs import done_actions, incident_view
 from gpuheal.policy.types import (

@@ -18,7 +18,7 @@ from gpuheal.api.names import APPROVE_ANNOTATION, HISTORY_PLURAL, NREM_PLURAL, P
 from gpuheal.api.noderemediation import NodeRemediation
 from gpuheal.api.remediationpolicy import RemediationPolicy
 from gpuheal.cli._common import add_cluster_flags, add_output_flag, dump
-from gpuheal.policy import history as fault_history
+from gpuheal.policy import faultrecord as fault_history
 from gpuheal.policy.explain import Verdict, describe, explain
 from gpuheal.policy.inputs import (
     event_observations,

@@ -13,7 +13,7 @@ from gpuheal.api.faulthistory import FaultHistory
 from gpuheal.api.meta import DurationError, parse_duration
 from gpuheal.api.names import HISTORY_PLURAL
 from gpuheal.cli._common import add_cluster_flags
-from gpuheal.policy.history import Offender, offenders
+from gpuheal.policy.faultrecord import Offender, offenders
 
 
 def parse_window(text: str) -> dt.timedelta:

@@ -27,7 +27,7 @@ from gpuheal.api.faulthistory import EntryKind, FaultHistory, HistoryEntry
 from gpuheal.api.meta import parse_duration
 from gpuheal.api.names import API_VERSION, HISTORY_KIND, HISTORY_PLURAL, NODE_LABEL
 from gpuheal.api.noderemediation import NodeRemediation
-from gpuheal.policy import history as fh
+from gpuheal.policy import faultrecord as fh
 from gpuheal.policy.types import Observation
 from gpuheal.remediation.state import Runtime
 from gpuheal.xid.identity import GPU_MAP_ANNOTATION, parse_gpu_map

@@ -30,7 +30,7 @@ from gpuheal.api.remediationpolicy import NotifyEvent, RemediationPolicy
 from gpuheal.api.reservepool import RefillStatus, ReservePool
 from gpuheal.config import OperatorConfig
 from gpuheal.metrics import Metrics
-from gpuheal.policy import history as fault_history
+from gpuheal.policy import faultrecord as fault_history
 from gpuheal.policy import select_policy
 from gpuheal.policy.inputs import (
     KUBELET_CONDITIONS,
