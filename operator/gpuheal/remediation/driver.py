@@ -45,7 +45,8 @@ from gpuheal.policy.inputs import (
 )
 from gpuheal.policy.types import Act, Blocked, Decision, Idle, Move, NodeView, Wait
 from gpuheal.policy.vet import refusal
-from gpuheal.remediation import history, steps
+from gpuheal.remediation import historywriter as history
+from gpuheal.remediation import steps
 from gpuheal.remediation.record import Recorder
 from gpuheal.remediation.state import Breaker, Runtime
 

@@ -42,7 +42,7 @@ from gpuheal.policy.types import (
     Trigger,
     Wait,
 )
-from gpuheal.remediation import history
+from gpuheal.remediation import historywriter as history
 from gpuheal.remediation.driver import ensure_driver
 from gpuheal.remediation.state import Runtime
 

@@ -25,7 +25,7 @@ from gpuheal.adapters.notify import WebhookSender
 from gpuheal.adapters.slurm import BridgeSlurm
 from gpuheal.api.names import HISTORY_PLURAL, POLICY_PLURAL, POOL_PLURAL
 from gpuheal.config import bridge_targets, parse_events, parse_webhooks, secret_item
-from gpuheal.remediation import history, objects, report, sources
+from gpuheal.remediation import historywriter, objects, report, sources
 from gpuheal.remediation.lease import Lease
 from gpuheal.remediation.notify import Notifier, SecretUrl, Target, secret_url
 from gpuheal.remediation.state import Runtime
@@ -97,7 +97,7 @@ async def start(rt: Runtime, *, serve_metrics: bool) -> None:
     if "dcgm" in cfg.sources:
         _spawn(rt, "dcgm", sources.scrape_dcgm(rt))
     _spawn(rt, "status", report.report_forever(rt))
-    _spawn(rt, "history", history.write_forever(rt))
+    _spawn(rt, "history", historywriter.write_forever(rt))
     for cluster, bridge in rt.bridges.items():
         _spawn(rt, f"bridge:{cluster}", _watch_bridge(rt, cluster, bridge))
     log.info(
@@ -194,7 +194,7 @@ async def _list_retrying(rt: Runtime, plural: str) -> list[dict[str, Any]]:
 async def stop(rt: Runtime) -> None:
     if rt.history_queue and rt.kube is not None:
         with contextlib.suppress(Exception):  # a clean stop writes what is queued
-            await asyncio.wait_for(history.write_queued(rt), timeout=5)
+            await asyncio.wait_for(historywriter.write_queued(rt), timeout=5)
     outbox = [t for t in rt.tasks if t.get_name() == "outbox"]
     pending = [t for t in [*rt.tasks, *rt.drivers.values()] if t not in outbox]
     for task in pending:
