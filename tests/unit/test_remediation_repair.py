@@ -10,7 +10,7 @@ import pytest
 
 from gpuheal.api.remediationpolicy import NodeConditionCheck
 from gpuheal.api.reservepool import RefillStatus, ReservePool
-from gpuheal.policy.pool import refill_due
+from gpuheal.policy.spares import refill_due
 from gpuheal.remediation import steps
 
 NOW = dt.datetime(2026, 3, 1, 12, 0, tzinfo=dt.UTC)

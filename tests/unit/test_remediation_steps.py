@@ -19,7 +19,7 @@ from gpuheal.api.remediationpolicy import Action, HookSpec, SlurmDrainOptions
 from gpuheal.api.remediationpolicy import RequeueMode as PolicyRequeue
 from gpuheal.api.reservepool import ReservePool
 from gpuheal.policy import spare_candidates
-from gpuheal.policy.pool import Unavailable, slurm_unavailable, spare_unavailable
+from gpuheal.policy.spares import Unavailable, slurm_unavailable, spare_unavailable
 from gpuheal.policy.types import NodeCondition, NodeView
 from gpuheal.remediation import steps
 from gpuheal_bridge.api.models import (

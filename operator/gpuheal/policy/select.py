@@ -9,7 +9,7 @@ from typing import Any
 from gpuheal.api.meta import LabelSelector, parse_duration
 from gpuheal.api.remediationpolicy import RemediationPolicy, RemediationPolicySpec, Rule
 from gpuheal.api.reservepool import ReservePool
-from gpuheal.policy.pool import Unavailable, spare_unavailable
+from gpuheal.policy.spares import Unavailable, spare_unavailable
 from gpuheal.policy.types import NodeView, Observation
 from gpuheal.xid.catalogue import lookup
 

@@ -14,7 +14,7 @@ since}`` with header ``Idempotency-Key: <pool>-<shortfall start>-<wanted>`` to
 `refill.webhook.url`. Any 2xx means accepted: the provider brings nodes up carrying the
 pool's labels and they count as spares once Ready. 4xx is recorded (Refused) and not asked
 again for the same shortfall; 5xx, 429 or no answer are asked again after the interval.
-The decision is `gpuheal.policy.pool.refill_due`; the last request is kept in the pool's
+The decision is `gpuheal.policy.spares.refill_due`; the last request is kept in the pool's
 status (`status.refill`), so a restart does not ask twice.
 """
 
@@ -30,7 +30,7 @@ from gpuheal.adapters.slurm import SlurmError, SlurmNotFound, UnknownCluster
 from gpuheal.api.meta import ConditionStatus, find_condition, parse_duration, scrub_url
 from gpuheal.api.names import API_VERSION, POOL_KIND, EventReason, PoolCondition
 from gpuheal.api.reservepool import RefillStatus, ReservePool
-from gpuheal.policy.pool import REFUSED, RefillAsk, refill_due, slurm_unavailable
+from gpuheal.policy.spares import REFUSED, RefillAsk, refill_due, slurm_unavailable
 from gpuheal.remediation.state import Runtime
 
 log = logging.getLogger("gpuheal.pools")

@@ -39,7 +39,7 @@ from gpuheal.api.reservepool import (
     deprecations,
 )
 from gpuheal.policy import allowed_unhealthy, unhealthy_reasons
-from gpuheal.policy.pool import spare_unavailable
+from gpuheal.policy.spares import spare_unavailable
 from gpuheal.policy.warnings import policy_warnings
 from gpuheal.remediation import pools
 from gpuheal.remediation.state import Breaker, Runtime, Unparsed

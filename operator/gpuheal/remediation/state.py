@@ -40,8 +40,8 @@ from gpuheal.policy.inputs import (
     kept_conditions,
     merge_observations,
 )
-from gpuheal.policy.pool import Unavailable, spare_unavailable
 from gpuheal.policy.select import slurm_cluster
+from gpuheal.policy.spares import Unavailable, spare_unavailable
 from gpuheal.policy.types import (
     ALWAYS,
     ClusterCounts,

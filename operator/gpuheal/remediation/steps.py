@@ -65,8 +65,8 @@ from gpuheal.api.remediationpolicy import (
 from gpuheal.api.remediationpolicy import RequeueMode as PolicyRequeue
 from gpuheal.api.reservepool import ReservePool, TaintEffect
 from gpuheal.policy import idle, pods_to_evict, spare_candidates
-from gpuheal.policy.pool import Unavailable, slurm_unavailable, spare_unavailable
 from gpuheal.policy.repair import reboot_proof, reset_proof
+from gpuheal.policy.spares import Unavailable, slurm_unavailable, spare_unavailable
 from gpuheal.policy.types import Act, NodeView
 from gpuheal.remediation.record import Recorder
 from gpuheal.remediation.state import Runtime
