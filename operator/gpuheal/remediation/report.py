@@ -41,7 +41,7 @@ from gpuheal.api.reservepool import (
 from gpuheal.policy import allowed_unhealthy, unhealthy_reasons
 from gpuheal.policy.spares import spare_unavailable
 from gpuheal.policy.warnings import policy_warnings
-from gpuheal.remediation import pools
+from gpuheal.remediation import poolupkeep
 from gpuheal.remediation.state import Breaker, Runtime, Unparsed
 
 log = logging.getLogger("gpuheal.report")
@@ -233,11 +233,11 @@ async def report_once(rt: Runtime, last: dict[tuple[str, str], Any]) -> None:
     kube = rt.require_kube()
     now = _now()
     for pool in list(rt.pools.values()):
-        await pools.look_in_slurm(rt, pool, now)
+        await poolupkeep.look_in_slurm(rt, pool, now)
     available = rt.pool_counts()
     for name, pool in list(rt.pools.items()):
         if name in available:
-            await pools.refill(rt, pool, available[name].available, now)
+            await poolupkeep.refill(rt, pool, available[name].available, now)
     work: list[tuple[str, str, dict[str, Any], dict[str, Any]]] = [
         *(
             (POLICY_PLURAL, n, p.status.to_k8s(), policy_status(rt, p, now).to_k8s())
