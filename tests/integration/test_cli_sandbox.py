@@ -20,10 +20,8 @@ import yaml
 
 from gpuheal_dev.sandbox import Sandbox
 from tests.integration.operator_harness import REPO, Objects, free_port, wait_for
-from tests.integration.test_operator_k8s import gpuheal_crds, objects
 
 pytestmark = pytest.mark.integration
-__all__ = ["gpuheal_crds", "objects"]
 VENV_BIN = Path(sys.executable).parent
 
 

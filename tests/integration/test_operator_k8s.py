@@ -6,202 +6,37 @@ own operator process (SIGKILL-able), so tests do not interfere.
 
 from __future__ import annotations
 
-import uuid
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 from kubernetes import client
-from kubernetes.client.rest import ApiException
 
 from gpuheal.cli.simulate import simulate_condition, simulate_xid
 from gpuheal_dev.sandbox import Sandbox
 from tests.integration.operator_harness import (
-    REPO,
     Objects,
     OperatorProcess,
     completed,
     condition,
+    cordon_only_rule,
     dump,
     hold,
     node_events,
+    pdb_blocking,
+    pod_gone,
+    pod_on,
+    policy,
+    pool,
+    release_pdb,
     wait_for,
+    xid79_rule,
 )
 
 pytestmark = pytest.mark.integration
 
 CORDONED_BY = "gpuheal.io/cordoned-by"
 CLAIMED_BY = "gpuheal.io/claimed-by"
-
-
-@pytest.fixture(scope="session")
-def gpuheal_crds(sandbox: Sandbox) -> None:
-    sandbox.kubectl("apply", "-f", str(REPO / "crds"))
-    for plural in ("noderemediations", "remediationpolicies", "reservepools", "faulthistories"):
-        sandbox.kubectl(
-            "wait", "--for=condition=Established", f"crd/{plural}.gpuheal.io", "--timeout=60s"
-        )
-
-
-@pytest.fixture
-def objects(sandbox: Sandbox, gpuheal_crds: None) -> Iterator[Objects]:
-    return Objects(sandbox.api_client())
-
-
-@pytest.fixture
-def run_operator(
-    sandbox: Sandbox, gpuheal_crds: None, tmp_path: Path
-) -> Iterator[Callable[..., OperatorProcess]]:
-    procs: list[OperatorProcess] = []
-
-    def start(
-        *extra: str, wait_started: bool = True, env: dict[str, str] | None = None
-    ) -> OperatorProcess:
-        logs = tmp_path / f"op{len(procs)}"
-        logs.mkdir()
-        op = OperatorProcess(Path(sandbox.kubeconfig), logs, list(extra), env or {})
-        op.start(wait_started=wait_started)
-        procs.append(op)
-        return op
-
-    yield start
-    for op in procs:
-        op.stop()
-
-
-@pytest.fixture
-def case(
-    own_gpu_nodes: Callable[..., list[str]], objects: Objects
-) -> Iterator[Callable[..., list[str]]]:
-    """``case(n, role)``: n fresh nodes labelled ``gpuheal.io/case=<id>-<role>``."""
-    made: list[str] = []
-    case_id = uuid.uuid4().hex[:6]
-
-    def make(n: int, role: str = "work", **labels: str) -> list[str]:
-        names = own_gpu_nodes(n, **{"gpuheal.io/case": f"{case_id}-{role}", **labels})
-        made.extend(names)
-        return names
-
-    make.case_id = case_id  # type: ignore[attr-defined]
-    yield make
-    objects.cleanup(made)
-
-
-def policy(
-    name: str,
-    case_label: str,
-    rules: list[dict[str, Any]],
-    *,
-    max_unhealthy: int | str = 5,
-    healthy_for: str = "1h",
-    **safety: Any,
-) -> dict[str, Any]:
-    return {
-        "apiVersion": "gpuheal.io/v1alpha1",
-        "kind": "RemediationPolicy",
-        "metadata": {"name": name},
-        "spec": {
-            "nodeSelector": {"matchLabels": {"gpuheal.io/case": case_label}},
-            "rules": rules,
-            "safety": {"maxUnhealthy": max_unhealthy, "stormCooldown": "0s", **safety},
-            "returnToService": {"enabled": True, "healthyFor": healthy_for},
-        },
-    }
-
-
-def pool(name: str, case_label: str) -> dict[str, Any]:
-    return {
-        "apiVersion": "gpuheal.io/v1alpha1",
-        "kind": "ReservePool",
-        "metadata": {"name": name},
-        "spec": {
-            "nodeSelector": {"matchLabels": {"gpuheal.io/case": case_label}},
-            "minAvailable": 1,
-            "promotion": {"setLabels": {"gpuheal.io/promoted": "true"}},
-        },
-    }
-
-
-def xid79_rule(pool_name: str, drain: dict[str, Any] | None = None) -> dict[str, Any]:
-    return {
-        "name": "fell-off-bus",
-        "signals": {"xids": [79]},
-        "ladder": [
-            {
-                "name": "replace",
-                "steps": [
-                    {"action": "cordon"},
-                    {"action": "slurmDrain", "slurmDrain": {"requeue": "requeue"}},
-                    {"action": "drain", "drain": drain or {"timeout": "5m"}},
-                    {"action": "replace", "replace": {"reservePoolRef": {"name": pool_name}}},
-                ],
-            }
-        ],
-    }
-
-
-def cordon_only_rule(xid: int = 94, *, reset: bool = False) -> dict[str, Any]:
-    steps: list[dict[str, Any]] = [{"action": "cordon"}]
-    if reset:
-        steps.append({"action": "reset", "reset": {"hook": {"type": "Noop"}}})
-    return {
-        "name": f"xid-{xid}",
-        "signals": {"xids": [xid]},
-        "ladder": [{"name": "cordon", "steps": steps}],
-    }
-
-
-def pod_on(node: str, name: str, labels: dict[str, str]) -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "labels": labels},
-        "spec": {
-            "nodeSelector": {"kubernetes.io/hostname": node},
-            "terminationGracePeriodSeconds": 1,
-            "containers": [{"name": "train", "image": "example.invalid/train:1"}],
-        },
-    }
-
-
-def pod_gone(core: client.CoreV1Api, namespace: str, name: str) -> bool:
-    try:
-        core.read_namespaced_pod(name, namespace)
-    except ApiException as exc:
-        return exc.status == 404
-    return False
-
-
-def _pdb_blocking(sandbox: Sandbox, namespace: str, node: str) -> client.PolicyV1Api:
-    """A Running pod on ``node`` held by a PodDisruptionBudget that allows no disruption."""
-    core = sandbox.core_v1()
-    pol = client.PolicyV1Api(sandbox.api_client())
-    core.create_namespaced_pod(namespace, pod_on(node, "victim", {"app": "held"}))
-    wait_for(
-        lambda: core.read_namespaced_pod("victim", namespace).status.phase == "Running",
-        "victim Running",
-    )
-    pol.create_namespaced_pod_disruption_budget(
-        namespace,
-        {
-            "apiVersion": "policy/v1",
-            "kind": "PodDisruptionBudget",
-            "metadata": {"name": "keep"},
-            "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "held"}}},
-        },
-    )
-    wait_for(
-        lambda: (
-            pol.read_namespaced_pod_disruption_budget("keep", namespace).status.current_healthy == 1
-        ),
-        "PDB status computed",
-    )
-    return pol
-
-
-def _release_pdb(pol: client.PolicyV1Api, namespace: str) -> None:
-    pol.patch_namespaced_pod_disruption_budget("keep", namespace, {"spec": {"minAvailable": 0}})
 
 
 # ---------------------------------------------------------------------------------------------
@@ -220,7 +55,7 @@ def test_xid79_cordons_evicts_through_pdb_and_claims_a_spare(
     objects.apply(
         "remediationpolicies", policy(f"p-{cid}", f"{cid}-work", [xid79_rule(f"spares-{cid}")])
     )
-    pol = _pdb_blocking(sandbox, namespace, broken)
+    pol = pdb_blocking(sandbox, namespace, broken)
     # A DaemonSet pod on the node: a drain leaves it (it would come straight back).
     apps = client.AppsV1Api(sandbox.api_client())
     apps.create_namespaced_daemon_set(
@@ -280,7 +115,7 @@ def test_xid79_cordons_evicts_through_pdb_and_claims_a_spare(
     assert reserved["status"] == "True"
     assert condition(objects.get("noderemediations", name), "Drained")["status"] != "True"
 
-    _release_pdb(pol, namespace)
+    release_pdb(pol, namespace)
 
     done = wait_for(
         lambda: completed(o := objects.get("noderemediations", name)) and o,
@@ -344,7 +179,7 @@ def test_sigkill_mid_drain_then_restart_repeats_nothing_and_replays_start_nothin
     objects.apply(
         "remediationpolicies", policy(f"p-{cid}", f"{cid}-work", [xid79_rule(f"spares-{cid}")])
     )
-    pol = _pdb_blocking(sandbox, namespace, broken)
+    pol = pdb_blocking(sandbox, namespace, broken)
     op = run_operator()
     simulate_xid(core, broken, 79)
     nrem = wait_for(lambda: objects.incident(broken), "NodeRemediation")
@@ -360,7 +195,7 @@ def test_sigkill_mid_drain_then_restart_repeats_nothing_and_replays_start_nothin
     cordoned_at = condition(before, "Cordoned")["lastTransitionTime"]
 
     op.kill()  # SIGKILL in the middle of the drain step
-    _release_pdb(pol, namespace)
+    release_pdb(pol, namespace)
     op2 = run_operator()
 
     done = wait_for(

@@ -19,7 +19,6 @@ import pytest
 from gpuheal.cli.simulate import simulate_xid
 from gpuheal_dev.sandbox import Sandbox
 from gpuheal_dev.sandbox.slurm import SlurmCluster
-from tests.integration.bridge_harness import start_bridge, stop
 from tests.integration.operator_harness import (
     Objects,
     OperatorProcess,
@@ -27,34 +26,16 @@ from tests.integration.operator_harness import (
     condition,
     dump,
     hold,
+    pdb_blocking,
+    policy,
+    pool,
+    release_pdb,
     wait_for,
+    xid79_rule,
 )
-from tests.integration.test_operator_k8s import gpuheal_crds, policy, pool, xid79_rule
 
 pytestmark = pytest.mark.integration
-__all__ = ["gpuheal_crds"]  # the CRD fixture, shared with test_operator_k8s
-TOKEN = "operator-e2e-token-0123456789abcdef"
 START_RE = re.compile(r"START host=(\S+) restart_count=(\d+) resume_step=(\d+)")
-
-
-@pytest.fixture
-def bridge(
-    tmp_path: Path,
-) -> Iterator[Callable[..., tuple[str, Path, subprocess.Popen[bytes]]]]:
-    """``bridge(cluster, port=None)``: (url, the operator's token file, process); the same
-    ``port`` again restarts it with its idempotency store."""
-    procs: list[subprocess.Popen[bytes]] = []
-
-    def start(
-        cluster: SlurmCluster, port: int | None = None
-    ) -> tuple[str, Path, subprocess.Popen[bytes]]:
-        b = start_bridge(cluster, tmp_path, token=TOKEN, port=port)
-        procs.append(b.proc)
-        return b.url, b.operator_token, b.proc
-
-    yield start
-    for proc in procs:
-        stop(proc)
 
 
 def _job(cluster: SlurmCluster, job: str) -> tuple[str, str]:
@@ -307,8 +288,6 @@ def test_sigkill_at_each_held_step_of_an_xid79_repeats_nothing(  # noqa: PLR0917
     """The operator is SIGKILLed while the incident waits at each step that can wait: Slurm
     drain (bridge down), pod drain (PDB), replace (approval). Each time a new process picks
     it up. In the end: one cordon, one requeue of the job, one spare claimed."""
-    from tests.integration.test_operator_k8s import _pdb_blocking, _release_pdb
-
     core = sandbox.core_v1()
     cid = os.urandom(3).hex()
     broken, other = own_gpu_nodes(2, **{"gpuheal.io/case": f"{cid}-work"})
@@ -324,7 +303,7 @@ def test_sigkill_at_each_held_step_of_an_xid79_repeats_nothing(  # noqa: PLR0917
     ).stdout.strip()
     wait_for(lambda: _job(cluster, job) == ("RUNNING", broken), f"job {job} on {broken}")
     cluster.run("scontrol", "update", f"NodeName={other}", "State=RESUME")
-    pol = _pdb_blocking(sandbox, namespace, broken)
+    pol = pdb_blocking(sandbox, namespace, broken)
     url, token_file, proc = bridge(cluster)
     port = int(url.rsplit(":", 1)[1])
     pool_manifest = pool(f"spares-{cid}", f"{cid}-spare")
@@ -359,7 +338,7 @@ def test_sigkill_at_each_held_step_of_an_xid79_repeats_nothing(  # noqa: PLR0917
         wait_for(blocked("PodDisruptionBudget"), "drain held by the PDB", timeout=60)
         assert condition(objects.incident(broken), "SlurmDrained")["reason"] == "Drained"
         op.kill()  # 2: in the drain step
-        _release_pdb(pol, namespace)
+        release_pdb(pol, namespace)
         op.start()
         wait_for(blocked("ApprovalPending"), "replace waits for approval", timeout=60)
         op.kill()  # 3: before replace

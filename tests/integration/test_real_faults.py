@@ -35,13 +35,11 @@ from tests.integration.operator_harness import (
     condition,
     dump,
     node_events,
+    policy,
     wait_for,
 )
-from tests.integration.test_operator_k8s import gpuheal_crds, policy
-from tests.integration.test_operator_slurm import bridge
 
 pytestmark = pytest.mark.integration
-__all__ = ["bridge", "gpuheal_crds"]
 
 CKPT_EVERY, STEP_S = 10, 0.05
 GRACE = "2s"
