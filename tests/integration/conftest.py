@@ -1,5 +1,5 @@
 """Fixtures shared by the integration tests: the CRDs, gpuheal objects, operator and bridge
-processes, and a case's own nodes.
+processes, a case's own nodes, and the XID-79 scene.
 
 The sandbox itself (``sandbox``, ``namespace``, ``own_gpu_nodes``) and Slurm clusters
 (``make_slurm_cluster``, ``slurm_cluster``, ``checkpoint_job``) come from tests/fixtures.
@@ -24,6 +24,10 @@ from tests.integration.operator_harness import (
     REPO,
     Objects,
     OperatorProcess,
+    Xid79Scene,
+    policy,
+    pool,
+    xid79_rule,
 )
 
 #: the bridge token of the ``bridge`` fixture (and of the operator it serves)
@@ -119,3 +123,72 @@ def run_bridge(tmp_path: Path) -> Iterator[Callable[..., BridgeProcess]]:
     yield start
     for bridge in started:
         stop(bridge.proc)
+
+
+# --- the XID-79 scene -----------------------------------------------------------------------------
+@pytest.fixture
+def xid79_scene(  # noqa: PLR0917 - pytest passes fixtures positionally
+    sandbox: Sandbox,
+    own_gpu_nodes: Callable[..., list[str]],
+    objects: Objects,
+    run_operator: Callable[..., OperatorProcess],
+    make_slurm_cluster: Callable[..., SlurmCluster],
+    bridge: Bridge,
+) -> Iterator[Callable[..., Xid79Scene]]:
+    """``xid79_scene(work=1, spares=1, *, slurm=False, rules=None, drain=None, **policy)``:
+    fresh work and spare nodes, a ReservePool of the spares (promotion resumes a spare in
+    Slurm when there is Slurm), a policy over the work nodes with ``rules`` (default: the
+    XID 79 replace ladder: cordon, Slurm drain + requeue, drain, replace; ``drain`` its
+    drain step's options) and ``policy`` as its safety options (``max_unhealthy``,
+    ``healthy_for``, ``dryRun``, ``requireApproval``...); ``slurm=True`` (or a dict of
+    SlurmCluster options) adds the Slurm cluster and its bridge. Nothing is started that
+    acts: the test calls ``start()`` once its world is ready, then ``xid()``. The nodes,
+    their incidents, the policy and the pool are deleted after the test."""
+    made: list[str] = []
+
+    def make(
+        work: int = 1,
+        spares: int = 1,
+        *,
+        slurm: bool | dict[str, Any] = False,
+        rules: list[dict[str, Any]] | None = None,
+        drain: dict[str, Any] | None = None,
+        **policy_options: Any,
+    ) -> Xid79Scene:
+        cid = uuid.uuid4().hex[:6]
+        work_nodes = own_gpu_nodes(work, **{"gpuheal.io/case": f"{cid}-work"})
+        made.extend(work_nodes)
+        spare_nodes = own_gpu_nodes(spares, **{"gpuheal.io/case": f"{cid}-spare"}) if spares else []
+        made.extend(spare_nodes)
+        scene = Xid79Scene(
+            cid=cid,
+            work=work_nodes,
+            spares=spare_nodes,
+            policy=f"p-{cid}",
+            pool=f"spares-{cid}" if spares else None,
+            objects=objects,
+            core=sandbox.core_v1(),
+            run_operator=run_operator,
+        )
+        if slurm:
+            options = slurm if isinstance(slurm, dict) else {}
+            scene.cluster = make_slurm_cluster([*work_nodes, *spare_nodes], name="x79", **options)
+            for s in spare_nodes:  # the pool's own drain, which promotion lifts
+                scene.cluster.run(
+                    "scontrol", "update", f"NodeName={s}", "State=DRAIN", "Reason=reserve pool"
+                )
+            scene.bridge_url, scene.bridge_token, scene.bridge_proc = bridge(scene.cluster)
+        if scene.pool:
+            manifest = pool(scene.pool, f"{cid}-spare")
+            if slurm:
+                manifest["spec"]["promotion"]["slurm"] = {"resume": True}
+            objects.apply("reservepools", manifest)
+        if rules is None:
+            assert scene.pool, "the XID 79 replace ladder needs spares"
+            rules = [xid79_rule(scene.pool, drain)]
+        objects.apply("remediationpolicies", policy(scene.policy, f"{cid}-work", rules,
+                                                    **policy_options))  # fmt: skip
+        return scene
+
+    yield make
+    objects.cleanup(made)

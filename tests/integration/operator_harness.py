@@ -21,6 +21,7 @@ import yaml
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
+from gpuheal.cli.simulate import simulate_xid
 from gpuheal.xid.identity import (
     GPU_MAP_ANNOTATION,
     GPU_REPORT_ANNOTATION,
@@ -30,6 +31,7 @@ from gpuheal.xid.identity import (
 
 if TYPE_CHECKING:
     from gpuheal_dev.sandbox import Sandbox
+    from gpuheal_dev.sandbox.slurm import SlurmCluster
 
 REPO = Path(__file__).resolve().parents[2]
 GROUP, VERSION = "gpuheal.io", "v1alpha1"
@@ -353,3 +355,57 @@ def pdb_blocking(sandbox: Sandbox, namespace: str, node: str) -> client.PolicyV1
 
 def release_pdb(pol: client.PolicyV1Api, namespace: str) -> None:
     pol.patch_namespaced_pod_disruption_budget("keep", namespace, {"spec": {"minAvailable": 0}})
+
+
+@dataclass
+class Xid79Scene:
+    """A GPU node under a policy, an XID 79 Event about it, the operator acting.
+
+    ``work`` are the policy's nodes (``broken`` is the first), ``spares`` the reserve pool's;
+    with Slurm, one cluster of all of them (same names) with the spares drained as the pool
+    leaves them ("reserve pool") and a bridge in front of it. The operator runs once the test
+    has set the rest of its world up (``start``); ``xid`` posts the Event."""
+
+    cid: str
+    work: list[str]
+    spares: list[str]
+    policy: str
+    pool: str | None
+    objects: Objects
+    core: client.CoreV1Api
+    run_operator: Callable[..., OperatorProcess] = field(repr=False)
+    cluster: SlurmCluster | None = None
+    bridge_url: str = ""
+    bridge_token: Path | None = None
+    bridge_proc: subprocess.Popen[bytes] | None = None
+    op: OperatorProcess | None = None
+
+    @property
+    def broken(self) -> str:
+        return self.work[0]
+
+    @property
+    def bridge_port(self) -> int:
+        return int(self.bridge_url.rsplit(":", 1)[1])
+
+    def bridge_args(self) -> list[str]:
+        if self.bridge_token is None:
+            return []
+        return ["--bridge-url", self.bridge_url, "--bridge-token-file", str(self.bridge_token)]
+
+    def start(self, *extra: str, **kwargs: Any) -> OperatorProcess:
+        """The operator (with this scene's bridge, if any); ``kwargs`` go to run_operator."""
+        self.op = self.run_operator(*self.bridge_args(), *extra, **kwargs)
+        return self.op
+
+    def xid(self, node: str | None = None) -> None:
+        simulate_xid(self.core, node or self.broken, 79)
+
+    def incident(self) -> dict[str, Any] | None:
+        return self.objects.incident(self.broken)
+
+    def completed(self, what: str = "incident completed", timeout: float = 90) -> dict[str, Any]:
+        done: dict[str, Any] = wait_for(
+            lambda: completed(o := self.incident()) and o, what, timeout=timeout
+        )
+        return done

@@ -17,6 +17,7 @@ from gpuheal_dev.sandbox import Sandbox
 from tests.integration.operator_harness import (
     Objects,
     OperatorProcess,
+    Xid79Scene,
     completed,
     condition,
     cordon_only_rule,
@@ -27,10 +28,8 @@ from tests.integration.operator_harness import (
     pod_gone,
     pod_on,
     policy,
-    pool,
     release_pdb,
     wait_for,
-    xid79_rule,
 )
 
 pytestmark = pytest.mark.integration
@@ -43,18 +42,12 @@ CLAIMED_BY = "gpuheal.io/claimed-by"
 def test_xid79_cordons_evicts_through_pdb_and_claims_a_spare(
     sandbox: Sandbox,
     namespace: str,
-    case: Callable[..., list[str]],
+    xid79_scene: Callable[..., Xid79Scene],
     objects: Objects,
-    run_operator: Callable[..., OperatorProcess],
 ) -> None:
     core = sandbox.core_v1()
-    broken, healthy = case(2)
-    (spare,) = case(1, "spare")
-    cid = case.case_id  # type: ignore[attr-defined]
-    objects.apply("reservepools", pool(f"spares-{cid}", f"{cid}-spare"))
-    objects.apply(
-        "remediationpolicies", policy(f"p-{cid}", f"{cid}-work", [xid79_rule(f"spares-{cid}")])
-    )
+    scene = xid79_scene(work=2)
+    (broken, healthy), (spare,) = scene.work, scene.spares
     pol = pdb_blocking(sandbox, namespace, broken)
     # A DaemonSet pod on the node: a drain leaves it (it would come straight back).
     apps = client.AppsV1Api(sandbox.api_client())
@@ -84,11 +77,11 @@ def test_xid79_cordons_evicts_through_pdb_and_claims_a_spare(
         ],
         "DaemonSet pod Running",
     )
-    op = run_operator()
+    op = scene.start()
 
-    simulate_xid(core, broken, 79)
+    scene.xid()
 
-    nrem = wait_for(lambda: objects.incident(broken), "NodeRemediation for the XID")
+    nrem = wait_for(scene.incident, "NodeRemediation for the XID")
     name = nrem["metadata"]["name"]
     node = wait_for(lambda: (n := objects.node(broken)).spec.unschedulable and n, "node cordoned")
     assert node.metadata.annotations[CORDONED_BY] == name
@@ -167,22 +160,16 @@ def test_xid79_cordons_evicts_through_pdb_and_claims_a_spare(
 def test_sigkill_mid_drain_then_restart_repeats_nothing_and_replays_start_nothing(
     sandbox: Sandbox,
     namespace: str,
-    case: Callable[..., list[str]],
+    xid79_scene: Callable[..., Xid79Scene],
     objects: Objects,
     run_operator: Callable[..., OperatorProcess],
 ) -> None:
-    core = sandbox.core_v1()
-    (broken,) = case(1)
-    spares = case(2, "spare")
-    cid = case.case_id  # type: ignore[attr-defined]
-    objects.apply("reservepools", pool(f"spares-{cid}", f"{cid}-spare"))
-    objects.apply(
-        "remediationpolicies", policy(f"p-{cid}", f"{cid}-work", [xid79_rule(f"spares-{cid}")])
-    )
+    scene = xid79_scene(spares=2)
+    broken, spares = scene.broken, scene.spares
     pol = pdb_blocking(sandbox, namespace, broken)
-    op = run_operator()
-    simulate_xid(core, broken, 79)
-    nrem = wait_for(lambda: objects.incident(broken), "NodeRemediation")
+    op = scene.start()
+    scene.xid()
+    nrem = wait_for(scene.incident, "NodeRemediation")
     name = nrem["metadata"]["name"]
     wait_for(
         lambda: (
@@ -224,27 +211,20 @@ def test_sigkill_mid_drain_then_restart_repeats_nothing_and_replays_start_nothin
 def test_dry_run_records_the_plan_and_changes_nothing(
     sandbox: Sandbox,
     namespace: str,
-    case: Callable[..., list[str]],
+    xid79_scene: Callable[..., Xid79Scene],
     objects: Objects,
-    run_operator: Callable[..., OperatorProcess],
 ) -> None:
     core = sandbox.core_v1()
-    (broken,) = case(1)
-    (spare,) = case(1, "spare")
-    cid = case.case_id  # type: ignore[attr-defined]
-    objects.apply("reservepools", pool(f"spares-{cid}", f"{cid}-spare"))
-    objects.apply(
-        "remediationpolicies",
-        policy(f"p-{cid}", f"{cid}-work", [xid79_rule(f"spares-{cid}")], dryRun=True),
-    )
+    scene = xid79_scene(dryRun=True)
+    broken, (spare,) = scene.broken, scene.spares
     core.create_namespaced_pod(namespace, pod_on(broken, "bystander", {"app": "b"}))
     wait_for(
         lambda: core.read_namespaced_pod("bystander", namespace).status.phase == "Running",
         "pod Running",
     )
-    run_operator()
-    simulate_xid(core, broken, 79)
-    done = wait_for(lambda: completed(o := objects.incident(broken)) and o, "dry-run incident")
+    scene.start()
+    scene.xid()
+    done = scene.completed("dry-run incident", timeout=60)
     assert completed(done) == "DryRun"
     assert done["spec"]["dryRun"] is True
     for type_ in ("Cordoned", "SlurmDrained", "Drained", "ReplacementClaimed"):
@@ -604,25 +584,16 @@ def test_a_standby_with_a_skewed_clock_never_leads_beside_the_holder(
 
 
 def test_replace_waits_for_approval_across_a_sigkill(
-    sandbox: Sandbox,
-    case: Callable[..., list[str]],
+    xid79_scene: Callable[..., Xid79Scene],
     objects: Objects,
     run_operator: Callable[..., OperatorProcess],
 ) -> None:
-    core = sandbox.core_v1()
-    (broken,) = case(1)
-    (spare,) = case(1, "spare")
-    cid = case.case_id  # type: ignore[attr-defined]
-    objects.apply("reservepools", pool(f"spares-{cid}", f"{cid}-spare"))
-    objects.apply(
-        "remediationpolicies",
-        policy(f"p-{cid}", f"{cid}-work", [xid79_rule(f"spares-{cid}")],
-               requireApproval=["replace"]),
-    )  # fmt: skip
-    op = run_operator()
-    simulate_xid(core, broken, 79)
+    scene = xid79_scene(requireApproval=["replace"])
+    spare = scene.spares[0]
+    op = scene.start()
+    scene.xid()
     nrem = wait_for(
-        lambda: (o := objects.incident(broken))
+        lambda: (o := scene.incident())
         and (c := condition(o, "Blocked")) and c["reason"] == "ApprovalPending" and o,
         "replace waits for approval",
     )  # fmt: skip
