@@ -55,7 +55,7 @@ system-deps:
 # The integration tests wait far more than they compute: XDIST pytest-xdist workers run them
 # side by side, each with its own sandbox (README, Tests); XDIST=0 runs them one after another
 # in one process. The 15 slowest are listed at the end of each run.
-XDIST ?= 3
+XDIST ?= 2
 integration: venv bins system-deps
 	$(VENV)/bin/pytest -m "integration" -n $(XDIST) --durations=15 $(PYTEST_ARGS)
 
