@@ -12,12 +12,8 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
-
-import pytest
 
 from gpuheal_dev.sandbox.pki import CertPaths, create_pki, issue_server_cert
 from gpuheal_dev.sandbox.slurm import SlurmCluster
@@ -146,22 +142,6 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
             proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
             proc.kill()
-
-
-@pytest.fixture
-def run_bridge(tmp_path: Path) -> Iterator[Callable[..., BridgeProcess]]:
-    """``run_bridge(cluster, *extra, token=..., ...)``: `start_bridge` in the test's
-    directory, stopped after the test."""
-    started: list[BridgeProcess] = []
-
-    def start(cluster: SlurmCluster, *extra: str, **options: Any) -> BridgeProcess:
-        bridge = start_bridge(cluster, tmp_path, *extra, **options)
-        started.append(bridge)
-        return bridge
-
-    yield start
-    for bridge in started:
-        stop(bridge.proc)
 
 
 def exited(bridge: BridgeProcess, timeout: float = 20) -> int:

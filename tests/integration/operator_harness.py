@@ -15,18 +15,23 @@ import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
+from gpuheal.cli.simulate import simulate_xid
 from gpuheal.xid.identity import (
     GPU_MAP_ANNOTATION,
     GPU_REPORT_ANNOTATION,
     format_gpu_map,
     format_gpu_report,
 )
+
+if TYPE_CHECKING:
+    from gpuheal_dev.sandbox import Sandbox
+    from gpuheal_dev.sandbox.slurm import SlurmCluster
 
 REPO = Path(__file__).resolve().parents[2]
 GROUP, VERSION = "gpuheal.io", "v1alpha1"
@@ -233,3 +238,174 @@ def agent_reports_gpus(core: client.CoreV1Api, node: str, *, ago: float = 0.0) -
     seen = format_gpu_report(dt.datetime.now(dt.UTC) - dt.timedelta(seconds=ago), SANDBOX_GPUS)
     agent = {GPU_MAP_ANNOTATION: format_gpu_map(SANDBOX_GPUS), GPU_REPORT_ANNOTATION: seen}
     core.patch_node(node, {"metadata": {"annotations": agent}})
+
+
+# --- the objects a test applies: policies, pools, rules, pods ----------------------------------
+def policy(
+    name: str,
+    case_label: str,
+    rules: list[dict[str, Any]],
+    *,
+    max_unhealthy: int | str = 5,
+    healthy_for: str = "1h",
+    **safety: Any,
+) -> dict[str, Any]:
+    return {
+        "apiVersion": "gpuheal.io/v1alpha1",
+        "kind": "RemediationPolicy",
+        "metadata": {"name": name},
+        "spec": {
+            "nodeSelector": {"matchLabels": {"gpuheal.io/case": case_label}},
+            "rules": rules,
+            "safety": {"maxUnhealthy": max_unhealthy, "stormCooldown": "0s", **safety},
+            "returnToService": {"enabled": True, "healthyFor": healthy_for},
+        },
+    }
+
+
+def pool(name: str, case_label: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "gpuheal.io/v1alpha1",
+        "kind": "ReservePool",
+        "metadata": {"name": name},
+        "spec": {
+            "nodeSelector": {"matchLabels": {"gpuheal.io/case": case_label}},
+            "minAvailable": 1,
+            "promotion": {"setLabels": {"gpuheal.io/promoted": "true"}},
+        },
+    }
+
+
+def xid79_rule(pool_name: str, drain: dict[str, Any] | None = None) -> dict[str, Any]:
+    return {
+        "name": "fell-off-bus",
+        "signals": {"xids": [79]},
+        "ladder": [
+            {
+                "name": "replace",
+                "steps": [
+                    {"action": "cordon"},
+                    {"action": "slurmDrain", "slurmDrain": {"requeue": "requeue"}},
+                    {"action": "drain", "drain": drain or {"timeout": "5m"}},
+                    {"action": "replace", "replace": {"reservePoolRef": {"name": pool_name}}},
+                ],
+            }
+        ],
+    }
+
+
+def cordon_only_rule(xid: int = 94, *, reset: bool = False) -> dict[str, Any]:
+    steps: list[dict[str, Any]] = [{"action": "cordon"}]
+    if reset:
+        steps.append({"action": "reset", "reset": {"hook": {"type": "Noop"}}})
+    return {
+        "name": f"xid-{xid}",
+        "signals": {"xids": [xid]},
+        "ladder": [{"name": "cordon", "steps": steps}],
+    }
+
+
+def pod_on(node: str, name: str, labels: dict[str, str]) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "labels": labels},
+        "spec": {
+            "nodeSelector": {"kubernetes.io/hostname": node},
+            "terminationGracePeriodSeconds": 1,
+            "containers": [{"name": "train", "image": "example.invalid/train:1"}],
+        },
+    }
+
+
+def pod_gone(core: client.CoreV1Api, namespace: str, name: str) -> bool:
+    try:
+        core.read_namespaced_pod(name, namespace)
+    except ApiException as exc:
+        return exc.status == 404
+    return False
+
+
+def pdb_blocking(sandbox: Sandbox, namespace: str, node: str) -> client.PolicyV1Api:
+    """A Running pod on ``node`` held by a PodDisruptionBudget that allows no disruption."""
+    core = sandbox.core_v1()
+    pol = client.PolicyV1Api(sandbox.api_client())
+    core.create_namespaced_pod(namespace, pod_on(node, "victim", {"app": "held"}))
+    wait_for(
+        lambda: core.read_namespaced_pod("victim", namespace).status.phase == "Running",
+        "victim Running",
+    )
+    pol.create_namespaced_pod_disruption_budget(
+        namespace,
+        {
+            "apiVersion": "policy/v1",
+            "kind": "PodDisruptionBudget",
+            "metadata": {"name": "keep"},
+            "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "held"}}},
+        },
+    )
+    wait_for(
+        lambda: (
+            pol.read_namespaced_pod_disruption_budget("keep", namespace).status.current_healthy == 1
+        ),
+        "PDB status computed",
+    )
+    return pol
+
+
+def release_pdb(pol: client.PolicyV1Api, namespace: str) -> None:
+    pol.patch_namespaced_pod_disruption_budget("keep", namespace, {"spec": {"minAvailable": 0}})
+
+
+@dataclass
+class Xid79Scene:
+    """A GPU node under a policy, an XID 79 Event about it, the operator acting.
+
+    ``work`` are the policy's nodes (``broken`` is the first), ``spares`` the reserve pool's;
+    with Slurm, one cluster of all of them (same names) with the spares drained as the pool
+    leaves them ("reserve pool") and a bridge in front of it. The operator runs once the test
+    has set the rest of its world up (``start``); ``xid`` posts the Event."""
+
+    cid: str
+    work: list[str]
+    spares: list[str]
+    policy: str
+    pool: str | None
+    objects: Objects
+    core: client.CoreV1Api
+    run_operator: Callable[..., OperatorProcess] = field(repr=False)
+    cluster: SlurmCluster | None = None
+    bridge_url: str = ""
+    bridge_token: Path | None = None
+    bridge_proc: subprocess.Popen[bytes] | None = None
+    op: OperatorProcess | None = None
+
+    @property
+    def broken(self) -> str:
+        return self.work[0]
+
+    @property
+    def bridge_port(self) -> int:
+        return int(self.bridge_url.rsplit(":", 1)[1])
+
+    def bridge_args(self) -> list[str]:
+        if self.bridge_token is None:
+            return []
+        return ["--bridge-url", self.bridge_url, "--bridge-token-file", str(self.bridge_token)]
+
+    def start(self, *extra: str, **kwargs: Any) -> OperatorProcess:
+        """The operator (with this scene's bridge, if any); ``kwargs`` go to run_operator."""
+        self.op = self.run_operator(*self.bridge_args(), *extra, **kwargs)
+        return self.op
+
+    def xid(self, node: str | None = None) -> None:
+        simulate_xid(self.core, node or self.broken, 79)
+
+    def incident(self) -> dict[str, Any] | None:
+        return self.objects.incident(self.broken)
+
+    def completed(self, what: str = "incident completed", timeout: float = 90) -> dict[str, Any]:
+        done: dict[str, Any] = wait_for(
+            lambda: completed(o := self.incident()) and o, what, timeout=timeout
+        )
+        return done

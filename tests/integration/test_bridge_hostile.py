@@ -33,10 +33,9 @@ from schemathesis.specs.openapi.checks import (
 )
 
 from gpuheal_dev.sandbox.slurm import SlurmCluster
-from tests.integration.bridge_harness import BridgeProcess, run_bridge
+from tests.integration.bridge_harness import BridgeProcess
 
 pytestmark = pytest.mark.integration
-__all__ = ["run_bridge"]
 TOKEN = "hostile-bridge-token-0123456789abcdef"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 NODES = ("hx-node-0", "hx-node-1", "hx-node-2")

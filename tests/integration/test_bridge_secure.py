@@ -23,18 +23,11 @@ from gpuheal.adapters.slurm import BridgeSlurm, SlurmError
 from gpuheal_bridge.api.models import RequeueOptions
 from gpuheal_bridge.client import BridgeClient
 from gpuheal_dev.sandbox.slurm import SlurmCluster
-from tests.integration.bridge_harness import (
-    BridgeProcess,
-    exited,
-    host_address,
-    make_tls,
-    run_bridge,
-)
+from tests.integration.bridge_harness import BridgeProcess, exited, host_address, make_tls
 from tests.integration.operator_harness import free_port, wait_for
 from tests.integration.test_bridge_slurm import _restart_slurmctld
 
 pytestmark = pytest.mark.integration
-__all__ = ["run_bridge"]
 TOKEN = "secure-bridge-token-0123456789abcdef"
 NEW_TOKEN = "rotated-bridge-token-fedcba9876543210"
 NODES = ("sec-node-0", "sec-node-1")

@@ -26,11 +26,10 @@ from gpuheal_bridge.api.models import CheckpointSignal, DrainOutcome, JobOutcome
 from gpuheal_bridge.client import BridgeClient, BridgeConflict
 from gpuheal_dev.sandbox import slurmdbd
 from gpuheal_dev.sandbox.slurm import SlurmCluster
-from tests.integration.bridge_harness import BridgeProcess, run_bridge
+from tests.integration.bridge_harness import BridgeProcess
 from tests.integration.operator_harness import free_port, wait_for
 
 pytestmark = pytest.mark.integration
-__all__ = ["run_bridge"]
 USER = "gpuheal-bridge"  # the name the systemd unit and the docs use
 TOKEN = "service-user-bridge-token-0123456789"
 NODES = ("svc-node-0", "svc-node-1")

@@ -25,20 +25,13 @@ from tests.integration.operator_harness import (
     Objects,
     OperatorProcess,
     condition,
-    free_port,
-    wait_for,
-)
-from tests.integration.test_operator_k8s import (
-    case,
     cordon_only_rule,
-    gpuheal_crds,
-    objects,
+    free_port,
     policy,
-    run_operator,
+    wait_for,
 )
 
 pytestmark = pytest.mark.integration
-__all__ = ["case", "gpuheal_crds", "objects", "run_operator"]
 VENV_BIN = Path(sys.executable).parent
 
 

@@ -34,10 +34,8 @@ from tests.integration.operator_harness import (
     wait_for,
 )
 from tests.integration.test_helm_chart import CHART, Helm, _adopt_cluster_objects
-from tests.integration.test_operator_k8s import gpuheal_crds, objects, run_operator
 
 pytestmark = pytest.mark.integration
-__all__ = ["gpuheal_crds", "objects", "run_operator"]  # fixtures shared with the k8s tests
 
 
 @pytest.fixture

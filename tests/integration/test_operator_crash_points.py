@@ -39,19 +39,15 @@ from tests.integration.operator_harness import (
     completed,
     condition,
     dump,
-    wait_for,
-)
-from tests.integration.test_operator_k8s import (
-    gpuheal_crds,
     pod_gone,
     pod_on,
     policy,
     pool,
+    wait_for,
     xid79_rule,
 )
 
 pytestmark = pytest.mark.integration
-__all__ = ["gpuheal_crds"]
 
 TOKEN = "crash-points-token-0123456789abcdef"
 CLAIMED_BY = "gpuheal.io/claimed-by"

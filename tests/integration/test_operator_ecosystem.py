@@ -24,31 +24,24 @@ from gpuheal.xid.identity import (
 )
 from gpuheal_dev.sandbox import Sandbox
 from gpuheal_dev.sandbox.slurm import SlurmCluster
-from tests.integration.bridge_harness import BridgeProcess, make_tls, run_bridge
+from tests.integration.bridge_harness import BridgeProcess, make_tls
 from tests.integration.operator_harness import (
     Objects,
     OperatorProcess,
     agent_reports_gpus,
     completed,
     condition,
+    cordon_only_rule,
     free_port,
     hold,
     node_events,
-    wait_for,
-)
-from tests.integration.test_operator_k8s import (
-    case,
-    cordon_only_rule,
-    gpuheal_crds,
-    objects,
     policy,
     pool,
-    run_operator,
+    wait_for,
     xid79_rule,
 )
 
 pytestmark = pytest.mark.integration
-__all__ = ["case", "gpuheal_crds", "objects", "run_bridge", "run_operator"]
 TOKEN_A = "cluster-a-bridge-token-0123456789"
 TOKEN_B = "cluster-b-bridge-token-9876543210"
 

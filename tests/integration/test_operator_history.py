@@ -29,19 +29,12 @@ from tests.integration.operator_harness import (
     condition,
     dump,
     hold,
-    wait_for,
-)
-from tests.integration.test_operator_k8s import (
-    case,
-    gpuheal_crds,
-    objects,
     policy,
     pool,
-    run_operator,
+    wait_for,
 )
 
 pytestmark = pytest.mark.integration
-__all__ = ["case", "gpuheal_crds", "objects", "run_operator"]  # fixtures shared with k8s tests
 
 UUID = "GPU-8f6c1a2b-0000-4000-8000-00000000c0de"
 

@@ -23,17 +23,11 @@ from tests.integration.operator_harness import (
     Objects,
     OperatorProcess,
     condition,
+    cordon_only_rule,
     hold,
     node_events,
-    wait_for,
-)
-from tests.integration.test_operator_k8s import (  # noqa: F401 - fixtures
-    case,
-    cordon_only_rule,
-    gpuheal_crds,
-    objects,
     policy,
-    run_operator,
+    wait_for,
 )
 
 pytestmark = pytest.mark.integration
@@ -86,9 +80,9 @@ def _no_traceback(op: OperatorProcess) -> None:
 
 def test_forged_xid_events_on_nodes_gpuheal_does_not_manage_change_nothing(
     sandbox: Sandbox,
-    case: Callable[..., list[str]],  # noqa: F811
-    objects: Objects,  # noqa: F811
-    run_operator: Callable[..., OperatorProcess],  # noqa: F811
+    case: Callable[..., list[str]],
+    objects: Objects,
+    run_operator: Callable[..., OperatorProcess],
     drop_events: Callable[[str], None],
 ) -> None:
     core = sandbox.core_v1()
@@ -128,9 +122,9 @@ def test_forged_xid_events_on_nodes_gpuheal_does_not_manage_change_nothing(
 
 def test_an_event_flood_on_one_node_opens_one_incident_in_bounded_memory(
     sandbox: Sandbox,
-    case: Callable[..., list[str]],  # noqa: F811
-    objects: Objects,  # noqa: F811
-    run_operator: Callable[..., OperatorProcess],  # noqa: F811
+    case: Callable[..., list[str]],
+    objects: Objects,
+    run_operator: Callable[..., OperatorProcess],
     drop_events: Callable[[str], None],
 ) -> None:
     core = sandbox.core_v1()
@@ -186,9 +180,9 @@ def test_an_event_flood_on_one_node_opens_one_incident_in_bounded_memory(
 
 def test_nodes_with_malformed_labels_and_annotations(
     sandbox: Sandbox,
-    case: Callable[..., list[str]],  # noqa: F811
-    objects: Objects,  # noqa: F811
-    run_operator: Callable[..., OperatorProcess],  # noqa: F811
+    case: Callable[..., list[str]],
+    objects: Objects,
+    run_operator: Callable[..., OperatorProcess],
 ) -> None:
     core = sandbox.core_v1()
     garbage, person_cordoned, forged_only = case(3)
@@ -273,9 +267,9 @@ def _nrem(name: str, node: str, pname: str, rule: str, ladder: list[dict[str, An
 
 def test_noderemediations_written_by_a_person(
     sandbox: Sandbox,
-    case: Callable[..., list[str]],  # noqa: F811
-    objects: Objects,  # noqa: F811
-    run_operator: Callable[..., OperatorProcess],  # noqa: F811
+    case: Callable[..., list[str]],
+    objects: Objects,
+    run_operator: Callable[..., OperatorProcess],
 ) -> None:
     core = sandbox.core_v1()
     w1, w2 = case(2)

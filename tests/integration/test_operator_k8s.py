@@ -6,26 +6,29 @@ own operator process (SIGKILL-able), so tests do not interfere.
 
 from __future__ import annotations
 
-import uuid
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 from kubernetes import client
-from kubernetes.client.rest import ApiException
 
 from gpuheal.cli.simulate import simulate_condition, simulate_xid
 from gpuheal_dev.sandbox import Sandbox
 from tests.integration.operator_harness import (
-    REPO,
     Objects,
     OperatorProcess,
+    Xid79Scene,
     completed,
     condition,
+    cordon_only_rule,
     dump,
     hold,
     node_events,
+    pdb_blocking,
+    pod_gone,
+    pod_on,
+    policy,
+    release_pdb,
     wait_for,
 )
 
@@ -35,192 +38,17 @@ CORDONED_BY = "gpuheal.io/cordoned-by"
 CLAIMED_BY = "gpuheal.io/claimed-by"
 
 
-@pytest.fixture(scope="session")
-def gpuheal_crds(sandbox: Sandbox) -> None:
-    sandbox.kubectl("apply", "-f", str(REPO / "crds"))
-    for plural in ("noderemediations", "remediationpolicies", "reservepools", "faulthistories"):
-        sandbox.kubectl(
-            "wait", "--for=condition=Established", f"crd/{plural}.gpuheal.io", "--timeout=60s"
-        )
-
-
-@pytest.fixture
-def objects(sandbox: Sandbox, gpuheal_crds: None) -> Iterator[Objects]:
-    return Objects(sandbox.api_client())
-
-
-@pytest.fixture
-def run_operator(
-    sandbox: Sandbox, gpuheal_crds: None, tmp_path: Path
-) -> Iterator[Callable[..., OperatorProcess]]:
-    procs: list[OperatorProcess] = []
-
-    def start(
-        *extra: str, wait_started: bool = True, env: dict[str, str] | None = None
-    ) -> OperatorProcess:
-        logs = tmp_path / f"op{len(procs)}"
-        logs.mkdir()
-        op = OperatorProcess(Path(sandbox.kubeconfig), logs, list(extra), env or {})
-        op.start(wait_started=wait_started)
-        procs.append(op)
-        return op
-
-    yield start
-    for op in procs:
-        op.stop()
-
-
-@pytest.fixture
-def case(
-    own_gpu_nodes: Callable[..., list[str]], objects: Objects
-) -> Iterator[Callable[..., list[str]]]:
-    """``case(n, role)``: n fresh nodes labelled ``gpuheal.io/case=<id>-<role>``."""
-    made: list[str] = []
-    case_id = uuid.uuid4().hex[:6]
-
-    def make(n: int, role: str = "work", **labels: str) -> list[str]:
-        names = own_gpu_nodes(n, **{"gpuheal.io/case": f"{case_id}-{role}", **labels})
-        made.extend(names)
-        return names
-
-    make.case_id = case_id  # type: ignore[attr-defined]
-    yield make
-    objects.cleanup(made)
-
-
-def policy(
-    name: str,
-    case_label: str,
-    rules: list[dict[str, Any]],
-    *,
-    max_unhealthy: int | str = 5,
-    healthy_for: str = "1h",
-    **safety: Any,
-) -> dict[str, Any]:
-    return {
-        "apiVersion": "gpuheal.io/v1alpha1",
-        "kind": "RemediationPolicy",
-        "metadata": {"name": name},
-        "spec": {
-            "nodeSelector": {"matchLabels": {"gpuheal.io/case": case_label}},
-            "rules": rules,
-            "safety": {"maxUnhealthy": max_unhealthy, "stormCooldown": "0s", **safety},
-            "returnToService": {"enabled": True, "healthyFor": healthy_for},
-        },
-    }
-
-
-def pool(name: str, case_label: str) -> dict[str, Any]:
-    return {
-        "apiVersion": "gpuheal.io/v1alpha1",
-        "kind": "ReservePool",
-        "metadata": {"name": name},
-        "spec": {
-            "nodeSelector": {"matchLabels": {"gpuheal.io/case": case_label}},
-            "minAvailable": 1,
-            "promotion": {"setLabels": {"gpuheal.io/promoted": "true"}},
-        },
-    }
-
-
-def xid79_rule(pool_name: str, drain: dict[str, Any] | None = None) -> dict[str, Any]:
-    return {
-        "name": "fell-off-bus",
-        "signals": {"xids": [79]},
-        "ladder": [
-            {
-                "name": "replace",
-                "steps": [
-                    {"action": "cordon"},
-                    {"action": "slurmDrain", "slurmDrain": {"requeue": "requeue"}},
-                    {"action": "drain", "drain": drain or {"timeout": "5m"}},
-                    {"action": "replace", "replace": {"reservePoolRef": {"name": pool_name}}},
-                ],
-            }
-        ],
-    }
-
-
-def cordon_only_rule(xid: int = 94, *, reset: bool = False) -> dict[str, Any]:
-    steps: list[dict[str, Any]] = [{"action": "cordon"}]
-    if reset:
-        steps.append({"action": "reset", "reset": {"hook": {"type": "Noop"}}})
-    return {
-        "name": f"xid-{xid}",
-        "signals": {"xids": [xid]},
-        "ladder": [{"name": "cordon", "steps": steps}],
-    }
-
-
-def pod_on(node: str, name: str, labels: dict[str, str]) -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "labels": labels},
-        "spec": {
-            "nodeSelector": {"kubernetes.io/hostname": node},
-            "terminationGracePeriodSeconds": 1,
-            "containers": [{"name": "train", "image": "example.invalid/train:1"}],
-        },
-    }
-
-
-def pod_gone(core: client.CoreV1Api, namespace: str, name: str) -> bool:
-    try:
-        core.read_namespaced_pod(name, namespace)
-    except ApiException as exc:
-        return exc.status == 404
-    return False
-
-
-def _pdb_blocking(sandbox: Sandbox, namespace: str, node: str) -> client.PolicyV1Api:
-    """A Running pod on ``node`` held by a PodDisruptionBudget that allows no disruption."""
-    core = sandbox.core_v1()
-    pol = client.PolicyV1Api(sandbox.api_client())
-    core.create_namespaced_pod(namespace, pod_on(node, "victim", {"app": "held"}))
-    wait_for(
-        lambda: core.read_namespaced_pod("victim", namespace).status.phase == "Running",
-        "victim Running",
-    )
-    pol.create_namespaced_pod_disruption_budget(
-        namespace,
-        {
-            "apiVersion": "policy/v1",
-            "kind": "PodDisruptionBudget",
-            "metadata": {"name": "keep"},
-            "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "held"}}},
-        },
-    )
-    wait_for(
-        lambda: (
-            pol.read_namespaced_pod_disruption_budget("keep", namespace).status.current_healthy == 1
-        ),
-        "PDB status computed",
-    )
-    return pol
-
-
-def _release_pdb(pol: client.PolicyV1Api, namespace: str) -> None:
-    pol.patch_namespaced_pod_disruption_budget("keep", namespace, {"spec": {"minAvailable": 0}})
-
-
 # ---------------------------------------------------------------------------------------------
 def test_xid79_cordons_evicts_through_pdb_and_claims_a_spare(
     sandbox: Sandbox,
     namespace: str,
-    case: Callable[..., list[str]],
+    xid79_scene: Callable[..., Xid79Scene],
     objects: Objects,
-    run_operator: Callable[..., OperatorProcess],
 ) -> None:
     core = sandbox.core_v1()
-    broken, healthy = case(2)
-    (spare,) = case(1, "spare")
-    cid = case.case_id  # type: ignore[attr-defined]
-    objects.apply("reservepools", pool(f"spares-{cid}", f"{cid}-spare"))
-    objects.apply(
-        "remediationpolicies", policy(f"p-{cid}", f"{cid}-work", [xid79_rule(f"spares-{cid}")])
-    )
-    pol = _pdb_blocking(sandbox, namespace, broken)
+    scene = xid79_scene(work=2)
+    (broken, healthy), (spare,) = scene.work, scene.spares
+    pol = pdb_blocking(sandbox, namespace, broken)
     # A DaemonSet pod on the node: a drain leaves it (it would come straight back).
     apps = client.AppsV1Api(sandbox.api_client())
     apps.create_namespaced_daemon_set(
@@ -249,11 +77,11 @@ def test_xid79_cordons_evicts_through_pdb_and_claims_a_spare(
         ],
         "DaemonSet pod Running",
     )
-    op = run_operator()
+    op = scene.start()
 
-    simulate_xid(core, broken, 79)
+    scene.xid()
 
-    nrem = wait_for(lambda: objects.incident(broken), "NodeRemediation for the XID")
+    nrem = wait_for(scene.incident, "NodeRemediation for the XID")
     name = nrem["metadata"]["name"]
     node = wait_for(lambda: (n := objects.node(broken)).spec.unschedulable and n, "node cordoned")
     assert node.metadata.annotations[CORDONED_BY] == name
@@ -280,7 +108,7 @@ def test_xid79_cordons_evicts_through_pdb_and_claims_a_spare(
     assert reserved["status"] == "True"
     assert condition(objects.get("noderemediations", name), "Drained")["status"] != "True"
 
-    _release_pdb(pol, namespace)
+    release_pdb(pol, namespace)
 
     done = wait_for(
         lambda: completed(o := objects.get("noderemediations", name)) and o,
@@ -332,22 +160,16 @@ def test_xid79_cordons_evicts_through_pdb_and_claims_a_spare(
 def test_sigkill_mid_drain_then_restart_repeats_nothing_and_replays_start_nothing(
     sandbox: Sandbox,
     namespace: str,
-    case: Callable[..., list[str]],
+    xid79_scene: Callable[..., Xid79Scene],
     objects: Objects,
     run_operator: Callable[..., OperatorProcess],
 ) -> None:
-    core = sandbox.core_v1()
-    (broken,) = case(1)
-    spares = case(2, "spare")
-    cid = case.case_id  # type: ignore[attr-defined]
-    objects.apply("reservepools", pool(f"spares-{cid}", f"{cid}-spare"))
-    objects.apply(
-        "remediationpolicies", policy(f"p-{cid}", f"{cid}-work", [xid79_rule(f"spares-{cid}")])
-    )
-    pol = _pdb_blocking(sandbox, namespace, broken)
-    op = run_operator()
-    simulate_xid(core, broken, 79)
-    nrem = wait_for(lambda: objects.incident(broken), "NodeRemediation")
+    scene = xid79_scene(spares=2)
+    broken, spares = scene.broken, scene.spares
+    pol = pdb_blocking(sandbox, namespace, broken)
+    op = scene.start()
+    scene.xid()
+    nrem = wait_for(scene.incident, "NodeRemediation")
     name = nrem["metadata"]["name"]
     wait_for(
         lambda: (
@@ -360,7 +182,7 @@ def test_sigkill_mid_drain_then_restart_repeats_nothing_and_replays_start_nothin
     cordoned_at = condition(before, "Cordoned")["lastTransitionTime"]
 
     op.kill()  # SIGKILL in the middle of the drain step
-    _release_pdb(pol, namespace)
+    release_pdb(pol, namespace)
     op2 = run_operator()
 
     done = wait_for(
@@ -389,27 +211,20 @@ def test_sigkill_mid_drain_then_restart_repeats_nothing_and_replays_start_nothin
 def test_dry_run_records_the_plan_and_changes_nothing(
     sandbox: Sandbox,
     namespace: str,
-    case: Callable[..., list[str]],
+    xid79_scene: Callable[..., Xid79Scene],
     objects: Objects,
-    run_operator: Callable[..., OperatorProcess],
 ) -> None:
     core = sandbox.core_v1()
-    (broken,) = case(1)
-    (spare,) = case(1, "spare")
-    cid = case.case_id  # type: ignore[attr-defined]
-    objects.apply("reservepools", pool(f"spares-{cid}", f"{cid}-spare"))
-    objects.apply(
-        "remediationpolicies",
-        policy(f"p-{cid}", f"{cid}-work", [xid79_rule(f"spares-{cid}")], dryRun=True),
-    )
+    scene = xid79_scene(dryRun=True)
+    broken, (spare,) = scene.broken, scene.spares
     core.create_namespaced_pod(namespace, pod_on(broken, "bystander", {"app": "b"}))
     wait_for(
         lambda: core.read_namespaced_pod("bystander", namespace).status.phase == "Running",
         "pod Running",
     )
-    run_operator()
-    simulate_xid(core, broken, 79)
-    done = wait_for(lambda: completed(o := objects.incident(broken)) and o, "dry-run incident")
+    scene.start()
+    scene.xid()
+    done = scene.completed("dry-run incident", timeout=60)
     assert completed(done) == "DryRun"
     assert done["spec"]["dryRun"] is True
     for type_ in ("Cordoned", "SlurmDrained", "Drained", "ReplacementClaimed"):
@@ -769,25 +584,16 @@ def test_a_standby_with_a_skewed_clock_never_leads_beside_the_holder(
 
 
 def test_replace_waits_for_approval_across_a_sigkill(
-    sandbox: Sandbox,
-    case: Callable[..., list[str]],
+    xid79_scene: Callable[..., Xid79Scene],
     objects: Objects,
     run_operator: Callable[..., OperatorProcess],
 ) -> None:
-    core = sandbox.core_v1()
-    (broken,) = case(1)
-    (spare,) = case(1, "spare")
-    cid = case.case_id  # type: ignore[attr-defined]
-    objects.apply("reservepools", pool(f"spares-{cid}", f"{cid}-spare"))
-    objects.apply(
-        "remediationpolicies",
-        policy(f"p-{cid}", f"{cid}-work", [xid79_rule(f"spares-{cid}")],
-               requireApproval=["replace"]),
-    )  # fmt: skip
-    op = run_operator()
-    simulate_xid(core, broken, 79)
+    scene = xid79_scene(requireApproval=["replace"])
+    spare = scene.spares[0]
+    op = scene.start()
+    scene.xid()
     nrem = wait_for(
-        lambda: (o := objects.incident(broken))
+        lambda: (o := scene.incident())
         and (c := condition(o, "Blocked")) and c["reason"] == "ApprovalPending" and o,
         "replace waits for approval",
     )  # fmt: skip

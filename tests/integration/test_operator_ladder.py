@@ -27,19 +27,12 @@ from tests.integration.operator_harness import (
     condition,
     dump,
     hold,
-    wait_for,
-)
-from tests.integration.test_operator_k8s import (
-    case,
-    gpuheal_crds,
-    objects,
     policy,
     pool,
-    run_operator,
+    wait_for,
 )
 
 pytestmark = pytest.mark.integration
-__all__ = ["case", "gpuheal_crds", "objects", "run_operator"]  # fixtures shared with k8s tests
 
 
 def test_xid94_three_times_on_one_gpu_escalates(

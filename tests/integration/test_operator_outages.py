@@ -38,13 +38,12 @@ from tests.integration.operator_harness import (
     completed,
     condition,
     dump,
+    policy,
+    pool,
     wait_for,
 )
-from tests.integration.test_operator_k8s import gpuheal_crds, policy, pool
-from tests.integration.test_operator_slurm import bridge
 
 pytestmark = pytest.mark.integration
-__all__ = ["bridge", "gpuheal_crds"]
 
 #: A job that checkpoints on USR1 and keeps running (it stays RUNNING through the grace, so a
 #: fault can be injected while the bridge's requeue call is under way).

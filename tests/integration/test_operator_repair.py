@@ -39,13 +39,12 @@ from tests.integration.operator_harness import (
     condition,
     dump,
     hold,
+    policy,
+    pool,
     wait_for,
 )
-from tests.integration.test_operator_k8s import case, gpuheal_crds, objects, policy, pool
-from tests.integration.test_operator_slurm import bridge
 
 pytestmark = pytest.mark.integration
-__all__ = ["bridge", "case", "gpuheal_crds", "objects"]  # fixtures shared with other tests
 CHART = REPO / "deploy" / "helm" / "gpuheal"
 SPARE_TAINT = {"key": "gpuheal.io/spare", "effect": "NoSchedule"}
 

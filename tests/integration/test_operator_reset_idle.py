@@ -23,13 +23,11 @@ from tests.integration.operator_harness import (
     condition,
     dump,
     hold,
+    policy,
     wait_for,
 )
-from tests.integration.test_operator_k8s import case, gpuheal_crds, objects, policy
-from tests.integration.test_operator_slurm import bridge
 
 pytestmark = pytest.mark.integration
-__all__ = ["bridge", "case", "gpuheal_crds", "objects"]  # fixtures shared with other tests
 
 
 def _job_state(cluster: SlurmCluster, job: str) -> tuple[str, str]:

@@ -19,42 +19,24 @@ import pytest
 from gpuheal.cli.simulate import simulate_xid
 from gpuheal_dev.sandbox import Sandbox
 from gpuheal_dev.sandbox.slurm import SlurmCluster
-from tests.integration.bridge_harness import start_bridge, stop
 from tests.integration.operator_harness import (
     Objects,
     OperatorProcess,
+    Xid79Scene,
     completed,
     condition,
     dump,
     hold,
+    pdb_blocking,
+    policy,
+    pool,
+    release_pdb,
     wait_for,
+    xid79_rule,
 )
-from tests.integration.test_operator_k8s import gpuheal_crds, policy, pool, xid79_rule
 
 pytestmark = pytest.mark.integration
-__all__ = ["gpuheal_crds"]  # the CRD fixture, shared with test_operator_k8s
-TOKEN = "operator-e2e-token-0123456789abcdef"
 START_RE = re.compile(r"START host=(\S+) restart_count=(\d+) resume_step=(\d+)")
-
-
-@pytest.fixture
-def bridge(
-    tmp_path: Path,
-) -> Iterator[Callable[..., tuple[str, Path, subprocess.Popen[bytes]]]]:
-    """``bridge(cluster, port=None)``: (url, the operator's token file, process); the same
-    ``port`` again restarts it with its idempotency store."""
-    procs: list[subprocess.Popen[bytes]] = []
-
-    def start(
-        cluster: SlurmCluster, port: int | None = None
-    ) -> tuple[str, Path, subprocess.Popen[bytes]]:
-        b = start_bridge(cluster, tmp_path, token=TOKEN, port=port)
-        procs.append(b.proc)
-        return b.url, b.operator_token, b.proc
-
-    yield start
-    for proc in procs:
-        stop(proc)
 
 
 def _job(cluster: SlurmCluster, job: str) -> tuple[str, str]:
@@ -67,24 +49,16 @@ def _node(cluster: SlurmCluster, node: str) -> str:
     return cluster.run("scontrol", "show", "node", node, "-o").stdout
 
 
-def test_xid79_drains_and_requeues_in_slurm_and_resumes_the_spare(  # noqa: PLR0917
-    sandbox: Sandbox,
-    own_gpu_nodes: Callable[..., list[str]],
-    make_slurm_cluster: Callable[..., SlurmCluster],
-    bridge: Callable[..., tuple[str, Path, subprocess.Popen[bytes]]],
+def test_xid79_drains_and_requeues_in_slurm_and_resumes_the_spare(
+    xid79_scene: Callable[..., Xid79Scene],
     checkpoint_job: Path,
     tmp_path: Path,
-    gpuheal_crds: None,
 ) -> None:
-    core = sandbox.core_v1()
-    cid = os.urandom(3).hex()
-    broken, other = own_gpu_nodes(2, **{"gpuheal.io/case": f"{cid}-work"})
-    (spare,) = own_gpu_nodes(1, **{"gpuheal.io/case": f"{cid}-spare"})
-    objects = Objects(sandbox.api_client())
-    cluster = make_slurm_cluster([broken, other, spare], name="op")
-    # The spare waits drained by an admin ("reserve"); promotion resumes it (force).
-    cluster.run("scontrol", "update", f"NodeName={spare}", "State=DRAIN", "Reason=reserve pool")
-    url, token_file, _ = bridge(cluster)
+    # The spare waits drained as the pool leaves it ("reserve pool"); promotion resumes it.
+    scene = xid79_scene(work=2, slurm=True)
+    (broken, other), (spare,) = scene.work, scene.spares
+    objects, cluster = scene.objects, scene.cluster
+    assert cluster is not None
 
     ckpt, out = tmp_path / "ckpt.state", tmp_path / "ckpt.out"
     # Land the job on `broken` without pinning it there (a pinned job could not move).
@@ -96,26 +70,13 @@ def test_xid79_drains_and_requeues_in_slurm_and_resumes_the_spare(  # noqa: PLR0
     cluster.run("scontrol", "update", f"NodeName={other}", "State=RESUME")
     wait_for(lambda: ckpt.exists() and int(ckpt.read_text() or 0) >= 3, "3 checkpointed steps")
 
-    pool_manifest = pool(f"spares-{cid}", f"{cid}-spare")
-    pool_manifest["spec"]["promotion"]["slurm"] = {"resume": True}
-    objects.apply("reservepools", pool_manifest)
-    objects.apply(
-        "remediationpolicies",
-        policy(f"p-{cid}", f"{cid}-work", [xid79_rule(f"spares-{cid}")]),
-    )
-    op = OperatorProcess(
-        Path(sandbox.kubeconfig), tmp_path,
-        ["--bridge-url", url, "--bridge-token-file", str(token_file)],
-    ).start()  # fmt: skip
+    op = scene.start()
     try:
         t0 = time.monotonic()
-        simulate_xid(core, broken, 79)
-        nrem = wait_for(lambda: objects.incident(broken), "NodeRemediation")
+        scene.xid()
+        nrem = wait_for(scene.incident, "NodeRemediation")
         name = nrem["metadata"]["name"]
-        done = wait_for(
-            lambda: completed(o := objects.get("noderemediations", name)) and o,
-            "incident completed", timeout=120,
-        )  # fmt: skip
+        done = scene.completed(timeout=120)
         elapsed = time.monotonic() - t0
         print(f"\nXID 79 -> replaced in {elapsed:.2f}s; timeline:")
         for e in done["status"]["timeline"]:
@@ -153,7 +114,6 @@ def test_xid79_drains_and_requeues_in_slurm_and_resumes_the_spare(  # noqa: PLR0
         assert "Restarts=1" in cluster.run("scontrol", "show", "job", job).stdout
     finally:
         op.stop()
-        objects.cleanup([broken, other, spare])
 
 
 def test_a_spare_an_admin_drained_or_cordoned_is_skipped_and_the_pool_says_why(  # noqa: PLR0917
@@ -297,48 +257,28 @@ def test_xid94_bridge_down_then_back_returns_only_what_gpuheal_drained(  # noqa:
 def test_sigkill_at_each_held_step_of_an_xid79_repeats_nothing(  # noqa: PLR0917
     sandbox: Sandbox,
     namespace: str,
-    own_gpu_nodes: Callable[..., list[str]],
-    make_slurm_cluster: Callable[..., SlurmCluster],
+    xid79_scene: Callable[..., Xid79Scene],
     bridge: Callable[..., tuple[str, Path, subprocess.Popen[bytes]]],
     checkpoint_job: Path,
     tmp_path: Path,
-    gpuheal_crds: None,
 ) -> None:
     """The operator is SIGKILLed while the incident waits at each step that can wait: Slurm
     drain (bridge down), pod drain (PDB), replace (approval). Each time a new process picks
     it up. In the end: one cordon, one requeue of the job, one spare claimed."""
-    from tests.integration.test_operator_k8s import _pdb_blocking, _release_pdb
-
-    core = sandbox.core_v1()
-    cid = os.urandom(3).hex()
-    broken, other = own_gpu_nodes(2, **{"gpuheal.io/case": f"{cid}-work"})
-    spares = own_gpu_nodes(2, **{"gpuheal.io/case": f"{cid}-spare"})
-    objects = Objects(sandbox.api_client())
-    cluster = make_slurm_cluster([broken, other, *spares], name="kill")
+    scene = xid79_scene(work=2, spares=2, slurm=True, requireApproval=["replace"])
+    (broken, other), spares = scene.work, scene.spares
+    objects, cluster, proc = scene.objects, scene.cluster, scene.bridge_proc
+    assert cluster is not None
+    assert proc is not None
     cluster.run("scontrol", "update", f"NodeName={other}", "State=DRAIN", "Reason=hold")
-    for n in spares:  # the pool's own drain ("reserve pool"), which promotion lifts
-        cluster.run("scontrol", "update", f"NodeName={n}", "State=DRAIN", "Reason=reserve pool")
     ckpt, out = tmp_path / "ckpt.state", tmp_path / "ckpt.out"
     job = cluster.run(
         "sbatch", "--parsable", "-o", str(out), str(checkpoint_job), str(ckpt), "0.2"
     ).stdout.strip()
     wait_for(lambda: _job(cluster, job) == ("RUNNING", broken), f"job {job} on {broken}")
     cluster.run("scontrol", "update", f"NodeName={other}", "State=RESUME")
-    pol = _pdb_blocking(sandbox, namespace, broken)
-    url, token_file, proc = bridge(cluster)
-    port = int(url.rsplit(":", 1)[1])
-    pool_manifest = pool(f"spares-{cid}", f"{cid}-spare")
-    pool_manifest["spec"]["promotion"]["slurm"] = {"resume": True}
-    objects.apply("reservepools", pool_manifest)
-    objects.apply(
-        "remediationpolicies",
-        policy(f"p-{cid}", f"{cid}-work", [xid79_rule(f"spares-{cid}")],
-               requireApproval=["replace"]),
-    )  # fmt: skip
-    op = OperatorProcess(
-        Path(sandbox.kubeconfig), tmp_path,
-        ["--bridge-url", url, "--bridge-token-file", str(token_file)],
-    ).start()  # fmt: skip
+    pol = pdb_blocking(sandbox, namespace, broken)
+    op = scene.start()
 
     def blocked(reason: str) -> Callable[[], Any]:
         return lambda: (
@@ -349,17 +289,17 @@ def test_sigkill_at_each_held_step_of_an_xid79_repeats_nothing(  # noqa: PLR0917
     try:
         proc.terminate()
         proc.wait(timeout=10)
-        simulate_xid(core, broken, 79)
+        scene.xid()
         wait_for(blocked("BridgeUnavailable"), "Slurm step waits for the bridge", timeout=30)
         name = objects.incident(broken)["metadata"]["name"]
         cordoned_at = condition(objects.incident(broken), "Cordoned")["lastTransitionTime"]
         op.kill()  # 1: in the Slurm step
-        bridge(cluster, port)
+        bridge(cluster, scene.bridge_port)
         op.start()
         wait_for(blocked("PodDisruptionBudget"), "drain held by the PDB", timeout=60)
         assert condition(objects.incident(broken), "SlurmDrained")["reason"] == "Drained"
         op.kill()  # 2: in the drain step
-        _release_pdb(pol, namespace)
+        release_pdb(pol, namespace)
         op.start()
         wait_for(blocked("ApprovalPending"), "replace waits for approval", timeout=60)
         op.kill()  # 3: before replace
@@ -383,7 +323,6 @@ def test_sigkill_at_each_held_step_of_an_xid79_repeats_nothing(  # noqa: PLR0917
         assert "Restarts=1" in cluster.run("scontrol", "show", "job", job).stdout
     finally:
         op.stop()
-        objects.cleanup([broken, other, *spares])
 
 
 def _slurm_state(cluster: SlurmCluster, node: str) -> str:

@@ -19,11 +19,16 @@ import pytest
 
 from gpuheal.cli.simulate import simulate_xid
 from gpuheal_dev.sandbox import Sandbox
-from tests.integration.operator_harness import Objects, OperatorProcess, dump, hold, wait_for
-from tests.integration.test_operator_k8s import case, gpuheal_crds, objects, policy, run_operator
+from tests.integration.operator_harness import (
+    Objects,
+    OperatorProcess,
+    dump,
+    hold,
+    policy,
+    wait_for,
+)
 
 pytestmark = pytest.mark.integration
-__all__ = ["case", "gpuheal_crds", "objects", "run_operator"]  # fixtures shared with k8s tests
 
 UUID = "GPU-8f6c1d2e-1111-2222-3333-444455556666"
 

@@ -20,15 +20,9 @@ from tests.integration.operator_harness import (
     OperatorProcess,
     condition,
     node_events,
-    wait_for,
-)
-from tests.integration.test_operator_k8s import (  # noqa: F401 - fixtures
-    case,
-    gpuheal_crds,
-    objects,
     policy,
     pool,
-    run_operator,
+    wait_for,
     xid79_rule,
 )
 
@@ -48,9 +42,9 @@ def _condition_is(
 
 
 def test_a_missing_reserve_pool_is_a_warning_until_it_exists(
-    case: Callable[..., list[str]],  # noqa: F811
-    objects: Objects,  # noqa: F811
-    run_operator: Callable[..., OperatorProcess],  # noqa: F811
+    case: Callable[..., list[str]],
+    objects: Objects,
+    run_operator: Callable[..., OperatorProcess],
 ) -> None:
     case(1)
     cid = case.case_id  # type: ignore[attr-defined]
@@ -72,9 +66,9 @@ def test_a_missing_reserve_pool_is_a_warning_until_it_exists(
 
 
 def test_a_policy_whose_selector_matches_no_node_says_so_until_it_does(
-    case: Callable[..., list[str]],  # noqa: F811
-    objects: Objects,  # noqa: F811
-    run_operator: Callable[..., OperatorProcess],  # noqa: F811
+    case: Callable[..., list[str]],
+    objects: Objects,
+    run_operator: Callable[..., OperatorProcess],
 ) -> None:
     case(1)
     cid = case.case_id  # type: ignore[attr-defined]
@@ -128,9 +122,9 @@ def _stored(store: Objects, body: dict[str, Any]) -> bool:
 
 
 def test_a_stored_pool_the_operator_cannot_read_says_so_until_fixed(
-    case: Callable[..., list[str]],  # noqa: F811
-    objects: Objects,  # noqa: F811
-    run_operator: Callable[..., OperatorProcess],  # noqa: F811
+    case: Callable[..., list[str]],
+    objects: Objects,
+    run_operator: Callable[..., OperatorProcess],
     sandbox: Sandbox,
 ) -> None:
     case(1)
@@ -176,9 +170,9 @@ def test_a_stored_pool_the_operator_cannot_read_says_so_until_fixed(
 
 def test_the_turn2_pool_with_partition_applies_and_its_status_says_what_to_do(
     sandbox: Sandbox,
-    case: Callable[..., list[str]],  # noqa: F811
-    objects: Objects,  # noqa: F811
-    run_operator: Callable[..., OperatorProcess],  # noqa: F811
+    case: Callable[..., list[str]],
+    objects: Objects,
+    run_operator: Callable[..., OperatorProcess],
 ) -> None:
     """The ReservePool as written against the first CRDs (`promotion.slurm.partition`,
     removed later) still applies on the real API server, and the operator says on its

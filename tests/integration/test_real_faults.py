@@ -11,9 +11,7 @@ how many steps were lost), what Slurm shows, and what the NodeRemediation says p
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -32,16 +30,14 @@ from gpuheal_dev.sandbox.slurm import SlurmCluster
 from tests.integration.operator_harness import (
     Objects,
     OperatorProcess,
+    Xid79Scene,
     condition,
     dump,
     node_events,
     wait_for,
 )
-from tests.integration.test_operator_k8s import gpuheal_crds, policy
-from tests.integration.test_operator_slurm import bridge
 
 pytestmark = pytest.mark.integration
-__all__ = ["bridge", "gpuheal_crds"]
 
 CKPT_EVERY, STEP_S = 10, 0.05
 GRACE = "2s"
@@ -185,39 +181,36 @@ MakeScene = Callable[..., Scene]
 
 
 @pytest.fixture
-def make_scene(  # noqa: PLR0917 - pytest passes fixtures positionally
-    sandbox: Sandbox,
-    own_gpu_nodes: Callable[..., list[str]],
-    make_slurm_cluster: Callable[..., SlurmCluster],
-    bridge: Callable[..., tuple[str, Path, subprocess.Popen[bytes]]],
-    tmp_path: Path,
-    gpuheal_crds: None,
+def make_scene(
+    sandbox: Sandbox, xid79_scene: Callable[..., Xid79Scene], tmp_path: Path
 ) -> Iterator[MakeScene]:
-    """``make_scene(unkillable=60, **slurmDrain options)``: one scene per test."""
+    """``make_scene(unkillable=60, **slurmDrain options)``: one scene per test, the operator
+    running (the XID 79 scene with three nodes in Slurm, no spares, the requeue ladder)."""
     made: list[Scene] = []
 
     def make(unkillable: int = 60, **slurm_drain: Any) -> Scene:
-        cid = os.urandom(3).hex()
-        nodes = own_gpu_nodes(3, **{"gpuheal.io/case": cid})
-        cluster = make_slurm_cluster(nodes, name="faults", unkillable_step_timeout=unkillable)
+        world = xid79_scene(
+            work=3,
+            spares=0,
+            slurm={"unkillable_step_timeout": unkillable},
+            rules=[rule(**slurm_drain)],
+        )
+        cluster = world.cluster
+        assert cluster is not None
         print(f"\nSlurm sandbox: proctrack/{cluster.proctrack} ({cluster.proctrack_reason})")
-        url, token_file, _ = bridge(cluster)
-        objects = Objects(sandbox.api_client())
-        objects.apply("remediationpolicies", policy(f"p-{cid}", cid, [rule(**slurm_drain)]))
-        args = ["--bridge-url", url, "--bridge-token-file", str(token_file)]
-        op = OperatorProcess(Path(sandbox.kubeconfig), tmp_path, args).start()
-        sc = Scene(sandbox, nodes, cluster, objects, op, FakeGpus(cluster.root / "gpus"), tmp_path)
+        op = world.start()
+        gpus = FakeGpus(cluster.root / "gpus")
+        sc = Scene(sandbox, world.work, cluster, world.objects, op, gpus, tmp_path)
         made.append(sc)
         return sc
 
     yield make
-    for sc in made:
+    for sc in made:  # the nodes and the incidents go with the XID 79 scene
         sc.op.stop()
         for job in sc.jobs:
             sc.cluster.run("scancel", str(job), check=False)
         for n in sc.nodes:
             sc.gpus.heal(n)
-        sc.objects.cleanup(sc.nodes)
 
 
 @pytest.fixture

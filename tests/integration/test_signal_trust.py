@@ -25,21 +25,20 @@ from kubernetes.client.rest import ApiException
 
 from gpuheal.cli.simulate import kernel_line, xid_event
 from gpuheal_dev.sandbox import Sandbox
-from tests.integration.operator_harness import Objects, OperatorProcess, hold, wait_for
+from tests.integration.operator_harness import (
+    Objects,
+    OperatorProcess,
+    cordon_only_rule,
+    hold,
+    policy,
+    wait_for,
+)
 from tests.integration.test_agent_sandbox import (  # noqa: F401 - fixtures
     FAULT_LOG,
     delete_agent_events,
     node_agent_kubeconfig,
     release,
     run_agent,
-)
-from tests.integration.test_operator_k8s import (  # noqa: F401 - fixtures
-    case,
-    cordon_only_rule,
-    gpuheal_crds,
-    objects,
-    policy,
-    run_operator,
 )
 
 pytestmark = pytest.mark.integration
@@ -145,9 +144,9 @@ def test_a_forged_event_starts_nothing_while_the_agents_own_event_does(  # noqa:
     sandbox: Sandbox,
     release: tuple[str, str],  # noqa: F811
     ci_bot: tuple[str, Path],
-    case: Callable[..., list[str]],  # noqa: F811
-    objects: Objects,  # noqa: F811
-    run_operator: Callable[..., OperatorProcess],  # noqa: F811
+    case: Callable[..., list[str]],
+    objects: Objects,
+    run_operator: Callable[..., OperatorProcess],
     tmp_path: Path,
 ) -> None:
     forged_on, agent_on = case(2)
