@@ -6,6 +6,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -19,9 +20,11 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 from kubernetes import client
+from kubernetes import config as k8s_config
 from kubernetes.client.rest import ApiException
 
 from gpuheal.cli.simulate import simulate_xid
+from gpuheal.remediation.lease import LEASE_NAME
 from gpuheal.xid.identity import (
     GPU_MAP_ANNOTATION,
     GPU_REPORT_ANNOTATION,
@@ -35,6 +38,7 @@ if TYPE_CHECKING:
 
 REPO = Path(__file__).resolve().parents[2]
 GROUP, VERSION = "gpuheal.io", "v1alpha1"
+LEASE_NAMESPACE = "default"  # the operator's own namespace as `OperatorProcess` runs it
 
 
 def free_port() -> int:
@@ -83,7 +87,7 @@ class OperatorProcess:
             "--kubeconfig", str(self.kubeconfig),
             "--metrics-port", str(self.metrics_port),
             "--health-port", str(self.health_port),
-            "--namespace", "default",
+            "--namespace", LEASE_NAMESPACE,
             "--log-format", "json",
             "--retry-interval", "0.5",
             "--lease-duration", "3",
@@ -130,6 +134,37 @@ class OperatorProcess:
                 name, _, value = line.rpartition(" ")
                 out[name] = float(value)
         return out
+
+    def delete_dead_lease(self) -> None:
+        """After this process died holding the Lease, delete it, as a person would
+        (`kubectl delete lease`) rather than wait it out: the next process leads at once. Only
+        if this process, dead, still holds it (the holder named in its log, the delete made
+        on the resourceVersion read), so that a live leader's Lease is never taken away."""
+        assert self.proc is not None
+        assert self.proc.poll() is not None, "still running: its Lease is not a dead one"
+        held = re.findall(
+            rf"holding Lease {LEASE_NAMESPACE}/{LEASE_NAME} as ([^\s\"]+)", self.log()
+        )
+        assert held, f"the process never held the Lease:\n{self.log()[-3000:]}"
+        api = client.CoordinationV1Api(k8s_config.new_client_from_config(str(self.kubeconfig)))
+        try:
+            lease = api.read_namespaced_lease(LEASE_NAME, LEASE_NAMESPACE)
+            if lease.spec.holder_identity != held[-1]:
+                return  # released or taken over already: nothing to free
+            api.delete_namespaced_lease(
+                LEASE_NAME,
+                LEASE_NAMESPACE,
+                body=client.V1DeleteOptions(
+                    preconditions=client.V1Preconditions(
+                        resource_version=lease.metadata.resource_version
+                    )
+                ),
+            )
+        except ApiException as exc:
+            if exc.status not in (404, 409):  # gone, or written since: not ours to delete
+                raise
+        finally:
+            api.api_client.close()
 
     def kill(self) -> None:
         """SIGKILL: no clean-up handlers run (a crash or an OOM kill)."""
