@@ -90,7 +90,10 @@ class OperatorProcess:
             "--namespace", LEASE_NAMESPACE,
             "--log-format", "json",
             "--retry-interval", "0.5",
-            "--lease-duration", "3",
+            # The chart's Lease (15 s): a shorter one is lost whenever a loaded machine holds
+            # the event loop past its renew deadline, and the tests about the Lease pass 3.
+            # A test that kills a process deletes its dead Lease (`delete_dead_lease`).
+            "--lease-duration", "15",
             "--sources", "conditions,events",
             # The tests' faults are what node-problem-detector's kernel monitor posts
             # (`gpuheal simulate xid`); the trust tests pass the default back.

@@ -106,6 +106,7 @@ def test_sigkill_between_two_xid94s_on_one_gpu_still_escalates_on_the_third(
             f"FaultHistory with {n} fault(s) and {n} outcome(s)",
         )
         op.kill()  # SIGKILL: nothing of this process survives
+        op.delete_dead_lease()
         _forget_the_past(core, objects, node)
         op = run_operator()
 
@@ -329,5 +330,6 @@ def test_a_low_pool_asks_its_refill_webhook_once_per_shortfall(
     assert key.startswith(f"{name}-")
     # The same shortfall is not asked again: not by this process, nor after a restart.
     op.kill()
+    op.delete_dead_lease()
     run_operator()
     hold(lambda: len(calls) == 1, "one request for one shortfall", 8)

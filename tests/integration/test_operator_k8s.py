@@ -182,6 +182,7 @@ def test_sigkill_mid_drain_then_restart_repeats_nothing_and_replays_start_nothin
     cordoned_at = condition(before, "Cordoned")["lastTransitionTime"]
 
     op.kill()  # SIGKILL in the middle of the drain step
+    op.delete_dead_lease()
     release_pdb(pol, namespace)
     op2 = run_operator()
 
@@ -552,7 +553,7 @@ def test_a_standby_with_a_skewed_clock_never_leads_beside_the_holder(
     objects: Objects,
     run_operator: Callable[..., OperatorProcess],
 ) -> None:
-    """Clocks a minute apart (the harness's Lease: 3 s). A standby whose clock runs ahead
+    """Clocks a minute apart (these copies' Lease: 3 s). A standby whose clock runs ahead
     reads the holder's renewTime as a minute old; one whose clock runs behind reads it as a
     minute ahead. Neither may matter: a standby takes the Lease after 3 s of no change on its
     own monotonic clock, not before, and not a minute late."""
@@ -560,8 +561,9 @@ def test_a_standby_with_a_skewed_clock_never_leads_beside_the_holder(
     (node,) = case(1)
     cid = case.case_id  # type: ignore[attr-defined]
     objects.apply("remediationpolicies", policy(f"p-{cid}", f"{cid}-work", [cordon_only_rule(94)]))
-    holder = run_operator()
-    ahead = run_operator(wait_started=False, env={"GPUHEAL_TEST_CLOCK_SKEW": "60"})
+    short = ("--lease-duration", "3")
+    holder = run_operator(*short)
+    ahead = run_operator(*short, wait_started=False, env={"GPUHEAL_TEST_CLOCK_SKEW": "60"})
     wait_for(lambda: "standing by" in ahead.log(), "the ahead copy standing by")
     assert holder.proc is not None
     hold(
@@ -574,7 +576,7 @@ def test_a_standby_with_a_skewed_clock_never_leads_beside_the_holder(
     wait_for(lambda: "gpuheal started" in ahead.log(), "the ahead copy takes over", timeout=30)
     simulate_xid(core, node, 94)
     wait_for(lambda: objects.node(node).spec.unschedulable, "cordoned by the new holder")
-    behind = run_operator(wait_started=False, env={"GPUHEAL_TEST_CLOCK_SKEW": "-60"})
+    behind = run_operator(*short, wait_started=False, env={"GPUHEAL_TEST_CLOCK_SKEW": "-60"})
     wait_for(lambda: "standing by" in behind.log(), "the behind copy standing by")
     hold(lambda: "gpuheal started" not in behind.log(), "still one leader", 6)
     ahead.kill()
@@ -601,6 +603,7 @@ def test_replace_waits_for_approval_across_a_sigkill(
     assert "gpuheal.io/approve=replace" in condition(nrem, "Blocked")["message"]
     assert condition(nrem, "Drained")["status"] == "True"
     op.kill()
+    op.delete_dead_lease()
     run_operator()
     hold(lambda: CLAIMED_BY not in objects.node(spare).metadata.labels, "no spare unapproved", 2)
     objects.patch("noderemediations", name,
