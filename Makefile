@@ -54,10 +54,11 @@ system-deps:
 
 # The integration tests wait far more than they compute: XDIST pytest-xdist workers run them
 # side by side, each with its own sandbox (README, Tests); XDIST=0 runs them one after another
-# in one process. The 15 slowest are listed at the end of each run.
+# in one process. The 15 slowest are listed at the end of each run. Every integration test
+# lives in tests/integration: the workers collect only that folder.
 XDIST ?= 2
 integration: venv bins system-deps
-	$(VENV)/bin/pytest -m "integration" -n $(XDIST) --durations=15 $(PYTEST_ARGS)
+	$(VENV)/bin/pytest tests/integration -m "integration" -n $(XDIST) --durations=15 $(PYTEST_ARGS)
 
 kind: venv
 	$(VENV)/bin/pytest -m "kind" $(PYTEST_ARGS)
