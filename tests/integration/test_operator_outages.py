@@ -444,3 +444,59 @@ def test_operator_cut_off_from_the_bridge(  # noqa: PLR0917
     finally:
         s.op.stop()
         s.objects.cleanup([s.broken, s.other, s.spare])
+
+
+def _unavailable_calls(scene: Scene) -> dict[str, float]:
+    """The operator's failed bridge calls (gpuheal_bridge_calls_total, result unavailable)
+    by operation."""
+    got: dict[str, float] = {}
+    for key, value in scene.op.metrics().items():
+        if key.startswith("gpuheal_bridge_calls_total{") and 'result="unavailable"' in key:
+            op = re.search(r'operation="([^"]+)"', key)
+            got[op.group(1) if op else key] = got.get(op.group(1) if op else key, 0) + value
+    return got
+
+
+def test_operator_backs_off_while_the_bridge_refuses_connections(  # noqa: PLR0917
+    sandbox: Sandbox,
+    own_gpu_nodes: Callable[..., list[str]],
+    make_slurm_cluster: Callable[..., SlurmCluster],
+    bridge: Bridge,
+    tmp_path: Path,
+    gpuheal_crds: None,
+) -> None:
+    """The bridge's port closed for 20 s from the fault on: the operator retries the Slurm
+    drain (and the early spare claim's Slurm resume beside it) with its backoff (1, 2, 4,
+    8 s...), not at once: a failed early claim used to wake the driver, whose pass failed
+    the drain and started the claim again (hundreds of calls in seconds). The bridge back,
+    the incident completes, every effect once."""
+    s = _setup(sandbox, own_gpu_nodes, make_slurm_cluster, bridge, tmp_path, "backoff", None)
+    try:
+        s.bridge_proc.terminate()
+        s.bridge_proc.wait(timeout=10)
+        simulate_xid(sandbox.core_v1(), s.broken, 79)
+        wait_for(s.incident, "NodeRemediation")
+        cut = 20.0
+        time.sleep(cut)
+        calls = _unavailable_calls(s)
+        _, _, s.bridge_proc = bridge(s.cluster, s.port)
+        # Passes at 0, 1, 3, 7, 15 s (each wait twice the last): 5 in 20 s, each with at
+        # most one drain call and one early-claim resume; 2 passes of slack (a new signal,
+        # the claim's own wake-up) -> at most 14 failed calls.
+        passes, t, step = 1, 0.0, 1.0
+        while t + step <= cut:
+            passes, t, step = passes + 1, t + step, step * 2
+        bound = 2 * (passes + 2)
+        total = sum(calls.values())
+        assert calls.get("drain", 0) >= 1, calls  # it did try
+        assert total <= bound, (
+            f"{total:.0f} failed bridge calls in {cut:.0f} s with the bridge's port closed "
+            f"({calls}): more than {bound} (the backoff's {passes} passes, two calls each, "
+            "and two spare): the operator retries a refused bridge without backing off"
+        )
+        done = _check_end(s)
+        _result("bridge_refused_backoff", cut_s=f"{cut:.0f}", failed_calls=f"{total:.0f}",
+                bound=bound, incidents_completed=1 if done else 0)  # fmt: skip
+    finally:
+        s.op.stop()
+        s.objects.cleanup([s.broken, s.other, s.spare])

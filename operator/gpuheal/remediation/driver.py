@@ -554,20 +554,24 @@ def _reserve_spare(
     pool = step.replace.reserve_pool_ref.name
 
     async def claim() -> steps.StepResult:
-        try:
-            return await steps.replace(
-                ports.require_kube(),
-                partial(ports.slurm_for, cluster),
-                cluster.pools.get(pool),
-                pool,
-                list(cluster.nodes.values()),
-                cluster.spares_out_in_slurm,
-                node=nrem.spec.node_name,
-                incident=name,
-                retry_after=ports.config.retry_interval,
-            )
-        finally:
+        result = await steps.replace(
+            ports.require_kube(),
+            partial(ports.slurm_for, cluster),
+            cluster.pools.get(pool),
+            pool,
+            list(cluster.nodes.values()),
+            cluster.spares_out_in_slurm,
+            node=nrem.spec.node_name,
+            incident=name,
+            retry_after=ports.config.retry_interval,
+        )
+        # Only a claimed spare wakes the driver (its pass records it). A claim that failed
+        # or waits (the bridge refused, no spare) waits for the driver's next pass, on its
+        # backoff: waking it made the pass fail the Slurm drain at once and start the claim
+        # again, each failure waking the next (hundreds of bridge calls a second).
+        if result.kind == "done":
             wake(books, name)
+        return result
 
     books.reservations[name] = asyncio.create_task(claim(), name=f"reserve:{name}")
 
