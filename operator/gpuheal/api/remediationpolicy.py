@@ -537,17 +537,25 @@ class DrainOptions(Model):
         return self
 
 
+def _ref_name(kind: str) -> Any:
+    """The name of the ConfigMap or Secret a ref points at."""
+    return Field(
+        max_length=MAX_NAME, pattern=DNS_SUBDOMAIN_PATTERN, description=f"The {kind}'s name."
+    )
+
+
+def _data_key(holds: str) -> Any:
+    """A key of a ConfigMap's or Secret's data (Kubernetes' own limits on one)."""
+    return Field(
+        max_length=253, pattern=r"^[-._a-zA-Z0-9]+$", description=f"The key whose value is {holds}."
+    )
+
+
 class ConfigMapKeyRef(Model):
     """A key of a ConfigMap in the Job's namespace."""
 
-    name: str = Field(
-        max_length=MAX_NAME, pattern=DNS_SUBDOMAIN_PATTERN, description="The ConfigMap's name."
-    )
-    key: str = Field(
-        max_length=253,
-        pattern=r"^[-._a-zA-Z0-9]+$",
-        description="The key whose value is the JobSpec (YAML).",
-    )
+    name: str = _ref_name("ConfigMap")
+    key: str = _data_key("the JobSpec (YAML)")
 
 
 _JOB_RULES = (
@@ -645,14 +653,8 @@ class SecretKeyRef(Model):
     release namespace), which the operator must be allowed to ``get`` (the chart's
     ``notifications.policySecrets``)."""
 
-    name: str = Field(
-        max_length=MAX_NAME, pattern=DNS_SUBDOMAIN_PATTERN, description="The Secret's name."
-    )
-    key: str = Field(
-        max_length=253,
-        pattern=r"^[-._a-zA-Z0-9]+$",
-        description="The key whose value is the webhook URL.",
-    )
+    name: str = _ref_name("Secret")
+    key: str = _data_key("the webhook URL")
 
 
 _NOTIFY_RULES = (
