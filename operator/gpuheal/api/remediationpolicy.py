@@ -33,6 +33,7 @@ from gpuheal.api.meta import (
     ObjectRef,
     PositiveDuration,
     Resource,
+    Status,
     cel,
     cel_int,
     cel_str,
@@ -1393,12 +1394,9 @@ class RemediationPolicySpec(Model):
         return self
 
 
-class RemediationPolicyStatus(Model):
+class RemediationPolicyStatus(Status):
     """What the operator last saw for this policy (written by gpuheal only)."""
 
-    observed_generation: int | None = Field(
-        default=None, ge=0, description="The metadata.generation this status describes."
-    )
     selected_nodes: int = Field(default=0, description="Nodes the nodeSelector selects.")
     unhealthy_nodes: int = Field(
         default=0, description="Selected nodes with an open incident or a signal."
