@@ -27,6 +27,7 @@ from gpuheal.api.meta import (
     Duration,
     Model,
     Resource,
+    Status,
     cel,
     column,
     conditions_field,
@@ -181,12 +182,9 @@ class FaultHistorySpec(Model):
     )
 
 
-class FaultHistoryStatus(Model):
+class FaultHistoryStatus(Status):
     """The record (written by gpuheal only): entries in time order and one line per GPU."""
 
-    observed_generation: int | None = Field(
-        default=None, ge=0, description="The metadata.generation this status describes."
-    )
     retention: Duration | None = Field(
         default=None,
         description="The retention applied at the last write (the node's policy's "

@@ -674,6 +674,14 @@ class Resource(Model):
     metadata: ObjectMeta = Field(description="Standard object metadata.")
 
 
+class Status(Model):
+    """What every gpuheal status starts with (written by gpuheal only)."""
+
+    observed_generation: int | None = Field(
+        default=None, ge=0, description="The metadata.generation this status describes."
+    )
+
+
 @dataclasses.dataclass(frozen=True)
 class CrdInfo:
     """What the CRD document needs besides the schema (names, columns, subresources)."""

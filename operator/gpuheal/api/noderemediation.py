@@ -18,6 +18,7 @@ from gpuheal.api.meta import (
     Model,
     ObjectRef,
     Resource,
+    Status,
     cel,
     column,
     condition_column,
@@ -244,12 +245,9 @@ class TimelineEntry(Model):
     message: str = Field(default="", max_length=MAX_MESSAGE, description="What happened.")
 
 
-class NodeRemediationStatus(Model):
+class NodeRemediationStatus(Status):
     """Progress of the incident (written by gpuheal only)."""
 
-    observed_generation: int | None = Field(
-        default=None, ge=0, description="The metadata.generation this status describes."
-    )
     rung: int = Field(default=0, ge=0, description="Index into spec.ladder being executed.")
     next_step: int = Field(default=0, ge=0, description="Index of the next step in the rung.")
     requeued_jobs: list[RequeuedJob] = list_of(1024, "Slurm jobs requeued by this incident.")

@@ -33,6 +33,7 @@ from gpuheal.api.meta import (
     ObjectRef,
     PositiveDuration,
     Resource,
+    Status,
     cel,
     cel_int,
     cel_str,
@@ -537,17 +538,25 @@ class DrainOptions(Model):
         return self
 
 
+def _ref_name(kind: str) -> Any:
+    """The name of the ConfigMap or Secret a ref points at."""
+    return Field(
+        max_length=MAX_NAME, pattern=DNS_SUBDOMAIN_PATTERN, description=f"The {kind}'s name."
+    )
+
+
+def _data_key(holds: str) -> Any:
+    """A key of a ConfigMap's or Secret's data (Kubernetes' own limits on one)."""
+    return Field(
+        max_length=253, pattern=r"^[-._a-zA-Z0-9]+$", description=f"The key whose value is {holds}."
+    )
+
+
 class ConfigMapKeyRef(Model):
     """A key of a ConfigMap in the Job's namespace."""
 
-    name: str = Field(
-        max_length=MAX_NAME, pattern=DNS_SUBDOMAIN_PATTERN, description="The ConfigMap's name."
-    )
-    key: str = Field(
-        max_length=253,
-        pattern=r"^[-._a-zA-Z0-9]+$",
-        description="The key whose value is the JobSpec (YAML).",
-    )
+    name: str = _ref_name("ConfigMap")
+    key: str = _data_key("the JobSpec (YAML)")
 
 
 _JOB_RULES = (
@@ -645,14 +654,8 @@ class SecretKeyRef(Model):
     release namespace), which the operator must be allowed to ``get`` (the chart's
     ``notifications.policySecrets``)."""
 
-    name: str = Field(
-        max_length=MAX_NAME, pattern=DNS_SUBDOMAIN_PATTERN, description="The Secret's name."
-    )
-    key: str = Field(
-        max_length=253,
-        pattern=r"^[-._a-zA-Z0-9]+$",
-        description="The key whose value is the webhook URL.",
-    )
+    name: str = _ref_name("Secret")
+    key: str = _data_key("the webhook URL")
 
 
 _NOTIFY_RULES = (
@@ -1391,12 +1394,9 @@ class RemediationPolicySpec(Model):
         return self
 
 
-class RemediationPolicyStatus(Model):
+class RemediationPolicyStatus(Status):
     """What the operator last saw for this policy (written by gpuheal only)."""
 
-    observed_generation: int | None = Field(
-        default=None, ge=0, description="The metadata.generation this status describes."
-    )
     selected_nodes: int = Field(default=0, description="Nodes the nodeSelector selects.")
     unhealthy_nodes: int = Field(
         default=0, description="Selected nodes with an open incident or a signal."

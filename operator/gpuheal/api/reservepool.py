@@ -18,6 +18,7 @@ from gpuheal.api.meta import (
     Model,
     PositiveDuration,
     Resource,
+    Status,
     cel,
     cel_str,
     column,
@@ -271,12 +272,9 @@ class UnavailableSpare(Model):
     message: str = Field(default="", max_length=512, description="Who and why, in words.")
 
 
-class ReservePoolStatus(Model):
+class ReservePoolStatus(Status):
     """Spares counted by the operator (written by gpuheal only)."""
 
-    observed_generation: int | None = Field(
-        default=None, ge=0, description="The metadata.generation this status describes."
-    )
     available: int = Field(default=0, description="Spares ready to be claimed.")
     claimed: int = Field(default=0, description="Spares claimed by incidents.")
     total: int = Field(default=0, description="Nodes the nodeSelector selects.")

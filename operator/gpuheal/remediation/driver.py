@@ -501,13 +501,18 @@ async def _run_step(  # noqa: PLR0917
         cluster, nrem, NotifyEvent.FAILED, result.reason, f"{label}: {result.message}", rec.now
     )
     ports.metrics.incidents_completed.labels("failed").inc()
+    _post_step_failed(ports, nrem, label, result.message)
+    return None
+
+
+def _post_step_failed(ports: Ports, nrem: NodeRemediation, label: str, message: str) -> None:
+    """The Warning Event of a failed step (a terminal failure or a repair on this rung)."""
     ports.post_event(
         nrem.to_k8s(),
         reason=EventReason.STEP_FAILED,
-        message=f"{label}: {result.message}",
+        message=f"{label}: {message}",
         type_="Warning",
     )
-    return None
 
 
 async def _moved_on(
@@ -812,12 +817,7 @@ async def _repair_failed(
     rec.event(label, f"failed: {result.message}")
     await rec.write(ports.require_kube())
     history.step(books, nrem, label.rpartition("/")[2], rung, f"failed: {result.message}")
-    ports.post_event(
-        nrem.to_k8s(),
-        reason=EventReason.STEP_FAILED,
-        message=f"{label}: {result.message}",
-        type_="Warning",
-    )
+    _post_step_failed(ports, nrem, label, result.message)
     return 0.0
 
 

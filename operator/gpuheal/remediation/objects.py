@@ -5,9 +5,9 @@
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, TypeVar
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from gpuheal.api.faulthistory import FaultHistory
 from gpuheal.api.meta import describe_errors
@@ -19,6 +19,8 @@ from gpuheal.policy.inputs import node_view
 from gpuheal.remediation import intake
 from gpuheal.remediation.driver import ensure_driver, stop_driver
 from gpuheal.remediation.state import Bookkeeping, ClusterView, Ports, Unparsed, take_in
+
+_M = TypeVar("_M", bound=BaseModel)
 
 log = logging.getLogger("gpuheal.objects")
 
@@ -115,12 +117,9 @@ def history_changed(cluster: ClusterView, type_: str | None, body: dict[str, Any
     if type_ == "DELETED":
         cluster.set_fault_history(name, None)
         return
-    try:
-        history = FaultHistory.model_validate(body)
-    except ValidationError as exc:
-        log.error("FaultHistory %s does not parse; ignoring it: %s", name, exc)
-        return
-    cluster.set_fault_history(history.spec.node_name, history)
+    history = _parsed_or_logged(FaultHistory, body)
+    if history is not None:
+        cluster.set_fault_history(history.spec.node_name, history)
 
 
 def incident_changed(
@@ -139,12 +138,21 @@ def incident_changed(
         "resourceVersion"
     ):
         return
-    try:
-        nrem = NodeRemediation.model_validate(body)
-    except ValidationError as exc:
-        log.error("NodeRemediation %s does not parse; ignoring it: %s", name, exc)
+    nrem = _parsed_or_logged(NodeRemediation, body)
+    if nrem is None:
         return
     # A person (approval) or a new signal changed it: worth a look now, unlike our own writes.
     changed = take_in(ports, cluster, nrem)
     if cluster.incidents[name].active:
         ensure_driver(ports, cluster, books, name, wake_up=changed)
+
+
+def _parsed_or_logged(model: type[_M], body: dict[str, Any]) -> _M | None:
+    """The object as ``model``; None (and an error logged) for one that does not parse,
+    which the operator ignores."""
+    try:
+        return model.model_validate(body)
+    except ValidationError as exc:
+        name = body["metadata"]["name"]
+        log.error("%s %s does not parse; ignoring it: %s", model.__name__, name, exc)
+        return None
