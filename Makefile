@@ -56,7 +56,7 @@ system-deps:
 # side by side, each with its own sandbox (README, Tests); XDIST=0 runs them one after another
 # in one process. The 15 slowest are listed at the end of each run. Every integration test
 # lives in tests/integration: the workers collect only that folder.
-XDIST ?= 2
+XDIST ?= 4
 integration: venv bins system-deps
 	$(VENV)/bin/pytest tests/integration -m "integration" -n $(XDIST) --durations=15 $(PYTEST_ARGS)
 
