@@ -237,6 +237,22 @@ def test_a_crash_at_each_point_of_an_xid79_loses_and_repeats_nothing(
         policy(f"reme-{sc.cid}", f"{sc.cid}-work", [xid79_rule(f"rese-{sc.cid}")]),
     )
     simulate_xid(core, sc.work, 79)  # before the start: read from the Event list
+    _crash_then_restart(
+        sandbox, sc, objects, p, lambda done: _check_xid79(sc, objects, core, namespace, done, p)
+    )
+    _result("xid79", p, "Replaced", t0)
+
+
+def _crash_then_restart(
+    sandbox: Sandbox,
+    sc: Scene,
+    objects: Objects,
+    p: str,
+    check: Callable[[dict[str, Any]], None],
+) -> None:
+    """A process armed to crash at ``p`` runs until it does; its dead Lease deleted (as a
+    person would), a process without the switch finishes the incident, and ``check`` looks
+    at the finished incident while that process still runs."""
     armed = sc.operator(sandbox.kubeconfig, "armed", "--crash-at", p)
     _crash(
         armed.start(wait_started=False),
@@ -246,11 +262,9 @@ def test_a_crash_at_each_point_of_an_xid79_loses_and_repeats_nothing(
     armed.delete_dead_lease()
     op = sc.operator(sandbox.kubeconfig, "restarted").start()
     try:
-        done = _finished(objects, sc.work, op, p)
-        _check_xid79(sc, objects, core, namespace, done, p)
+        check(_finished(objects, sc.work, op, p))
     finally:
         op.stop()
-    _result("xid79", p, "Replaced", t0)
 
 
 def _result(what: str, p: str, end: str, started: float) -> None:
@@ -339,19 +353,7 @@ def test_a_crash_at_each_point_of_a_return_to_service_loses_and_repeats_nothing(
             )  # fmt: skip
         finally:
             first.stop()
-    armed = sc.operator(sandbox.kubeconfig, "armed", "--crash-at", p)
-    _crash(
-        armed.start(wait_started=False),
-        p,
-        lambda: [i.get("status") for i in objects.incidents(sc.work)],
-    )
-    armed.delete_dead_lease()
-    op = sc.operator(sandbox.kubeconfig, "restarted").start()
-    try:
-        done = _finished(objects, sc.work, op, p)
-        _check_returned(sc, objects, done, p)
-    finally:
-        op.stop()
+    _crash_then_restart(sandbox, sc, objects, p, lambda done: _check_returned(sc, objects, done, p))
     _result("return to service", p, "Returned", t0)
 
 
