@@ -97,7 +97,9 @@ def test_upgrade_mid_incident_restart_and_rollback_keep_breaker_and_incidents(  
     run_operator: Callable[..., OperatorProcess],
     tmp_path: Path,
 ) -> None:
-    tid = uuid.uuid4().hex[:6]
+    # A letter first: an all-digit id (about one in 17, e.g. "085305") is written unquoted
+    # by PyYAML and read back as a number by helm; the CRD refuses a number as a label value.
+    tid = f"u{uuid.uuid4().hex[:6]}"
     label = {"gpuheal.io/upgrade-test": tid}
     first, second = own_gpu_nodes(2, **label)
     pname = f"default-{tid}"
