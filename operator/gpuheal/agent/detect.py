@@ -214,6 +214,15 @@ class Aggregator:
         self._prune(now)
         return series
 
+    def refine(self, finding: Finding) -> None:
+        """The open series of this finding's key takes its message (and UUID), if the series
+        was not posted yet: the kernel log's text says more than NVML's event."""
+        name = self._open.get(finding.key)
+        current = self.series.get(name) if name else None
+        if current is not None and current.posted == 0:
+            current.message = finding.message
+            current.uuid = current.uuid or finding.uuid
+
     def dirty(self) -> list[Series]:
         return sorted((s for s in self.series.values() if s.dirty), key=lambda s: s.first)
 
@@ -302,3 +311,46 @@ class AgentState:
             )
         except (ValueError, TypeError, KeyError, AttributeError):
             return None
+
+
+class SourcePairing:
+    """One fault heard twice, once in the kernel log and once from NVML, is one finding.
+
+    Each source reports every occurrence of an XID once, close together in time; an occurrence
+    from one source is the other's when it names the same XID and GPU and arrives within
+    `window` of it and that one was not already paired. Times are the agent's own clock when
+    it read each (a kernel record's printed time and NVML's delivery differ in origin).
+    """
+
+    def __init__(self, window: dt.timedelta) -> None:
+        self.window = window
+        self._unpaired: dict[tuple[str, str], collections.deque[dt.datetime]] = {}
+
+    @staticmethod
+    def pair_key(finding: Finding) -> str | None:
+        """XIDs on a known GPU pair; anything else (SXid, NVML health edges) stands alone."""
+        if finding.xid is None or finding.reason != XID_EVENT_REASON or finding.pci is None:
+            return None
+        return f"{finding.xid}/{finding.pci}"
+
+    def admit(self, source: str, finding: Finding, now: dt.datetime) -> bool:
+        """True: a new occurrence (aggregate it); False: the other source's, already counted."""
+        key = self.pair_key(finding)
+        if key is None:
+            return True
+        for (src, k), times in self._unpaired.items():
+            if k != key or src == source:
+                continue
+            while times and now - times[0] > self.window:
+                times.popleft()
+            if times:
+                times.popleft()
+                return False
+        mine = self._unpaired.setdefault((source, key), collections.deque(maxlen=MAX_SERIES))
+        mine.append(now)
+        self._prune(now)
+        return True
+
+    def _prune(self, now: dt.datetime) -> None:
+        for pair in [p for p, t in self._unpaired.items() if not t or now - t[-1] > self.window]:
+            del self._unpaired[pair]

@@ -9,13 +9,14 @@ missing), reported with the reasons below and counted like any other finding.
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import datetime as dt
 import logging
 from typing import Any
 
 from gpuheal.xid.identity import normalize_uuid
-from gpuheal.xid.parse import normalize_pci
+from gpuheal.xid.parse import XID_EVENT_REASON, normalize_pci
 
 from .detect import Finding, identity_line
 
@@ -229,3 +230,129 @@ def health_findings(
                 )
             )
     return out
+
+
+# ---- XID events (what NVIDIA's device plugin and DRA driver listen to) --------------------
+
+_NO_INSTANCE = 0xFFFFFFFF
+"""`gpuInstanceId`/`computeInstanceId` of an event outside MIG."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class NvmlXid:
+    """One `nvmlEventTypeXidCriticalError` event: the XID and the GPU it names."""
+
+    xid: int
+    pci: str | None
+    uuid: str | None = None
+    gpu_instance: int | None = None
+    compute_instance: int | None = None
+
+
+def xid_finding(event: NvmlXid, now: dt.datetime) -> Finding:
+    """The finding of an NVML XID event: the same key as the kernel log's record of that XID
+    (without XID 154's recovery action, which NVML does not give), and a message the
+    operator's Event parser reads (reason GpuXid, `Xid <code>`, `PCI:<address>`)."""
+    where = f"PCI:{event.pci}" if event.pci else "an unknown GPU"
+    mig = ""
+    if event.gpu_instance is not None:
+        mig = f" GPU-I:{event.gpu_instance}"
+        if event.compute_instance is not None:
+            mig += f" GPU-CI:{event.compute_instance}"
+    message = f"NVML: Xid {event.xid} on {where}{mig} (nvmlEventTypeXidCriticalError)"
+    if event.pci and event.uuid:
+        message += "\n" + identity_line(event.pci, event.uuid)
+    return Finding(
+        reason=XID_EVENT_REASON,
+        key=f"xid/{event.xid}/{event.pci}",
+        message=message,
+        xid=event.xid,
+        pci=event.pci,
+        uuid=event.uuid,
+        time=now,
+    )
+
+
+def _handle_id(handle: Any) -> Any:
+    """A hashable identity for a device handle (ctypes pointers compare by object, not by
+    the address they hold, so the handle in an event is matched through its address)."""
+    if isinstance(handle, ctypes._Pointer):
+        return ctypes.cast(handle, ctypes.c_void_p).value
+    try:
+        hash(handle)
+    except TypeError:
+        return id(handle)
+    return handle
+
+
+def _is_timeout(nvml: Any, exc: BaseException) -> bool:
+    return getattr(exc, "value", None) == getattr(nvml, "NVML_ERROR_TIMEOUT", 10)
+
+
+class XidListener:
+    """Registered for XID events on every GPU that supports them; `wait` blocks (call it
+    from a thread), returns the next event or None when `timeout_ms` passed quietly."""
+
+    def __init__(self, nvml: Any, event_set: Any, gpus: dict[Any, tuple[str, str | None]]):
+        self.nvml = nvml
+        self.event_set = event_set
+        self.gpus = gpus  # handle id -> (PCI address, UUID)
+
+    @classmethod
+    def register(cls, nvml: Any) -> XidListener | None:
+        """None when no GPU takes XID events (NVML too old, a GPU without the event, or
+        no GPU at all); one log line says which GPUs listen."""
+        try:
+            event_set = nvml.nvmlEventSetCreate()
+        except Exception as exc:
+            log.info("NVML: cannot create an event set (%s); XIDs from the kernel log only", exc)
+            return None
+        gpus: dict[Any, tuple[str, str | None]] = {}
+        for i in range(int(_call(nvml.nvmlDeviceGetCount) or 0)):
+            handle = _call(nvml.nvmlDeviceGetHandleByIndex, i)
+            pci_info = _call(nvml.nvmlDeviceGetPciInfo, handle) if handle is not None else None
+            bus = _text(getattr(pci_info, "busId", "")) if pci_info is not None else ""
+            if not bus:
+                continue
+            try:
+                nvml.nvmlDeviceRegisterEvents(handle, nvml.nvmlEventTypeXidCriticalError, event_set)
+            except Exception as exc:  # NotSupported on some GPUs (and in vGPU guests)
+                log.info("NVML: GPU %s takes no XID events (%s)", normalize_pci(bus), exc)
+                continue
+            uuid = _call(nvml.nvmlDeviceGetUUID, handle)
+            gpus[_handle_id(handle)] = (
+                normalize_pci(bus),
+                normalize_uuid(_text(uuid)) if uuid is not None else None,
+            )
+        if not gpus:
+            _call(nvml.nvmlEventSetFree, event_set)
+            log.info("NVML: no GPU takes XID events; XIDs from the kernel log only")
+            return None
+        log.info(
+            "NVML: listening for XID events on %d GPU(s): %s",
+            len(gpus),
+            ", ".join(pci for pci, _ in gpus.values()),
+        )
+        return cls(nvml, event_set, gpus)
+
+    def wait(self, timeout_ms: int) -> NvmlXid | None:
+        try:
+            data = self.nvml.nvmlEventSetWait_v2(self.event_set, timeout_ms)
+        except Exception as exc:
+            if _is_timeout(self.nvml, exc):
+                return None
+            raise
+        if not int(data.eventType) & int(self.nvml.nvmlEventTypeXidCriticalError):
+            return None
+        pci, uuid = self.gpus.get(_handle_id(data.device), (None, None))
+        gi, ci = int(data.gpuInstanceId), int(data.computeInstanceId)
+        return NvmlXid(
+            xid=int(data.eventData),
+            pci=pci,
+            uuid=uuid,
+            gpu_instance=None if gi == _NO_INSTANCE else gi,
+            compute_instance=None if ci == _NO_INSTANCE else ci,
+        )
+
+    def close(self) -> None:
+        _call(self.nvml.nvmlEventSetFree, self.event_set)

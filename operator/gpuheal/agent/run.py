@@ -1,15 +1,23 @@
 """`gpuheal agent`: read the kernel log (and NVML), post what the operator consumes.
 
-One loop: read the records available, turn them into findings and series (detect.py), and at
-most every `--flush-interval` seconds write what changed: Events created or bumped, the node
-condition, the GPU map annotation, then the state file. Nothing is written while nothing
-changes. With `--once` it reads the file from its start to its end, writes, and exits.
+One loop: read the records available and the XID events NVML delivered, turn them into
+findings and series (detect.py), and at most every `--flush-interval` seconds write what
+changed: Events created or bumped, the node condition, the GPU map annotation, then the state
+file. Nothing is written while nothing changes. With `--once` it reads the file from its start
+to its end, writes, and exits.
+
+XIDs are heard twice where NVML is there: the kernel log prints each, and NVML delivers it as
+an `nvmlEventTypeXidCriticalError` event (what NVIDIA's device plugin listens to; it needs no
+access to the kernel log). The same XID on the same GPU from both within a few seconds is one
+finding, with the kernel's text where it came in time. Without access to /dev/kmsg the agent
+runs on NVML alone and says so.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import contextlib
 import dataclasses
 import datetime as dt
@@ -18,6 +26,7 @@ import logging
 import os
 import signal
 import sys
+import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Protocol
@@ -39,6 +48,7 @@ from .detect import (
     Condition,
     Detector,
     Series,
+    SourcePairing,
     xid_condition,
 )
 
@@ -46,6 +56,10 @@ log = logging.getLogger("gpuheal.agent")
 
 JSON = dict[str, Any]
 Clock = Callable[[], dt.datetime]
+
+PAIR_WINDOW = dt.timedelta(seconds=10)
+"""How far apart the kernel log's record and NVML's event of one XID may be read."""
+NVML_WAIT_MS = 500
 
 
 def utcnow() -> dt.datetime:
@@ -70,6 +84,7 @@ class AgentOptions:
     condition_type: str | None = XID_CONDITION_TYPE  # None: no condition
     nvml: str = "auto"  # auto | on | off
     nvml_interval: float = 60.0
+    nvml_events: bool = True
     expected_gpus: int | None = None
     dry_run: bool = False
     poll_interval: float = 0.25
@@ -301,14 +316,36 @@ class Agent:
         self._kmsg: rec.KmsgDevice | None = None
         self._text: rec.TextLog | None = None
         self._saved: str | None = None
+        self.pairing = SourcePairing(PAIR_WINDOW)
+        self.nvml_xids: collections.deque[Any] = collections.deque(maxlen=10_000)
+        self.listener: Any = None
 
     # ---- set-up ---------------------------------------------------------------------------
     async def start(self) -> None:
         now = self.clock()
+        if self.opts.nvml != "off":
+            from .nvml import load_nvml
+
+            self.nvml = load_nvml()
+            if self.nvml is None and self.opts.nvml == "on":
+                raise SystemExit("gpuheal agent: --nvml on, but NVML is not available here")
         path = self.opts.kmsg
         if rec.is_char_device(path):
             boot_id = self.opts.boot_id or rec.read_boot_id() or "unknown"
-            self._kmsg = rec.KmsgDevice(path, rec.boot_time(now))
+            try:
+                self._kmsg = rec.KmsgDevice(path, rec.boot_time(now))
+            except OSError as exc:
+                if self.nvml is None or not self.opts.nvml_events:
+                    raise SystemExit(
+                        f"gpuheal agent: cannot read the kernel log {path} ({exc.strerror}); "
+                        "the agent needs it mounted and readable (CAP_SYSLOG, as the chart's "
+                        "DaemonSet runs it), or NVML to hear XIDs from"
+                    ) from exc
+                log.warning(
+                    "cannot read the kernel log %s (%s): XIDs from NVML events only",
+                    path,
+                    exc.strerror,
+                )
             self._set_stream(rec.boot_stream_id(boot_id))
         else:
             self._text = rec.TextLog(path)
@@ -323,12 +360,6 @@ class Agent:
             clock=self.clock,
         )
         self.detector.learn(self.publisher.gpus)
-        if self.opts.nvml != "off":
-            from .nvml import load_nvml
-
-            self.nvml = load_nvml()
-            if self.nvml is None and self.opts.nvml == "on":
-                raise SystemExit("gpuheal agent: --nvml on, but NVML is not available here")
 
     def _set_stream(self, stream: str) -> None:
         """A new stream (boot, or text file): restore the state saved for it, if any."""
@@ -369,8 +400,59 @@ class Agent:
             self.cursor = r.position
             assert self.agg is not None
             for f in findings:
-                self.agg.add(f, now)
+                if self.pairing.admit("kmsg", f, now):
+                    self.agg.add(f, now)
+                else:  # NVML told it first: its Event carries the driver's text if not out yet
+                    self.agg.refine(f)
         return new
+
+    def take_nvml_xids(self) -> int:
+        """Turn the XID events the listener thread queued into findings; return how many."""
+        from .nvml import xid_finding
+
+        taken = 0
+        while self.nvml_xids:
+            event = self.nvml_xids.popleft()
+            taken += 1
+            now = self.clock()
+            finding = xid_finding(event, now)
+            if self.agg is not None and self.pairing.admit("nvml", finding, now):
+                self.agg.add(finding, now)
+        return taken
+
+    def _start_listener(
+        self, wake: Callable[[], object], stop: threading.Event
+    ) -> threading.Thread | None:
+        if self.nvml is None or not self.opts.nvml_events or self.opts.once:
+            return None
+        from .nvml import XidListener
+
+        self.listener = XidListener.register(self.nvml)
+        if self.listener is None:
+            return None
+        thread = threading.Thread(
+            target=self._listen, args=(wake, stop), name="nvml-xid-events", daemon=True
+        )
+        thread.start()
+        return thread
+
+    def _listen(self, wake: Callable[[], object], stop: threading.Event) -> None:
+        """The listener thread: NVML's wait blocks, so it runs here and hands events over."""
+        failures = 0
+        while not stop.is_set():
+            try:
+                event = self.listener.wait(NVML_WAIT_MS)
+            except Exception as exc:  # e.g. GPU_IS_LOST after an XID 79: keep listening
+                failures += 1
+                if failures in (1, 10) or failures % 600 == 0:
+                    log.warning("NVML event wait failed (%s); %d failure(s)", exc, failures)
+                stop.wait(min(5.0, 0.5 * failures))
+                continue
+            failures = 0
+            if event is not None:
+                log.info("NVML: Xid %d on %s", event.xid, event.pci or "an unknown GPU")
+                self.nvml_xids.append(event)
+                wake()
 
     def probe_nvml(self) -> None:
         if self.nvml is None:
@@ -425,10 +507,13 @@ class Agent:
         wake = asyncio.Event()
         if self._kmsg is not None and not self.opts.once:
             loop.add_reader(self._kmsg.fd, wake.set)
+        listening = threading.Event()
+        thread = self._start_listener(lambda: loop.call_soon_threadsafe(wake.set), listening)
         failures = 0
         try:
             while True:
                 self.read(final=self.opts.once)
+                self.take_nvml_xids()
                 if loop.time() >= self._next_probe:
                     self.probe_nvml()
                     self._next_probe = loop.time() + self.opts.nvml_interval
@@ -451,6 +536,10 @@ class Agent:
                 if self._kmsg is not None:
                     await asyncio.sleep(0)  # records of one burst arrive together
         finally:
+            listening.set()
+            if thread is not None:  # its wait returns within NVML_WAIT_MS
+                await asyncio.to_thread(thread.join, 2 * NVML_WAIT_MS / 1000)
+                self.listener.close()
             if self._kmsg is not None:
                 with contextlib.suppress(Exception):
                     loop.remove_reader(self._kmsg.fd)
@@ -503,6 +592,7 @@ def _options(args: argparse.Namespace) -> AgentOptions:
         condition_type=None if args.no_condition else args.condition_type,
         nvml=args.nvml,
         nvml_interval=args.nvml_interval,
+        nvml_events=args.nvml_events == "on",
         expected_gpus=args.expected_gpus,
         dry_run=args.dry_run,
     )
@@ -578,6 +668,13 @@ def add_agent_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="NVML probe: auto = when the driver library is there (default: %(default)s)",
     )
     p.add_argument("--nvml-interval", type=float, default=60.0, help="seconds between probes")
+    p.add_argument(
+        "--nvml-events",
+        choices=["on", "off"],
+        default=env("GPUHEAL_AGENT_NVML_EVENTS", "on"),
+        help="with NVML, also listen for its XID events (nvmlEventTypeXidCriticalError); "
+        "the same XID from the kernel log and NVML is posted once (default: %(default)s)",
+    )
     p.add_argument(
         "--expected-gpus",
         type=int,
