@@ -231,3 +231,20 @@ def test_without_the_kernel_log_the_agent_runs_on_nvml_or_says_why_not(
     assert condition["reason"] == "Xid48"
     assert nvml.freed
     assert nvml.shut
+
+
+def test_an_nvml_xid_waits_for_the_stream_of_an_empty_text_log(tmp_path: Path) -> None:
+    log = tmp_path / "kern.log"
+    log.touch()  # a text log's stream is named by its first line: none yet
+    api, clock = FakeApi(), Clock()
+    agent = Agent(AgentOptions(node="gpu-1", kmsg=log, nvml="off"), api, clock=clock)
+    asyncio.run(agent.start())
+    agent.read()
+    agent.nvml_xids.append(NvmlXid(79, GPU0, UUID0))
+    assert agent.take_nvml_xids() == 0  # kept, not dropped
+    _write(log, "boot")
+    agent.read()
+    assert agent.take_nvml_xids() == 1
+    asyncio.run(agent.flush())
+    (event,) = api.events.values()
+    assert event["message"].startswith("NVML: Xid 79")

@@ -411,12 +411,12 @@ class Agent:
         from .nvml import xid_finding
 
         taken = 0
-        while self.nvml_xids:
+        while self.nvml_xids and self.agg is not None:  # kept until a stream is known
             event = self.nvml_xids.popleft()
             taken += 1
             now = self.clock()
             finding = xid_finding(event, now)
-            if self.agg is not None and self.pairing.admit("nvml", finding, now):
+            if self.pairing.admit("nvml", finding, now):
                 self.agg.add(finding, now)
         return taken
 
