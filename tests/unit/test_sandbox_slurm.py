@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -127,12 +129,15 @@ def test_cluster_arguments_are_checked(tmp_path: Path) -> None:
     SlurmCluster(Path("/tmp/s"), ["n" * 35])
     with pytest.raises(ValueError, match=r"too deep.*_4294967295\.4294967295 has 108"):
         SlurmCluster(Path("/tmp/s"), ["n" * 36])
-    cluster = SlurmCluster(tmp_path / "s", ["n1"])
-    assert cluster.env == {"SLURM_CONF": str(tmp_path / "s" / "etc" / "slurm.conf")}
+    # a short root: an xdist worker's tmp_path leaves the socket path a byte too long
+    short = Path(tempfile.mkdtemp(prefix="s", dir="/tmp"))
+    cluster = SlurmCluster(short, ["n1"])
+    assert cluster.env == {"SLURM_CONF": str(short / "etc" / "slurm.conf")}
     assert cluster.restd_socket is None
     assert cluster.restd_url is None
     assert not cluster.status().running
     cluster.stop()  # never started: a no-op
+    shutil.rmtree(short)
 
 
 def test_client_env_drops_inherited_slurm_variables() -> None:

@@ -311,9 +311,12 @@ class Kube:
             return outcome
         raise KubeError(f"node {node} kept changing while gpuheal wrote to it")
 
-    async def cordon(self, node: str, incident: str) -> CordonOutcome:
+    async def cordon(
+        self, node: str, incident: str, *, taint_effect: str | None = None
+    ) -> CordonOutcome:
         """Cordon ``node`` for ``incident``, writing ownership in the same PATCH: if an admin
-        cordons between our read and our write, we look again and see it is theirs."""
+        cordons between our read and our write, we look again and see it is theirs. With
+        ``taint_effect`` the same PATCH adds the taint gpuheal.io/unhealthy=<incident>."""
 
         def change(body: JSON | None) -> tuple[JSON | None, CordonOutcome]:
             if body is None:
@@ -328,7 +331,16 @@ class Kube:
                 names.CORDONED_BY_ANNOTATION: incident,
                 names.CORDONED_AT_ANNOTATION: rfc3339(_now()),
             }
-            patch = {"metadata": {"annotations": marks}, "spec": {"unschedulable": True}}
+            spec: JSON = {"unschedulable": True}
+            if taint_effect is not None:
+                taints = [
+                    t
+                    for t in body.get("spec", {}).get("taints") or []
+                    if t.get("key") != names.UNHEALTHY_TAINT
+                ]
+                ours = {"key": names.UNHEALTHY_TAINT, "value": incident, "effect": taint_effect}
+                spec["taints"] = [*taints, ours]
+            patch = {"metadata": {"annotations": marks}, "spec": spec}
             return patch, CordonOutcome.CORDONED
 
         return await self._look_then_write(node, "cordon", change)
@@ -347,9 +359,14 @@ class Kube:
                 return None, UncordonOutcome.NOT_OURS
             marks = {names.CORDONED_BY_ANNOTATION: None, names.CORDONED_AT_ANNOTATION: None}
             patch: JSON = {"metadata": {"annotations": marks}}
+            taints = body.get("spec", {}).get("taints") or []
+            kept = [t for t in taints if t.get("key") != names.UNHEALTHY_TAINT]
+            spec: JSON = {"taints": kept or None} if kept != taints else {}
             if not body.get("spec", {}).get("unschedulable"):
+                if spec:
+                    patch["spec"] = spec
                 return patch, UncordonOutcome.NOT_CORDONED  # someone uncordoned: drop our mark
-            patch["spec"] = {"unschedulable": None}
+            patch["spec"] = {**spec, "unschedulable": None}
             return patch, UncordonOutcome.UNCORDONED
 
         return await self._look_then_write(node, "uncordon", change)

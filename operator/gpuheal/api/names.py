@@ -38,6 +38,7 @@ SLURM_CLUSTER_LABEL: Final = "gpuheal.io/slurm-cluster"
 # ---- ownership marks gpuheal writes (and the only ones it ever removes) --------------------
 CORDONED_BY_ANNOTATION: Final = "gpuheal.io/cordoned-by"  # on a Node: the incident's name
 CORDONED_AT_ANNOTATION: Final = "gpuheal.io/cordoned-at"
+UNHEALTHY_TAINT: Final = "gpuheal.io/unhealthy"  # on a Node: value = the incident's name
 CLAIMED_BY_LABEL: Final = "gpuheal.io/claimed-by"  # on a spare: the incident that claimed it
 CLAIMED_AT_ANNOTATION: Final = "gpuheal.io/claimed-at"
 REPLACES_ANNOTATION: Final = "gpuheal.io/replaces"  # on a promoted spare: the node it replaces

@@ -830,6 +830,7 @@ class ReplaceOptions(Model):
 
 _STEP_RULES = (
     (
+        "(!has(self.cordon) || self.action == 'cordon') && "
         "(!has(self.slurmDrain) || self.action == 'slurmDrain') && "
         "(!has(self.drain) || self.action == 'drain') && "
         "(!has(self.reset) || self.action == 'reset') && "
@@ -846,6 +847,27 @@ _STEP_RULES = (
 )
 
 
+class CordonTaint(enum.StrEnum):
+    NO_SCHEDULE = "NoSchedule"
+    NO_EXECUTE = "NoExecute"
+
+
+class CordonOptions(Model):
+    """How gpuheal cordons: the bare `spec.unschedulable`, or with a taint in the same write."""
+
+    taint: CordonTaint | None = Field(
+        default=None,
+        description="Also taint the node gpuheal.io/unhealthy=<incident> with this effect, in "
+        "the cordon's own write, and remove it when gpuheal uncordons. NoExecute is what "
+        "taint-driven controllers react to (Kueue's node hot swap replaces a node only on an "
+        "untolerated NoExecute taint); kube-controller-manager then evicts at once every pod "
+        "that does not tolerate it, without PodDisruptionBudgets (a drain step evicts through "
+        "the Eviction API and respects them). NoSchedule also keeps out pods that tolerate "
+        "unschedulable nodes. Omitted: cordon only. A node someone else cordoned is left "
+        "untainted.",
+    )
+
+
 class Step(Model):
     """One action of a rung, with the options of that action only."""
 
@@ -856,6 +878,9 @@ class Step(Model):
         "node and requeue its jobs through the bridge), drain (evict the pods), reset (GPU "
         "reset), reboot, replace (take a spare from a ReservePool), or retire (keep the "
         "node out for good: label gpuheal.io/retired, never returned or put in a pool)."
+    )
+    cordon: CordonOptions | None = Field(
+        default=None, description="Options of a cordon step (cordon only when omitted)."
     )
     slurm_drain: SlurmDrainOptions | None = Field(
         default=None, description="Options of a slurmDrain step (defaults when omitted)."
@@ -876,6 +901,7 @@ class Step(Model):
     @model_validator(mode="after")
     def _mirror_cel(self) -> Step:
         blocks = {
+            Action.CORDON: self.cordon,
             Action.SLURM_DRAIN: self.slurm_drain,
             Action.DRAIN: self.drain,
             Action.RESET: self.reset,

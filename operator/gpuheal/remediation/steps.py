@@ -38,6 +38,7 @@ from gpuheal.api.names import (
     REPLACES_ANNOTATION,
     RETIRED_LABEL,
     RETIRED_WHY_ANNOTATION,
+    UNHEALTHY_TAINT,
     JobOutcome,
     Reason,
 )
@@ -51,6 +52,7 @@ from gpuheal.api.noderemediation import (
 from gpuheal.api.remediationpolicy import (
     Action,
     CheckType,
+    CordonTaint,
     DrainOptions,
     DrainTimeoutAction,
     HookSpec,
@@ -134,8 +136,10 @@ class StepResult:
 
 
 # ---- cordon --------------------------------------------------------------------------------
-async def cordon(kube: Kube, node: str, incident: str) -> StepResult:
-    outcome = await kube.cordon(node, incident)
+async def cordon(
+    kube: Kube, node: str, incident: str, taint: CordonTaint | None = None
+) -> StepResult:
+    outcome = await kube.cordon(node, incident, taint_effect=taint.value if taint else None)
     if outcome is CordonOutcome.BY_OTHER:
         return StepResult.done(
             C.CORDONED,
@@ -143,10 +147,11 @@ async def cordon(kube: Kube, node: str, incident: str) -> StepResult:
             f"{node} was already cordoned by someone else; gpuheal will not uncordon it",
             ownership={"cordoned": False},
         )
+    tainted = f", tainted {UNHEALTHY_TAINT}:{taint.value}" if taint else ""
     return StepResult.done(
         C.CORDONED,
         "Cordoned",
-        f"{node} cordoned by gpuheal ({incident})",
+        f"{node} cordoned by gpuheal ({incident}){tainted}",
         ownership={"cordoned": True},
     )
 
@@ -1117,7 +1122,7 @@ async def execute(  # noqa: PLR0911
     xid = next((s.xid for s in reversed(spec.signals) if s.xid is not None), None)
     action = step.action
     if action is Action.CORDON:
-        return await cordon(kube, node, name)
+        return await cordon(kube, node, name, step.cordon.taint if step.cordon else None)
     if action is Action.SLURM_DRAIN:
         try:
             slurm = ports.slurm_for(cluster, node)
