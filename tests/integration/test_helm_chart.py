@@ -195,6 +195,7 @@ def test_defaults_render_the_operator_as_the_flag_contract_says(helm: Helm) -> N
         "CustomResourceDefinition",
         "DaemonSet",  # the node agent (on by default; its own checks: test_helm_agent.py)
         "Deployment",
+        "NetworkPolicy",  # ingress to the operator's metrics port (test_helm_namespaces_network.py)
         "Role",
         "RoleBinding",
         "Service",
