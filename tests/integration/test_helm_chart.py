@@ -195,6 +195,7 @@ def test_defaults_render_the_operator_as_the_flag_contract_says(helm: Helm) -> N
         "CustomResourceDefinition",
         "DaemonSet",  # the node agent (on by default; its own checks: test_helm_agent.py)
         "Deployment",
+        "NetworkPolicy",  # ingress to the operator's metrics port (test_helm_namespaces_network.py)
         "Role",
         "RoleBinding",
         "Service",
@@ -264,7 +265,7 @@ def test_external_bridge_uses_existing_secret_and_ca(helm: Helm) -> None:
     # Job hooks: a Role in that namespace only; no forced drains: no pod deletion at all.
     hooks = _one(docs, "Role", "-job-hooks")
     assert hooks["metadata"]["namespace"] == "gpu-maintenance"
-    assert {r for rule in hooks["rules"] for r in rule["resources"]} == {"jobs", "jobs/status"}
+    assert {r for rule in hooks["rules"] for r in rule["resources"]} == {"jobs"}
     assert not [
         rule
         for _, _, rule in _rules(docs)
@@ -1037,24 +1038,17 @@ OPERATOR_NEEDS = [
     ("watch", "nodes", None),
     ("patch", "nodes", None),
     ("list", "pods", None),
-    ("watch", "pods", None),
-    ("get", "pods", "team-a"),
     ("create", "pods/eviction", "team-a"),
-    ("list", "poddisruptionbudgets.policy", None),
-    ("get", "poddisruptionbudgets.policy", "team-a"),
     ("list", "events", None),
-    ("watch", "events.events.k8s.io", None),
     ("create", "events", "$ns"),  # kopf's own Events
     ("create", "events", "default"),  # gpuheal's Events about Nodes and NodeRemediations
     ("create", "jobs.batch", "$ns"),  # rbac.jobHookNamespaces
-    ("get", "jobs.batch/status", "$ns"),
     ("create", "noderemediations.gpuheal.io", None),
     ("patch", "noderemediations.gpuheal.io", None),
-    ("delete", "noderemediations.gpuheal.io", None),
+    ("get", "noderemediations.gpuheal.io", None),
     ("patch", "noderemediations.gpuheal.io/status", None),
     ("watch", "remediationpolicies.gpuheal.io", None),
     ("patch", "remediationpolicies.gpuheal.io/status", None),
-    ("update", "reservepools.gpuheal.io", None),
     ("patch", "reservepools.gpuheal.io/status", None),
     ("create", "faulthistories.gpuheal.io", None),
     ("watch", "faulthistories.gpuheal.io", None),
@@ -1062,10 +1056,19 @@ OPERATOR_NEEDS = [
     ("get", "configmaps/gpuheal-node-jobs", "$ns"),  # nodeJobs: the Job templates
     ("list", "customresourcedefinitions.apiextensions.k8s.io", None),
     ("watch", "customresourcedefinitions.apiextensions.k8s.io", None),
-    ("list", "namespaces", None),
-    ("watch", "namespaces", None),
 ]
 OPERATOR_MUST_NOT = [
+    # Granted once, used by no code path (issue 23; test_helm_rbac_usage.py keeps it so):
+    ("watch", "pods", None),
+    ("get", "pods", "team-a"),
+    ("list", "poddisruptionbudgets.policy", None),
+    ("watch", "events.events.k8s.io", None),
+    ("get", "jobs.batch/status", "$ns"),
+    ("delete", "noderemediations.gpuheal.io", None),
+    ("update", "noderemediations.gpuheal.io/status", None),
+    ("update", "reservepools.gpuheal.io", None),
+    ("patch", "remediationpolicies.gpuheal.io", None),
+    ("list", "namespaces", None),
     ("delete", "pods", "team-a"),  # only with rbac.forceDrain (off by default)
     ("get", "secrets", "kube-system"),
     ("list", "secrets", None),

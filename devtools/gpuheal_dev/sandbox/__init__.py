@@ -35,6 +35,8 @@ class SandboxConfig:
     slurm: bool = True
     slurm_restd: bool = False
     gpus_per_node: int = 8
+    #: the API server's audit log (`ControlPlane.audit`), for tests only
+    audit: bool = False
 
     @property
     def node_names(self) -> list[str]:
@@ -85,7 +87,7 @@ class Sandbox:
         config = config or SandboxConfig()
         t0 = time.monotonic()
         bins = cluster_bin_dir()
-        cp = ControlPlane(root=config.root / "k8s", bin_dir=bins)
+        cp = ControlPlane(root=config.root / "k8s", bin_dir=bins, audit=config.audit)
         sandbox = cls(config=config, control_plane=cp, started_at=time.time())
         cp.start()  # refuses when one runs there already; nothing to clean up then
         try:

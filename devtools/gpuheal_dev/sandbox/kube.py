@@ -70,6 +70,9 @@ class ControlPlane:
     bin_dir: Path
     ports: dict[str, int] = field(default_factory=dict)
     pids: dict[str, int] = field(default_factory=dict)
+    #: the API server writes an audit log (every request, Metadata level) to `audit_log_path`:
+    #: for tests that compare what a client did with what RBAC grants it. Off by default.
+    audit: bool = False
 
     @property
     def pki(self) -> Pki:
@@ -86,6 +89,26 @@ class ControlPlane:
     @property
     def state_file(self) -> Path:
         return self.root / "control-plane.json"
+
+    @property
+    def audit_log_path(self) -> Path:
+        return self.root / "logs" / "audit.jsonl"
+
+    def _audit_flags(self) -> list[str]:
+        if not self.audit:
+            return []
+        policy = self.root / "audit-policy.yaml"
+        policy.write_text(
+            "apiVersion: audit.k8s.io/v1\nkind: Policy\n"
+            "omitStages: [RequestReceived]\nrules:\n  - level: Metadata\n"
+        )
+        return [
+            f"--audit-policy-file={policy}",
+            f"--audit-log-path={self.audit_log_path}",
+            "--audit-log-format=json",
+            # Written as requests finish, not batched: a test reads it right after.
+            "--audit-log-mode=blocking",
+        ]
 
     def log_path(self, component: str) -> Path:
         return self.root / "logs" / f"{component}.log"
@@ -234,6 +257,7 @@ class ControlPlane:
                 "--max-requests-inflight=2000",
                 "--max-mutating-requests-inflight=1000",
                 "--v=1",
+                *self._audit_flags(),
             ],
         )
         wait_ready(

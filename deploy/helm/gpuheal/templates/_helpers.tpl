@@ -97,7 +97,17 @@ app.kubernetes.io/component: slurm-bridge
 {{- end -}}
 
 {{/* Fail early on combinations that would deploy something broken. */}}
+{{/* The namespace of the node agent (privileged): agent.namespace.name, else the release
+namespace. */}}
+{{- define "gpuheal.agent.namespace" -}}
+{{- default .Release.Namespace .Values.agent.namespace.name -}}
+{{- end -}}
+
 {{- define "gpuheal.validate" -}}
+{{- $agentNs := include "gpuheal.agent.namespace" . -}}
+{{- if and .Values.agent.enabled (ne $agentNs .Release.Namespace) .Values.signalTrust.admissionPolicy.enabled -}}
+{{- fail (printf "agent.namespace.name=%s: the signal-trust admission policy (signalTrust.admissionPolicy) reserves gpuheal-agent for the agent's ServiceAccount in the release namespace %s, so the agent's Events would be refused; set signalTrust.admissionPolicy.enabled=false or leave agent.namespace.name empty" $agentNs .Release.Namespace) -}}
+{{- end -}}
 {{- if and (gt (int .Values.operator.replicas) 1) (le (float64 .Values.operator.leaseDuration) 0.0) -}}
 {{- fail "operator.replicas > 1 needs the Lease (operator.leaseDuration > 0): kopf has no leader election, the Lease keeps all but one copy waiting" -}}
 {{- end -}}

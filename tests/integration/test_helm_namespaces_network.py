@@ -1,0 +1,228 @@
+"""Namespaces and network (issue 23): the privileged agent runs apart, the operator's and the
+bridge's pods pass the restricted Pod Security Standard, NetworkPolicies say who may reach
+them, and plain HTTP to the bridge stays inside the cluster.
+
+The Pod Security check is the API server's own (the PodSecurity admission plugin, on by
+default): each pod template the chart puts in the release namespace is created with a
+server-side dry run in a namespace that enforces `restricted`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from gpuheal_dev.sandbox import Sandbox
+from gpuheal_dev.sandbox.kube import cluster_bin_dir
+
+pytestmark = pytest.mark.integration
+
+CHART = Path(__file__).resolve().parents[2] / "deploy" / "helm" / "gpuheal"
+BRIDGE_VALUES = CHART / "ci" / "bridge-values.yaml"
+RELEASE_NS = "gpuheal"
+AGENT_NS = "gpuheal-agent"
+#: the agent apart; the signal-trust policy still names the agent in the release namespace
+#: (values.yaml, agent.namespace.name), so it is off here
+APART = (
+    f"--set=agent.namespace.name={AGENT_NS}",
+    "--set=signalTrust.admissionPolicy.enabled=false",
+)
+
+
+def _helm(*args: str, tmp: Path) -> subprocess.CompletedProcess[str]:
+    env = {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "HOME": str(tmp),  # kubectl's discovery cache goes there, not into the checkout
+        "HELM_CONFIG_HOME": str(tmp / "config"),
+        "HELM_CACHE_HOME": str(tmp / "cache"),
+        "HELM_DATA_HOME": str(tmp / "data"),
+    }
+    return subprocess.run(
+        [str(cluster_bin_dir() / "helm"), *args],
+        capture_output=True, text=True, env=env, timeout=120, check=False,
+    )  # fmt: skip
+
+
+def render(tmp: Path, *args: str) -> list[dict[str, Any]]:
+    result = _helm("template", "r", str(CHART), "-n", RELEASE_NS, *args, tmp=tmp)
+    assert result.returncode == 0, result.stderr
+    return [d for d in yaml.safe_load_all(result.stdout) if d]
+
+
+def pod_specs(docs: list[dict[str, Any]]) -> Iterator[tuple[str, str, dict[str, Any]]]:
+    """(kind/name, namespace, pod spec) of every pod the chart would run."""
+    for d in docs:
+        meta = d["metadata"]
+        where = meta.get("namespace", RELEASE_NS)
+        if d["kind"] == "Pod":
+            yield f"Pod/{meta['name']}", where, d["spec"]
+        elif d["kind"] in ("Deployment", "DaemonSet", "StatefulSet", "Job"):
+            yield f"{d['kind']}/{meta['name']}", where, d["spec"]["template"]["spec"]
+        elif d["kind"] == "CronJob":
+            yield (
+                f"CronJob/{meta['name']}",
+                where,
+                d["spec"]["jobTemplate"]["spec"]["template"]["spec"],
+            )
+
+
+@pytest.fixture
+def restricted_ns(sandbox: Sandbox) -> Iterator[str]:
+    name = f"psa-{uuid.uuid4().hex[:6]}"
+    sandbox.kubectl("create", "namespace", name)
+    sandbox.kubectl("label", "namespace", name, "pod-security.kubernetes.io/enforce=restricted")
+    try:
+        yield name
+    finally:
+        sandbox.kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+def _dry_run_pod(sandbox: Sandbox, namespace: str, name: str, spec: dict[str, Any]) -> str:
+    """'' when the API server admits the pod in `namespace`, else its refusal."""
+    account = spec.get("serviceAccountName")
+    if account and sandbox.kubectl("get", "sa", account, "-n", namespace, check=False).returncode:
+        sandbox.kubectl("create", "serviceaccount", account, "-n", namespace)
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": spec}
+    out = sandbox.kubectl(
+        "create", "--dry-run=server", "-n", namespace, "-f", "-",
+        input=json.dumps(pod), check=False,
+    )  # fmt: skip
+    return "" if out.returncode == 0 else out.stderr.strip()
+
+
+@pytest.mark.parametrize("values", ["defaults", "bridge"])
+def test_every_pod_in_the_release_namespace_passes_restricted(
+    sandbox: Sandbox, restricted_ns: str, tmp_path: Path, values: str
+) -> None:
+    """With the agent in a namespace of its own, every pod the chart runs in the release
+    namespace (operator, bridge, helm test pods) is admitted where `restricted` is enforced;
+    the agent's is refused there (the check is real), and goes to its own namespace, which
+    the chart creates labelled `privileged`."""
+    extra = ["-f", str(BRIDGE_VALUES)] if values == "bridge" else []
+    docs = render(tmp_path, *APART, *extra)
+    specs = list(pod_specs(docs))
+    in_release = [(what, spec) for what, ns, spec in specs if ns == RELEASE_NS]
+    assert any(what.startswith("Deployment/") for what, _ in in_release), specs
+    if values == "bridge":
+        assert any("slurm-bridge" in what for what, _ in in_release), specs
+    refused = {
+        what: why
+        for what, spec in in_release
+        if (why := _dry_run_pod(sandbox, restricted_ns, what.split("/")[1].lower(), spec))
+    }
+    assert not refused, "refused under the restricted Pod Security Standard:\n" + "\n".join(
+        f"{k}: {v}" for k, v in refused.items()
+    )
+    (agent,) = [(what, ns, spec) for what, ns, spec in specs if what.startswith("DaemonSet/")]
+    assert agent[1] == AGENT_NS, agent[:2]
+    assert "violates PodSecurity" in _dry_run_pod(sandbox, restricted_ns, "agent", agent[2])
+    (namespace,) = [d for d in docs if d["kind"] == "Namespace"]
+    assert namespace["metadata"]["name"] == AGENT_NS
+    assert namespace["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "privileged"
+    # The agent's ServiceAccount and the bindings' subjects follow it.
+    (account,) = [
+        d
+        for d in docs
+        if d["kind"] == "ServiceAccount" and d["metadata"]["name"].endswith("-agent")
+    ]
+    assert account["metadata"]["namespace"] == AGENT_NS
+    agent_subjects = [
+        s
+        for d in docs
+        if d["kind"] in ("RoleBinding", "ClusterRoleBinding")
+        for s in d.get("subjects") or []
+        if s["name"] == account["metadata"]["name"]
+    ]
+    assert agent_subjects, "no binding for the agent"
+    assert {s["namespace"] for s in agent_subjects} == {AGENT_NS}
+
+
+def test_the_agent_apart_is_refused_while_the_signal_trust_policy_names_it_in_place(
+    tmp_path: Path,
+) -> None:
+    result = _helm(
+        "template", "r", str(CHART), "-n", RELEASE_NS, f"--set=agent.namespace.name={AGENT_NS}",
+        tmp=tmp_path,
+    )  # fmt: skip
+    assert result.returncode != 0
+    assert "agent.namespace.name=gpuheal-agent" in result.stderr, result.stderr
+    assert "signalTrust.admissionPolicy" in result.stderr, result.stderr
+
+
+def _policies(docs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    return {
+        d["metadata"]["labels"].get("app.kubernetes.io/component", "operator"): d["spec"]
+        for d in docs
+        if d["kind"] == "NetworkPolicy"
+    }
+
+
+def test_network_policies_let_only_the_operator_reach_the_bridge(
+    sandbox: Sandbox, namespace: str, tmp_path: Path
+) -> None:
+    docs = render(tmp_path, "-f", str(BRIDGE_VALUES))
+    policies = _policies(docs)
+    assert set(policies) == {"operator", "slurm-bridge"}, policies
+    operator_labels = next(
+        d["spec"]["selector"]["matchLabels"]
+        for d in docs
+        if d["kind"] == "Deployment" and d["metadata"]["name"] == "r-gpuheal"
+    )
+    scrapers = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}
+    bridge = policies["slurm-bridge"]
+    assert bridge["policyTypes"] == ["Ingress"]
+    (rule,) = bridge["ingress"]
+    assert rule["from"] == [{"podSelector": {"matchLabels": operator_labels}}, scrapers]
+    assert rule["ports"] == [{"port": "api", "protocol": "TCP"}]
+    (op_rule,) = policies["operator"]["ingress"]
+    assert op_rule["from"] == [scrapers]
+    assert op_rule["ports"] == [{"port": "metrics", "protocol": "TCP"}]
+    # The scrapers are a value; the API server accepts what the chart renders.
+    peers = [{"namespaceSelector": {"matchLabels": {"team": "obs"}},
+              "podSelector": {"matchLabels": {"app": "prometheus"}}}]  # fmt: skip
+    custom = render(
+        tmp_path,
+        "-f",
+        str(BRIDGE_VALUES),
+        f"--set-json=networkPolicy.metricsFrom={json.dumps(peers)}",
+    )
+    (op_rule,) = _policies(custom)["operator"]["ingress"]
+    assert op_rule["from"] == peers
+    # Nobody: the operator admits no connection, the bridge the operator's only.
+    nobody = _policies(
+        render(tmp_path, "-f", str(BRIDGE_VALUES), "--set-json=networkPolicy.metricsFrom=[]")
+    )
+    assert nobody["operator"]["ingress"] == []
+    assert nobody["slurm-bridge"]["ingress"][0]["from"] == [
+        {"podSelector": {"matchLabels": operator_labels}}
+    ]
+    for d in [d for d in docs if d["kind"] == "NetworkPolicy"]:
+        d["metadata"]["namespace"] = namespace
+        sandbox.kubectl("create", "--dry-run=server", "-f", "-", input=json.dumps(d))
+    assert not _policies(render(tmp_path, "--set=networkPolicy.enabled=false"))
+
+
+@pytest.mark.parametrize("service_type", ["LoadBalancer", "NodePort"])
+def test_plain_http_bridge_outside_the_cluster_fails_to_render(
+    tmp_path: Path, service_type: str
+) -> None:
+    args = ("-f", str(BRIDGE_VALUES), f"--set=slurmBridge.service.type={service_type}")
+    result = _helm("template", "r", str(CHART), "-n", RELEASE_NS, *args, tmp=tmp_path)
+    assert result.returncode != 0, "rendered a plain-HTTP bridge behind a " + service_type
+    assert "slurmBridge.insecureHttp" in result.stderr, result.stderr
+    assert f"slurmBridge.service.type is {service_type}" in result.stderr, result.stderr
+    # With TLS, any Service type renders.
+    tls = _helm(
+        "template", "r", str(CHART), "-n", RELEASE_NS, *args,
+        "--set=slurmBridge.insecureHttp=false", "--set=slurmBridge.tlsSecret=bridge-tls",
+        tmp=tmp_path,
+    )  # fmt: skip
+    assert tls.returncode == 0, tls.stderr
