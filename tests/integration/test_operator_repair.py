@@ -157,7 +157,9 @@ def operator_with_bridge(
         logs.mkdir()
         op = OperatorProcess(
             Path(sandbox.kubeconfig), logs,
-            ["--bridge-url", url, "--bridge-token-file", str(token_file)],
+            # _check_job is an inline template: run it, as a site with nodeJobs.inlineTemplates
+            ["--bridge-url", url, "--bridge-token-file", str(token_file),
+             "--inline-job-templates"],
         ).start()  # fmt: skip
         ops.append(op)
         return cluster, op
