@@ -148,8 +148,16 @@ def test_schema_rejects(tmp_path: Path, value: str, error: str) -> None:
 
 
 def signal_trust(docs: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[str, Any]]:
-    (vap,) = [d for d in docs if d["kind"] == "ValidatingAdmissionPolicy"]
-    (binding,) = [d for d in docs if d["kind"] == "ValidatingAdmissionPolicyBinding"]
+    (vap,) = [
+        d for d in docs
+        if d["kind"] == "ValidatingAdmissionPolicy"
+        and d["metadata"]["name"].endswith("-signal-trust")
+    ]  # fmt: skip
+    (binding,) = [
+        d for d in docs
+        if d["kind"] == "ValidatingAdmissionPolicyBinding"
+        and d["metadata"]["name"].endswith("-signal-trust")
+    ]  # fmt: skip
     return vap, binding
 
 
@@ -200,7 +208,11 @@ def test_more_reporters_are_reserved_and_trusted_as_configured(tmp_path: Path) -
     args = dep["spec"]["template"]["spec"]["containers"][0]["args"]
     assert "--trusted-reporters=gpuheal-agent,kernel-monitor" in args
     off = render(tmp_path, "signalTrust.admissionPolicy.enabled=false")
-    assert not [d for d in off if d["kind"].startswith("ValidatingAdmissionPolicy")]
+    assert not [
+        d for d in off
+        if d["kind"].startswith("ValidatingAdmissionPolicy")
+        and d["metadata"]["name"].endswith("-signal-trust")
+    ]  # fmt: skip
 
 
 @pytest.mark.parametrize(
