@@ -102,7 +102,13 @@ def test_rbac_is_exactly_what_the_agent_calls(tmp_path: Path) -> None:
 def test_disabled_renders_no_agent(tmp_path: Path) -> None:
     assert agent_objects(render(tmp_path, "agent.enabled=false")) == []
     no_rbac = agent_objects(render(tmp_path, "rbac.create=false"))
-    assert {d["kind"] for d in no_rbac} == {"DaemonSet", "ServiceAccount"}
+    # Admission is not RBAC: the agent stays on its own node whoever grants its RBAC.
+    assert {d["kind"] for d in no_rbac} == {
+        "DaemonSet",
+        "ServiceAccount",
+        "ValidatingAdmissionPolicy",  # <release>-gpuheal-agent-node (test_admission.py)
+        "ValidatingAdmissionPolicyBinding",
+    }
 
 
 def test_text_log_without_privilege_and_options(tmp_path: Path) -> None:
