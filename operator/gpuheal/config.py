@@ -99,6 +99,19 @@ class OperatorConfig(BaseSettings):
         "(a Warning names it). Trust only names an admission policy reserves: "
         "docs/security.md",
     )
+    node_jobs_namespace: str | None = Field(
+        None,
+        pattern=DNS_LABEL_PATTERN,
+        description="namespace of the Job hooks and checks whose policy names none (the "
+        "chart's <release>-node-jobs: no Secrets there, and its admission policy admits only "
+        "the chart's node Jobs from the operator)",
+    )
+    inline_job_templates: bool = Field(
+        False,
+        description="run Job hooks and checks a policy gives inline (hook.job.template); off: "
+        "such a reset or reboot is skipped and such a check fails, no Job is created (an "
+        "inline template lets a policy writer run any pod on a node: docs/security.md)",
+    )
     dcgm_namespace: str | None = Field(
         None, description="namespace of the dcgm-exporter pods (default: all namespaces)"
     )

@@ -102,7 +102,13 @@ def test_rbac_is_exactly_what_the_agent_calls(tmp_path: Path) -> None:
 def test_disabled_renders_no_agent(tmp_path: Path) -> None:
     assert agent_objects(render(tmp_path, "agent.enabled=false")) == []
     no_rbac = agent_objects(render(tmp_path, "rbac.create=false"))
-    assert {d["kind"] for d in no_rbac} == {"DaemonSet", "ServiceAccount"}
+    # Admission is not RBAC: the agent stays on its own node whoever grants its RBAC.
+    assert {d["kind"] for d in no_rbac} == {
+        "DaemonSet",
+        "ServiceAccount",
+        "ValidatingAdmissionPolicy",  # <release>-gpuheal-agent-node (test_admission.py)
+        "ValidatingAdmissionPolicyBinding",
+    }
 
 
 def test_text_log_without_privilege_and_options(tmp_path: Path) -> None:
@@ -148,8 +154,16 @@ def test_schema_rejects(tmp_path: Path, value: str, error: str) -> None:
 
 
 def signal_trust(docs: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[str, Any]]:
-    (vap,) = [d for d in docs if d["kind"] == "ValidatingAdmissionPolicy"]
-    (binding,) = [d for d in docs if d["kind"] == "ValidatingAdmissionPolicyBinding"]
+    (vap,) = [
+        d for d in docs
+        if d["kind"] == "ValidatingAdmissionPolicy"
+        and d["metadata"]["name"].endswith("-signal-trust")
+    ]  # fmt: skip
+    (binding,) = [
+        d for d in docs
+        if d["kind"] == "ValidatingAdmissionPolicyBinding"
+        and d["metadata"]["name"].endswith("-signal-trust")
+    ]  # fmt: skip
     return vap, binding
 
 
@@ -200,7 +214,11 @@ def test_more_reporters_are_reserved_and_trusted_as_configured(tmp_path: Path) -
     args = dep["spec"]["template"]["spec"]["containers"][0]["args"]
     assert "--trusted-reporters=gpuheal-agent,kernel-monitor" in args
     off = render(tmp_path, "signalTrust.admissionPolicy.enabled=false")
-    assert not [d for d in off if d["kind"].startswith("ValidatingAdmissionPolicy")]
+    assert not [
+        d for d in off
+        if d["kind"].startswith("ValidatingAdmissionPolicy")
+        and d["metadata"]["name"].endswith("-signal-trust")
+    ]  # fmt: skip
 
 
 @pytest.mark.parametrize(

@@ -195,12 +195,15 @@ def test_defaults_render_the_operator_as_the_flag_contract_says(helm: Helm) -> N
         "CustomResourceDefinition",
         "DaemonSet",  # the node agent (on by default; its own checks: test_helm_agent.py)
         "Deployment",
+        "Namespace",  # the node Jobs' own (nodeJobs.createNamespace)
         "NetworkPolicy",  # ingress to the operator's metrics port (test_helm_namespaces_network.py)
         "Role",
         "RoleBinding",
         "Service",
         "ServiceAccount",
-        "ValidatingAdmissionPolicy",  # the agent's reporter name reserved (test_helm_agent.py)
+        # the agent's reporter name reserved (test_helm_agent.py); node Jobs, the agent's and
+        # the operator's Node writes (test_admission.py)
+        "ValidatingAdmissionPolicy",
         "ValidatingAdmissionPolicyBinding",
     ]
     for absent in ("ServiceMonitor", "PrometheusRule", "Secret"):
@@ -437,7 +440,7 @@ def test_rbac_is_least_privilege(helm: Helm, values: Path) -> None:
         "r-gpuheal-operator",
         "r-gpuheal-operator-events",  # events create in `default` only (checked below)
         "r-gpuheal-job-hooks",
-        "r-gpuheal-node-jobs",  # Jobs + the one ConfigMap gpuheal-node-jobs, release namespace
+        "r-gpuheal-node-jobs",  # Jobs + the one ConfigMap gpuheal-node-jobs, node-jobs namespace
     }
     for kind, name, rule in rules:
         if name == "r-gpuheal-operator-events":
@@ -536,7 +539,7 @@ def test_gpu_reset_job_follows_nvidias_procedure(helm: Helm) -> None:
     ]
     binding = _one(docs, "ClusterRoleBinding", "-gpu-reset")
     assert binding["subjects"] == [
-        {"kind": "ServiceAccount", "name": "r-gpuheal-gpu-reset", "namespace": "gpu-system"}
+        {"kind": "ServiceAccount", "name": "r-gpuheal-gpu-reset", "namespace": "r-node-jobs"}
     ]
     agent = _one(docs, "DaemonSet")["spec"]["template"]["spec"]
     terms = agent["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
@@ -1053,7 +1056,8 @@ OPERATOR_NEEDS = [
     ("create", "faulthistories.gpuheal.io", None),
     ("watch", "faulthistories.gpuheal.io", None),
     ("patch", "faulthistories.gpuheal.io/status", None),
-    ("get", "configmaps/gpuheal-node-jobs", "$ns"),  # nodeJobs: the Job templates
+    ("get", "configmaps/gpuheal-node-jobs", "$release-node-jobs"),  # nodeJobs: the templates
+    ("create", "jobs.batch", "$release-node-jobs"),  # nodeJobs: the Jobs, in their namespace
     ("list", "customresourcedefinitions.apiextensions.k8s.io", None),
     ("watch", "customresourcedefinitions.apiextensions.k8s.io", None),
 ]
@@ -1074,7 +1078,7 @@ OPERATOR_MUST_NOT = [
     ("list", "secrets", None),
     ("get", "secrets", "$ns"),
     ("list", "configmaps", "kube-system"),
-    ("get", "configmaps/kube-root-ca.crt", "$ns"),  # only gpuheal-node-jobs
+    ("get", "configmaps/kube-root-ca.crt", "$release-node-jobs"),  # only gpuheal-node-jobs
     ("delete", "nodes", None),
     ("update", "nodes", None),
     ("create", "nodes", None),

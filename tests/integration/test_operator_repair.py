@@ -39,6 +39,7 @@ from tests.integration.operator_harness import (
     condition,
     dump,
     hold,
+    node_events,
     policy,
     pool,
     wait_for,
@@ -157,7 +158,9 @@ def operator_with_bridge(
         logs.mkdir()
         op = OperatorProcess(
             Path(sandbox.kubeconfig), logs,
-            ["--bridge-url", url, "--bridge-token-file", str(token_file)],
+            # _check_job is an inline template: run it, as a site with nodeJobs.inlineTemplates
+            ["--bridge-url", url, "--bridge-token-file", str(token_file),
+             "--inline-job-templates"],
         ).start()  # fmt: skip
         ops.append(op)
         return cluster, op
@@ -330,6 +333,7 @@ def _node_jobs(sandbox: Sandbox, namespace: str, tmp_path: Path) -> Callable[[st
     hook(key): a Job hook from it."""
     rendered = subprocess.run(
         [str(cluster_bin_dir() / "helm"), "template", "gpuheal", str(CHART), "-n", namespace,
+         "--set", f"nodeJobs.namespace={namespace}", "--set", "nodeJobs.createNamespace=false",
          "--show-only", "templates/node-jobs.yaml"],
         capture_output=True, text=True, check=True, timeout=60,
         env={"HOME": str(tmp_path), "PATH": "/usr/bin:/bin"},
@@ -502,5 +506,69 @@ def test_the_charts_reboot_job_is_verified_by_a_new_boot_id(  # noqa: PLR0917
         c = condition(unproven, "Rebooted")
         assert (c["status"], c["reason"]) == ("False", "NoBootID"), dump(c)
         _no_job_for(sandbox, namespace, no_boot_id)
+    finally:
+        op.stop()
+
+
+def test_an_inline_job_template_creates_no_job_unless_the_operator_allows_it(  # noqa: PLR0917
+    sandbox: Sandbox,
+    case: Callable[..., list[str]],
+    objects: Objects,
+    namespace: str,
+    tmp_path: Path,
+    gpuheal_crds: None,
+) -> None:
+    """A policy's inline hook.job.template is any pod on the node (docs/security.md): the
+    operator without --inline-job-templates (the chart's default) creates no Job for it; the
+    reboot is skipped, saying why on the incident's condition and in an Event."""
+    core = sandbox.core_v1()
+    (node,) = case(1)
+    cid = case.case_id  # type: ignore[attr-defined]
+    inline = {
+        "type": "Job",
+        "job": {
+            "namespace": namespace,
+            "template": {
+                "template": {
+                    "spec": {
+                        "containers": [
+                            {"name": "x", "image": "example.invalid/anything", "command": ["sh"]}
+                        ]
+                    }
+                }
+            },
+        },
+    }
+    rules = [
+        {"name": "reboot", "signals": {"xids": [79]}, "ladder": [{"name": "reboot", "steps": [
+            {"action": "cordon"}, {"action": "reboot", "reboot": {"hook": inline}}]}]},
+    ]  # fmt: skip
+    objects.apply("remediationpolicies", policy(f"p-{cid}", f"{cid}-work", rules))
+    op = OperatorProcess(Path(sandbox.kubeconfig), tmp_path).start()
+    try:
+        simulate_xid(core, node, 79)
+
+        def skipped() -> dict[str, Any] | None:
+            c = condition(objects.incident(node), "Rebooted")
+            return c if c and c["reason"] == "InlineJobTemplateDisabled" else None
+
+        said = wait_for(skipped, "the reboot skipped: no inline template", timeout=60)
+        assert said["status"] == "False", dump(said)
+        assert "--inline-job-templates" in said["message"], dump(said)
+        name = objects.incident(node)["metadata"]["name"]
+        events = wait_for(
+            lambda: [e for e in node_events(core, name, "NodeRemediation")
+                     if e.reason == "RemediationStepSkipped"],
+            "a RemediationStepSkipped Event",
+        )  # fmt: skip
+        assert "hook.job.template" in events[0].message
+        jobs = client.BatchV1Api(sandbox.api_client())
+        hold(
+            lambda: (
+                not jobs.list_namespaced_job(namespace, label_selector=f"{NODE_LABEL}={node}").items
+            ),
+            "no Job created for the inline template",
+            3,
+        )
     finally:
         op.stop()

@@ -89,7 +89,8 @@ def test_a_reset_waits_for_the_nodes_slurm_job_to_leave(  # noqa: PLR0917
     objects.apply("remediationpolicies", policy(f"p-{cid}", f"{cid}-work", [rule]))
     op = OperatorProcess(
         Path(sandbox.kubeconfig), tmp_path,
-        ["--bridge-url", url, "--bridge-token-file", str(token_file)],
+        # _reset_job is an inline template: run it, as a site with nodeJobs.inlineTemplates
+        ["--bridge-url", url, "--bridge-token-file", str(token_file), "--inline-job-templates"],
     ).start()  # fmt: skip
     jobs = client.BatchV1Api(sandbox.api_client())
 

@@ -52,6 +52,7 @@ REPAIRS = frozenset({C.RESET.value, C.REBOOTED.value})
 PARAM_CONDITIONS: dict[str, dict[str, frozenset[str]]] = {
     "work_on_node": dict.fromkeys(("wait", "failed"), REPAIRS),
     "noop_skipped": {"skipped": REPAIRS},
+    "hook_skipped": {"skipped": REPAIRS},
     "_job_hook": {
         "wait": REPAIRS | {C.VERIFIED.value},
         "failed": REPAIRS,  # a check's Job that failed is recorded as CheckFailed

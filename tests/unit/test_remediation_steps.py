@@ -362,3 +362,74 @@ def test_power_cycle_is_asked_only_of_a_hook_that_can_carry_it() -> None:
     # Slurm's reboot is warm and Noop does nothing: still accepted, never claimed
     assert not opts({"type": "Slurm"}).asks_power_cycle
     assert not opts({"type": "Noop"}).asks_power_cycle
+
+
+class _NoJobs:
+    """A Kube that fails the test if anything would create or read a Job or ConfigMap."""
+
+    def __getattr__(self, name: str) -> Any:
+        raise AssertionError(f"the Kubernetes API was called ({name}): a Job would be created")
+
+
+async def test_an_inline_job_template_runs_only_where_the_operator_allows_it() -> None:
+    """A policy's inline hook.job.template is any pod on the node: off by default, the
+    reset is skipped (nothing ran, the reason says what to do) and no Job is asked for; a
+    check with one fails rather than pass a node unchecked."""
+    inline = HookSpec.model_validate({"type": "Job", "job": {"template": {"template": {
+        "spec": {"containers": [{"name": "x", "image": "example.invalid/x"}]}}}}})  # fmt: skip
+    skipped = await steps.run_hook(
+        _NoJobs(),  # type: ignore[arg-type]
+        inline, action="reset", node="n1", incident="nrem-1", xid=62, started=NOW, now=NOW,
+        hook_timeout="10m", retry_after=1.0, jobs=steps.NodeJobs("gpuheal-node-jobs"),
+    )  # fmt: skip
+    assert (skipped.kind, skipped.reason) == ("skipped", steps.INLINE_TEMPLATE_OFF)
+    assert "--inline-job-templates" in skipped.message
+    assert inline.job is not None
+    check = await steps._job_hook(
+        _NoJobs(),  # type: ignore[arg-type]
+        inline.job, condition="Verified", action="check", node="n1", incident="nrem-1",
+        name="nrem-1-check", retry_after=1.0, jobs=steps.NodeJobs("gpuheal-node-jobs"),
+    )  # fmt: skip
+    assert (check.kind, check.reason) == ("failed", steps.INLINE_TEMPLATE_OFF)
+
+
+async def test_a_job_hook_without_a_namespace_runs_in_the_operators_node_jobs_namespace() -> None:
+    ref = HookSpec.model_validate(
+        {"type": "Job", "job": {"templateFrom": {"name": "gpuheal-node-jobs", "key": "gpu-reset"}}}
+    )
+    assert ref.job is not None
+    nowhere = await steps._job_hook(
+        _NoJobs(),  # type: ignore[arg-type]
+        ref.job, condition="Reset", action="reset", node="n1", incident="nrem-1",
+        name="nrem-1-reset", retry_after=1.0, jobs=steps.NodeJobs(),
+    )  # fmt: skip
+    assert (nowhere.kind, nowhere.reason) == ("failed", "HookInvalid")
+    assert "--node-jobs-namespace" in nowhere.message
+
+    class _Created:
+        def __init__(self) -> None:
+            self.asked: list[tuple[str, str]] = []
+
+        async def get_job(self, ns: str, name: str) -> None:
+            self.asked.append(("get_job", ns))
+
+        async def get_configmap(self, ns: str, name: str) -> dict[str, Any]:
+            self.asked.append(("get_configmap", ns))
+            return {"data": {"gpu-reset": "template: {spec: {containers: []}}"}}
+
+        async def create_job(self, ns: str, body: dict[str, Any]) -> bool:
+            self.asked.append(("create_job", body["metadata"]["namespace"]))
+            return True
+
+    kube = _Created()
+    made = await steps._job_hook(
+        kube,  # type: ignore[arg-type]
+        ref.job, condition="Reset", action="reset", node="n1", incident="nrem-1",
+        name="nrem-1-reset", retry_after=1.0, jobs=steps.NodeJobs("r-node-jobs"),
+    )  # fmt: skip
+    assert made.kind == "wait"
+    assert kube.asked == [
+        ("get_job", "r-node-jobs"),
+        ("get_configmap", "r-node-jobs"),
+        ("create_job", "r-node-jobs"),
+    ]

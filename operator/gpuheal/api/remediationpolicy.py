@@ -572,14 +572,20 @@ class JobHook(Model):
 
     model_config = ConfigDict(json_schema_extra=cel(*_JOB_RULES))
 
-    namespace: DnsLabel = Field(
-        description="Namespace the Job is created in (the chart grants Job rights only in "
-        "rbac.jobHookNamespaces).",
+    namespace: DnsLabel | None = Field(
+        default=None,
+        description="Namespace the Job is created in; omitted: the operator's "
+        "--node-jobs-namespace (the chart's <release>-node-jobs, where its admission policy "
+        "admits only the chart's node Jobs). The chart grants Job rights elsewhere only in "
+        "rbac.jobHookNamespaces.",
     )
     template: dict[str, Any] | None = Field(
         default=None,
         description="A batch/v1 JobSpec; gpuheal adds NODE_NAME, GPUHEAL_ACTION and "
-        "GPUHEAL_INCIDENT to every container's environment.",
+        "GPUHEAL_INCIDENT to every container's environment. Runs only where the operator "
+        "allows inline templates (--inline-job-templates, chart nodeJobs.inlineTemplates, off "
+        "by default): otherwise a reset or reboot with one is skipped and a check fails, "
+        "no Job created.",
         json_schema_extra={"x-kubernetes-preserve-unknown-fields": True, "type": "object"},
     )
     template_from: ConfigMapKeyRef | None = Field(

@@ -421,6 +421,38 @@ async def work_on_node(
     return None if busy is None else StepResult.wait(cond, busy.reason, busy.message, retry)
 
 
+@dataclass(frozen=True)
+class NodeJobs:
+    """Where Job hooks and checks run when their policy names no namespace
+    (``--node-jobs-namespace``), and whether an inline ``template`` may run at all
+    (``--inline-job-templates``): without it only ``templateFrom`` (the chart's ConfigMap,
+    which its admission policy matches) creates a Job."""
+
+    namespace: str | None = None
+    inline_templates: bool = False
+
+    @classmethod
+    def of(cls, ports: Ports) -> NodeJobs:
+        cfg = ports.config
+        return cls(cfg.node_jobs_namespace, cfg.inline_job_templates)
+
+
+#: The reason of a step whose Job hook or check is an inline template the operator refuses.
+INLINE_TEMPLATE_OFF = "InlineJobTemplateDisabled"
+
+
+def _inline_refused(job_hook: JobHook, jobs: NodeJobs) -> str | None:
+    """Why this Job may not be created (an inline template, not allowed), or None."""
+    if job_hook.template is None or jobs.inline_templates:
+        return None
+    return (
+        "the policy gives its Job inline (hook.job.template) and this operator runs no inline "
+        "templates (--inline-job-templates, chart nodeJobs.inlineTemplates: off by default): "
+        "no Job created. Use templateFrom (the chart's gpuheal-node-jobs) or turn it on "
+        "(docs/security.md)"
+    )
+
+
 async def run_hook(  # noqa: PLR0911
     kube: Kube,
     hook: HookSpec,
@@ -435,6 +467,7 @@ async def run_hook(  # noqa: PLR0911
     retry_after: float,
     job_name: str | None = None,
     power_cycle: bool = False,
+    jobs: NodeJobs = NodeJobs(),
 ) -> StepResult:
     """The reset/reboot contract: a Webhook POST or a Job; ``Noop`` runs nothing, so the
     step is skipped (its condition False, `NoopHook`), never taken for a repair.
@@ -447,11 +480,13 @@ async def run_hook(  # noqa: PLR0911
     when the Job reports Complete, failure when it reports Failed. A reboot with
     ``powerCycle`` adds ``"powerCycle": true`` to the request (env
     ``GPUHEAL_POWER_CYCLE=true``): the hook must power-cycle the node (its BMC) or fail,
-    never reboot it warm instead.
+    never reboot it warm instead. An inline Job template the operator does not allow
+    (``jobs``) is skipped: nothing ran, the node was not repaired.
     """
     condition = C.RESET if action == "reset" else C.REBOOTED
-    if hook.type is HookType.NOOP:
-        return noop_skipped(condition, action)
+    skipped = hook_skipped(hook, condition, action, jobs)
+    if skipped is not None:
+        return skipped
     if now - started > parse_duration(hook_timeout):
         return StepResult.failed(
             condition, "HookTimedOut", f"{action} hook did not finish in {hook_timeout}"
@@ -487,8 +522,21 @@ async def run_hook(  # noqa: PLR0911
             name=job_name or job_name_for(incident, action),
             retry_after=retry_after,
             power_cycle=power_cycle,
+            jobs=jobs,
         )
     return StepResult.failed(condition, "HookInvalid", f"{action} hook has no {hook.type} block")
+
+
+def hook_skipped(hook: HookSpec, condition: str, action: str, jobs: NodeJobs) -> StepResult | None:
+    """A hook that will run nothing: ``Noop``, or an inline Job template the operator does
+    not allow (skipped, with the reason and what to do, rather than a Job created)."""
+    if hook.type is HookType.NOOP:
+        return noop_skipped(condition, action)
+    if hook.type is HookType.JOB and hook.job is not None:
+        refused = _inline_refused(hook.job, jobs)
+        if refused is not None:
+            return StepResult.skipped(condition, INLINE_TEMPLATE_OFF, f"{action} hook: {refused}")
+    return None
 
 
 def noop_skipped(condition: str, action: str) -> StepResult:
@@ -508,7 +556,7 @@ def job_name_for(incident: str, suffix: str) -> str:
     return f"{incident[: 63 - len(suffix) - 10].rstrip('-')}-{digest}-{suffix}"
 
 
-async def _job_hook(
+async def _job_hook(  # noqa: PLR0911 - one exit per outcome
     kube: Kube,
     job_hook: JobHook,
     *,
@@ -519,13 +567,24 @@ async def _job_hook(
     name: str,
     retry_after: float,
     power_cycle: bool = False,
+    jobs: NodeJobs,
 ) -> StepResult:
     """Create the Job once, then follow it: Complete is done, Failed is failed (its exit
-    code said so)."""
-    ns = job_hook.namespace
+    code said so). The namespace is the hook's, else the operator's node-jobs namespace."""
+    ns = job_hook.namespace or jobs.namespace
+    if ns is None:
+        return StepResult.failed(
+            condition,
+            "HookInvalid",
+            "hook.job.namespace is not set and the operator has no --node-jobs-namespace "
+            "(the chart sets it): nowhere to create the Job",
+        )
+    refused = _inline_refused(job_hook, jobs)
+    if refused is not None:
+        return StepResult.failed(condition, INLINE_TEMPLATE_OFF, refused)
     job = await kube.get_job(ns, name)
     if job is None:
-        template = await _template(kube, job_hook)
+        template = await _template(kube, job_hook, ns)
         if isinstance(template, str):
             return StepResult.failed(condition, "HookInvalid", template)
         spec = _job_spec(
@@ -554,22 +613,22 @@ async def _job_hook(
     return StepResult.wait(condition, "HookRunning", f"Job {ns}/{name} running", retry_after)
 
 
-async def _template(kube: Kube, job_hook: JobHook) -> dict[str, Any] | str:
-    """The JobSpec: inline, or from the ConfigMap key (a str says what is wrong)."""
+async def _template(kube: Kube, job_hook: JobHook, ns: str) -> dict[str, Any] | str:
+    """The JobSpec: inline, or from the ConfigMap key in ``ns`` (a str says what is wrong)."""
     if job_hook.template is not None:
         return dict(job_hook.template)
     ref = job_hook.template_from
     assert ref is not None  # the model (and CEL) require one of the two
-    cm = await kube.get_configmap(job_hook.namespace, ref.name)
+    cm = await kube.get_configmap(ns, ref.name)
     raw = ((cm or {}).get("data") or {}).get(ref.key)
     if raw is None:
-        return f"ConfigMap {job_hook.namespace}/{ref.name} has no key {ref.key}"
+        return f"ConfigMap {ns}/{ref.name} has no key {ref.key}"
     try:
         loaded = yaml.safe_load(raw)
     except yaml.YAMLError as exc:
-        return f"ConfigMap {job_hook.namespace}/{ref.name} key {ref.key} is not YAML: {exc}"
+        return f"ConfigMap {ns}/{ref.name} key {ref.key} is not YAML: {exc}"
     if not isinstance(loaded, dict):
-        return f"ConfigMap {job_hook.namespace}/{ref.name} key {ref.key} is not a JobSpec"
+        return f"ConfigMap {ns}/{ref.name} key {ref.key} is not a JobSpec"
     return loaded
 
 
@@ -822,8 +881,10 @@ async def repair(  # noqa: PLR0917, PLR0911 - one exit per verified outcome
     node, name, rung = nrem.spec.node_name, nrem.metadata.name, rec.status.rung
     hook = opts.hook
     retry = ports.config.retry_interval
-    if hook.type is HookType.NOOP:
-        return noop_skipped(cond, action.value)
+    # Before the request is recorded: a hook that runs nothing asks for no repair.
+    skipped = hook_skipped(hook, cond, action.value, NodeJobs.of(ports))
+    if skipped is not None:
+        return skipped
     record = _repair_record(rec, action)
     if record is None:
         body = await kube.get_node(node)
@@ -886,6 +947,7 @@ async def repair(  # noqa: PLR0917, PLR0911 - one exit per verified outcome
                 retry_after=retry,
                 job_name=job_name_for(name, f"{action.value}-{rung}"),
                 power_cycle=record.power_cycle,
+                jobs=NodeJobs.of(ports),
             )
             if ran.kind != "done":
                 ran.status["repair"] = record.to_k8s()
@@ -1019,6 +1081,7 @@ async def verify(  # noqa: PLR0911, PLR0912 - one exit per check type and verdic
             incident=name,
             name=job_name_for(name, f"check-{rung}-{run.attempt}"),
             retry_after=retry,
+            jobs=NodeJobs.of(ports),
         )
         if ran.kind == "done":
             return StepResult.done(cond, "CheckPassed", f"{ran.message} (exit code 0)")

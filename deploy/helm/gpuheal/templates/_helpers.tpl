@@ -50,6 +50,16 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 app.kubernetes.io/component: slurm-bridge
 {{- end -}}
 
+{{/* The node Jobs' namespace: nodeJobs.namespace, else <release>-node-jobs. */}}
+{{- define "gpuheal.nodeJobsNamespace" -}}
+{{- default (printf "%s-node-jobs" .Release.Name) .Values.nodeJobs.namespace | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* The operator's user name at admission (request.userInfo.username). */}}
+{{- define "gpuheal.operatorUser" -}}
+{{- printf "system:serviceaccount:%s:%s" .Release.Namespace (include "gpuheal.serviceAccountName" .) -}}
+{{- end -}}
+
 {{- define "gpuheal.serviceAccountName" -}}
 {{- if .Values.serviceAccount.create -}}
 {{- default (include "gpuheal.fullname" .) .Values.serviceAccount.name -}}
