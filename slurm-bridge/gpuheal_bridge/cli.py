@@ -4,7 +4,8 @@ Flags and ``GPUHEAL_BRIDGE_*`` variables are :class:`~gpuheal_bridge.config.Brid
 this module turns them into a backend, the app's settings, and a running server. The
 bridge refuses to start without a bearer token, or on an address off loopback without TLS
 (unless told ``--insecure-http``). SIGHUP reads the tokens again (``--token-file`` and
-``$GPUHEAL_BRIDGE_TOKENS``) without a restart.
+``$GPUHEAL_BRIDGE_TOKENS``) without a restart; the slurmrestd JWT (``--rest-token-file``) is
+read again whenever its file changes.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from collections.abc import Sequence
 
 from gpuheal_bridge.backends.base import Backend
 from gpuheal_bridge.backends.cli import CliBackend
-from gpuheal_bridge.backends.rest import RestBackend
+from gpuheal_bridge.backends.rest import JwtFile, RestBackend
 from gpuheal_bridge.config import BridgeConfig, listen_host, parse_config
 from gpuheal_bridge.exclusions import ExclusionLedger
 from gpuheal_bridge.nodemap import NodeMapper
@@ -31,7 +32,8 @@ def build_backend(config: BridgeConfig) -> Backend:
     if config.backend == "cli":
         return cli
     assert config.rest_url is not None  # BridgeConfig refuses rest without --rest-url
-    token = config.rest_token_file.read_text().strip() if config.rest_token_file else None
+    # Read again whenever the file changes (a rotated JWT needs no restart).
+    token = JwtFile(config.rest_token_file) if config.rest_token_file else None
     return RestBackend(
         config.rest_url,
         user=config.rest_user,

@@ -62,7 +62,9 @@ class BridgeConfig(BaseSettings):
         None, description="slurmrestd URL: http(s)://host:port or unix:/path/to.sock"
     )
     rest_user: str = Field("root", description="X-SLURM-USER-NAME for JWT auth")
-    rest_token_file: Path | None = Field(None, description="file holding the slurmrestd JWT")
+    rest_token_file: Path | None = Field(
+        None, description="file holding the slurmrestd JWT; read again whenever it changes"
+    )
     rest_api_version: str | None = Field(
         None, description="force an API version, e.g. v0.0.40 (default: newest offered)"
     )
