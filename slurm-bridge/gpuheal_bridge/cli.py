@@ -23,7 +23,9 @@ from gpuheal_bridge.exclusions import ExclusionLedger
 from gpuheal_bridge.nodemap import NodeMapper
 from gpuheal_bridge.operations import Operations
 from gpuheal_bridge.server.app import BridgeSettings, create_app
-from gpuheal_bridge.server.auth import load_tokens
+from gpuheal_bridge.server.auth import Token, load_tokens
+
+log = logging.getLogger("gpuheal_bridge")
 
 
 def build_backend(config: BridgeConfig) -> Backend:
@@ -45,7 +47,7 @@ def build_backend(config: BridgeConfig) -> Backend:
 
 
 def build_settings(config: BridgeConfig) -> BridgeSettings:
-    def read_tokens() -> dict[str, str]:
+    def read_tokens() -> dict[str, Token]:
         return load_tokens(config.token_file)
 
     tokens = read_tokens()
@@ -57,7 +59,16 @@ def build_settings(config: BridgeConfig) -> BridgeSettings:
         regex=config.node_map_regex,
         table_file=config.node_map_table,
         table_only=config.node_map_table_only,
+        allowed=config.allowed_nodes,
     )
+    if mapper.allowed is None:
+        log.warning(
+            "no --allowed-nodes: every node of the Slurm cluster may be drained, resumed, "
+            "rebooted and have its jobs requeued by a token with the scope; give the nodes "
+            "gpuheal manages (a Slurm hostlist, e.g. gpu-[01-64])"
+        )
+    else:
+        log.info("allowed nodes: %s (%d)", config.allowed_nodes, len(mapper.allowed))
     ops = Operations(
         backend,
         expedite_timeout=config.expedite_timeout,
