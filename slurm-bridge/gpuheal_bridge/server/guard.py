@@ -86,7 +86,8 @@ class Guard(BaseHTTPMiddleware):
                 metrics.requests.labels(op, "unauthorized").inc()
                 return self.refused(request, refusal, peer)
             request.state.who, request.state.scopes = caller.name, caller.scopes
-            if missing := caller.missing({route_scope(op)}):
+            # No route (op "other"): nothing runs, routing answers 404/405 as it would.
+            if op != "other" and (missing := caller.missing({route_scope(op)})):
                 message = missing_message(caller, missing, f"call {op}")
                 metrics.requests.labels(op, "forbidden").inc()
                 return self.refused(request, error(403, ErrorCode.FORBIDDEN, message), peer)

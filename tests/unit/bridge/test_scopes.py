@@ -233,3 +233,9 @@ def test_nodes_outside_the_allowlist_are_refused(slurm: FakeSlurm, tmp_path: Pat
         ("resume_node", 403, "127.0.0.1"),
         ("requeue_job", 403, "127.0.0.1"),
     ]
+
+
+def test_a_path_with_no_route_is_not_found_whatever_the_scopes(client: TestClient) -> None:
+    """No route, nothing runs: 404/405 as before scopes, not a 403 asking for admin."""
+    assert client.get("/v1/nodes/node1/nothing", headers=auth(READER)).status_code == 404
+    assert client.delete("/v1/nodes/node1", headers=auth(READER)).status_code == 405
