@@ -4,7 +4,8 @@ Flags and ``GPUHEAL_BRIDGE_*`` variables are :class:`~gpuheal_bridge.config.Brid
 this module turns them into a backend, the app's settings, and a running server. The
 bridge refuses to start without a bearer token, or on an address off loopback without TLS
 (unless told ``--insecure-http``). SIGHUP reads the tokens again (``--token-file`` and
-``$GPUHEAL_BRIDGE_TOKENS``) without a restart.
+``$GPUHEAL_BRIDGE_TOKENS``) without a restart; the slurmrestd JWT (``--rest-token-file``) is
+read again whenever its file changes.
 """
 
 from __future__ import annotations
@@ -16,13 +17,15 @@ from collections.abc import Sequence
 
 from gpuheal_bridge.backends.base import Backend
 from gpuheal_bridge.backends.cli import CliBackend
-from gpuheal_bridge.backends.rest import RestBackend
+from gpuheal_bridge.backends.rest import JwtFile, RestBackend
 from gpuheal_bridge.config import BridgeConfig, listen_host, parse_config
 from gpuheal_bridge.exclusions import ExclusionLedger
 from gpuheal_bridge.nodemap import NodeMapper
 from gpuheal_bridge.operations import Operations
 from gpuheal_bridge.server.app import BridgeSettings, create_app
-from gpuheal_bridge.server.auth import load_tokens
+from gpuheal_bridge.server.auth import Token, load_tokens
+
+log = logging.getLogger("gpuheal_bridge")
 
 
 def build_backend(config: BridgeConfig) -> Backend:
@@ -31,7 +34,8 @@ def build_backend(config: BridgeConfig) -> Backend:
     if config.backend == "cli":
         return cli
     assert config.rest_url is not None  # BridgeConfig refuses rest without --rest-url
-    token = config.rest_token_file.read_text().strip() if config.rest_token_file else None
+    # Read again whenever the file changes (a rotated JWT needs no restart).
+    token = JwtFile(config.rest_token_file) if config.rest_token_file else None
     return RestBackend(
         config.rest_url,
         user=config.rest_user,
@@ -43,7 +47,7 @@ def build_backend(config: BridgeConfig) -> Backend:
 
 
 def build_settings(config: BridgeConfig) -> BridgeSettings:
-    def read_tokens() -> dict[str, str]:
+    def read_tokens() -> dict[str, Token]:
         return load_tokens(config.token_file)
 
     tokens = read_tokens()
@@ -55,7 +59,16 @@ def build_settings(config: BridgeConfig) -> BridgeSettings:
         regex=config.node_map_regex,
         table_file=config.node_map_table,
         table_only=config.node_map_table_only,
+        allowed=config.allowed_nodes,
     )
+    if mapper.allowed is None:
+        log.warning(
+            "no --allowed-nodes: every node of the Slurm cluster may be drained, resumed, "
+            "rebooted and have its jobs requeued by a token with the scope; give the nodes "
+            "gpuheal manages (a Slurm hostlist, e.g. gpu-[01-64])"
+        )
+    else:
+        log.info("allowed nodes: %s (%d)", config.allowed_nodes, len(mapper.allowed))
     ops = Operations(
         backend,
         expedite_timeout=config.expedite_timeout,

@@ -272,7 +272,7 @@ class BridgeClient:
         job_id: int,
         options: RequeueOptions | None = None,
         *,
-        from_node: str | None = None,
+        from_node: str,
         idempotency_key: str | None = None,
     ) -> JobResult:
         opts = options or RequeueOptions()

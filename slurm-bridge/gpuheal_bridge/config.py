@@ -15,6 +15,7 @@ from typing import Literal, Self
 from pydantic import Field, PositiveFloat, ValidationError, model_validator
 from pydantic_settings import BaseSettings, CliApp, SettingsConfigDict
 
+from gpuheal_bridge.hostlist import expand
 from gpuheal_bridge.server.auth import is_loopback
 
 ENV_PREFIX = "GPUHEAL_BRIDGE_"
@@ -38,7 +39,14 @@ class BridgeConfig(BaseSettings):
         "or --insecure-http)",
     )
     token_file: Path | None = Field(
-        None, description="bearer tokens, one 'name:token' a line; read again on SIGHUP"
+        None,
+        description="bearer tokens, one 'name:token' or 'name:token:scope,scope' a line (no "
+        "scopes: every scope but admin); read again on SIGHUP",
+    )
+    allowed_nodes: str | None = Field(
+        None,
+        description="the Slurm nodes the bridge may act on, a hostlist (e.g. gpu-[01-64]); "
+        "any other is refused (403). Unset: every node (a warning at start)",
     )
     tls_cert: Path | None = Field(None, description="TLS certificate (PEM): HTTPS with --tls-key")
     tls_key: Path | None = Field(None, description="TLS private key (PEM)")
@@ -62,7 +70,9 @@ class BridgeConfig(BaseSettings):
         None, description="slurmrestd URL: http(s)://host:port or unix:/path/to.sock"
     )
     rest_user: str = Field("root", description="X-SLURM-USER-NAME for JWT auth")
-    rest_token_file: Path | None = Field(None, description="file holding the slurmrestd JWT")
+    rest_token_file: Path | None = Field(
+        None, description="file holding the slurmrestd JWT; read again whenever it changes"
+    )
     rest_api_version: str | None = Field(
         None, description="force an API version, e.g. v0.0.40 (default: newest offered)"
     )
@@ -105,6 +115,13 @@ class BridgeConfig(BaseSettings):
             raise ValueError("--tls-cert and --tls-key go together")
         if self.backend == "rest" and not self.rest_url:
             raise ValueError("--backend rest needs --rest-url")
+        if self.allowed_nodes is not None:
+            try:
+                nodes = expand(self.allowed_nodes)
+            except ValueError as exc:
+                raise ValueError(f"--allowed-nodes {self.allowed_nodes!r}: {exc}") from None
+            if not nodes:
+                raise ValueError("--allowed-nodes is empty: give a hostlist, or leave it unset")
         host = listen_host(self.listen)
         if self.tls_cert is None and not self.insecure_http and not is_loopback(host):
             raise ValueError(

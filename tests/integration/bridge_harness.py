@@ -75,6 +75,7 @@ def start_bridge(
     workdir: Path,
     *extra: str,
     token: str,
+    tokens: str | None = None,
     name: str = "bridge",
     host: str = "127.0.0.1",
     port: int | None = None,
@@ -83,17 +84,19 @@ def start_bridge(
 ) -> BridgeProcess:
     """The bridge process in front of ``cluster``, its files in ``workdir`` (named after
     ``name``: a restart on the same ``port`` keeps its idempotency store), ready
-    (``/readyz`` says ready) unless ``wait_ready`` is False. The caller stops it."""
+    (``/readyz`` says ready) unless ``wait_ready`` is False. The caller stops it. Its token
+    file holds ``operator:<token>``, or ``tokens`` (lines of its own) when given."""
     port = port or free_port()
-    tokens = workdir / f"{name}-tokens"
-    tokens.write_text(f"operator:{token}\n")
+    token_lines = tokens if tokens is not None else f"operator:{token}\n"
+    tokens_file = workdir / f"{name}-tokens"
+    tokens_file.write_text(token_lines)
     operator_token = workdir / f"{name}-operator-token"
     operator_token.write_text(token)
     state = workdir / f"{name}-state"
     state.mkdir(exist_ok=True)
     log = workdir / f"{name}.log"
     argv = [
-        "--listen", f"{host}:{port}", "--token-file", str(tokens),
+        "--listen", f"{host}:{port}", "--token-file", str(tokens_file),
         "--slurm-conf", str(cluster.conf_path), "--state-dir", str(state),
         "--expedite-timeout", "15", "--log-level", "warning",
     ]  # fmt: skip
@@ -115,7 +118,7 @@ def start_bridge(
         proc,
         f"{scheme}://{shown}:{port}",
         port,
-        tokens,
+        tokens_file,
         operator_token,
         log,
         tls.ca if tls else None,

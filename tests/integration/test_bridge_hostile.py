@@ -253,12 +253,14 @@ def test_hostile_names_ids_bodies_and_signals_change_nothing_in_slurm(
                 assert 400 <= resp.status_code < 500, (name, suffix, resp.status_code)
         for job in HOSTILE_JOBS:
             assert 400 <= send("GET", f"/v1/jobs/{job}").status_code < 500, job
-            assert 400 <= send("POST", f"/v1/jobs/{job}/requeue", json={}).status_code < 500, job
+            requeue = send("POST", f"/v1/jobs/{job}/requeue", json={"from_node": NODES[0]})
+            assert 400 <= requeue.status_code < 500, job
         # ids the API takes but squeue 22.05 refuses ("Invalid job id: N", above 2**31 - 1):
         # no such job, a 404 (not a 200 "failed" stored under the key)
         for job in ("2147483648", "4294906480", "4294967293"):
             assert send("GET", f"/v1/jobs/{job}").status_code == 404, job
-            assert send("POST", f"/v1/jobs/{job}/requeue", json={}).status_code == 404, job
+            requeue = send("POST", f"/v1/jobs/{job}/requeue", json={"from_node": NODES[0]})
+            assert requeue.status_code == 404, job
         for hostlist in (
             "hx-node-[0-2]",
             "--help",
@@ -343,8 +345,11 @@ def test_hostile_names_ids_bodies_and_signals_change_nothing_in_slurm(
     assert states[NODES[1]] == states[NODES[2]] == "idle", states
     assert _drain_reason(cluster, NODES[0]) == f"gpuheal: {VICTIM}"
     assert _slurmctld_node_updates(cluster) <= {NODES[0]}
-    # the audit log: who asked for what, refusals too (not the 401s: no one to name)
+    # the audit log: who asked for what, refusals too; a 401 names no one but its address
     lines = _audit(tmp_path)
+    unauthorized = [x for x in lines if x["status"] == 401]
+    assert [(x["who"], bool(x["peer"])) for x in unauthorized] == [(None, True)] * 2
+    lines = [x for x in lines if x["status"] != 401]
     assert len(lines) == len(posts), (len(lines), len(posts))
     assert {x["who"] for x in lines} == {"operator"}
     assert [x["status"] for x in lines] == [status for _, status in posts]

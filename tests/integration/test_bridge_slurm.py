@@ -407,9 +407,11 @@ def test_finished_and_no_requeue_jobs_are_reported_not_touched(
     bridge: Bridge, job_script: Path
 ) -> None:
     cluster = bridge.cluster
-    done = int(cluster.run("sbatch", "--parsable", "--wrap", "true").stdout.strip())
+    sbatch = ("sbatch", "--parsable", "-w", NODES[0], "--wrap", "true")
+    done = int(cluster.run(*sbatch).stdout.strip())
     wait_for(lambda: job_field(cluster, done, "%T") == "COMPLETED", "job completed")
-    resp = bridge.http.post(f"/v1/jobs/{done}/requeue", headers=AUTH, json={})
+    body = {"from_node": NODES[0]}
+    resp = bridge.http.post(f"/v1/jobs/{done}/requeue", headers=AUTH, json=body)
     assert resp.json()["outcome"] == "not_running"
     time.sleep(0.5)
     assert job_field(cluster, done, "%T") == "COMPLETED"  # not revived
@@ -434,14 +436,18 @@ def test_auth_validation_and_not_found(bridge: Bridge) -> None:
         resp = h.post(f"/v1/nodes/{NODES[0]}/drain", headers=headers, json={"incident": "x"})
         assert resp.status_code == 401
     assert bridge.cluster.node_states()[NODES[0]] == "idle"  # 401 touched nothing
-    assert bridge.audit() == []
+    # each 401 written down with the caller's address, and no one's name
+    assert [(e["who"], e["peer"], e["status"], e["op"]) for e in bridge.audit()] == [
+        (None, "127.0.0.1", 401, "drain_node")
+    ] * 2
     for bad in ("node1;reboot", "node[1-100]", "-rf"):
         resp = h.post(f"/v1/nodes/{bad}/drain", headers=AUTH, json={"incident": "x"})
         assert resp.status_code == 422, bad
         assert resp.json()["error"] == "invalid"
     assert h.get("/v1/jobs/1_2", headers=AUTH).status_code == 422
     assert h.get("/v1/nodes/no-such-node", headers=AUTH).status_code == 404
-    assert h.post("/v1/jobs/999999/requeue", headers=AUTH, json={}).status_code == 404
+    body = {"from_node": NODES[0]}
+    assert h.post("/v1/jobs/999999/requeue", headers=AUTH, json=body).status_code == 404
     assert h.get("/healthz").status_code == 200
     assert h.get("/readyz").json()["ready"] is True
 

@@ -389,10 +389,14 @@ class JobsResponse(_Model):
 class JobRequeueRequest(RequeueOptions):
     """Requeue one job. ``from_node``: only if it still runs there; that node is excluded."""
 
-    from_node: (
-        Annotated[str, Field(min_length=1, max_length=NODE_NAME_MAX, pattern=NODE_NAME_PATTERN)]
-        | None
-    ) = Field(default=None, description="Node (Kubernetes name) the job must still run on.")
+    # Required: a token acts on the jobs of the nodes it may name (the bridge's allowed
+    # nodes), not on any job of the Slurm cluster by its id.
+    from_node: Annotated[
+        str, Field(min_length=1, max_length=NODE_NAME_MAX, pattern=NODE_NAME_PATTERN)
+    ] = Field(
+        description="Node (Kubernetes name) the job must still run on (required: the job is "
+        "requeued, held or signalled only if it runs there)."
+    )
 
 
 class RebootNextState(StrEnum):
@@ -461,6 +465,7 @@ class ReserveResponse(_Model):
 class ErrorCode(StrEnum):
     UNAUTHORIZED = "unauthorized"
     INSECURE_TRANSPORT = "insecure_transport"  # plain HTTP from a peer not on loopback
+    FORBIDDEN = "forbidden"  # the token lacks a scope, or the node is outside the allowlist
     INVALID = "invalid"
     NOT_FOUND = "not_found"
     CONFLICT = "conflict"  # e.g. resume of someone else's drain

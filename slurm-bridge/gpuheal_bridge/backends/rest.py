@@ -26,7 +26,10 @@ Transport: ``http(s)://host:port`` with JWT headers (``X-SLURM-USER-NAME``,
 from __future__ import annotations
 
 import datetime as dt
+import logging
 import re
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -51,6 +54,7 @@ _VERSION = re.compile(r"^/slurm/(v0\.0\.(\d+))/")
 _NOT_FOUND = re.compile(r"Invalid (node name|job id)|Unable to find|not found", re.I)
 _DOWN = re.compile(r"Unable to contact slurm controller|Unspecified error|connect failure", re.I)
 READ_CAPS = frozenset({Capability.READ_NODES, Capability.READ_JOBS})
+log = logging.getLogger("gpuheal_bridge")
 
 
 def minor(version: str) -> int:
@@ -79,6 +83,40 @@ def signal_params(minor_version: int, signal: str, target: SignalTarget) -> dict
     return {"signal": sig, "flags": flag}
 
 
+class JwtFile:
+    """The slurmrestd JWT in a file, read again whenever the file changes (its inode, mtime or
+    size: a Secret volume swaps a symlink, ``scontrol token`` rewrites the file): a rotated
+    JWT is used from the next call on, nothing restarts. One ``stat`` per call; if the file
+    cannot be read for a moment, the last JWT stays (and the failure is logged once)."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self._stamp: tuple[int, int, int] | None = None
+        self._token = ""
+        self._failing = False
+        self._read(strict=True)
+
+    def _read(self, *, strict: bool = False) -> str:
+        try:
+            st = self.path.stat()
+            stamp = (st.st_ino, st.st_mtime_ns, st.st_size)
+            if stamp != self._stamp:
+                self._token, self._stamp = self.path.read_text().strip(), stamp
+                if not strict:
+                    log.warning("slurmrestd JWT read again from %s (it changed)", self.path)
+            self._failing = False
+        except OSError as exc:
+            if strict:
+                raise
+            if not self._failing:
+                log.error("slurmrestd JWT %s unreadable, the last one stays: %s", self.path, exc)
+            self._failing = True
+        return self._token
+
+    def __call__(self) -> str:
+        return self._read()
+
+
 class RestBackend:
     name = "rest"
 
@@ -87,20 +125,20 @@ class RestBackend:
         url: str,
         *,
         user: str | None = None,
-        token: str | None = None,
+        token: str | Callable[[], str] | None = None,
         api_version: str | None = None,
         timeout: float = 15.0,
         fallback: Backend | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
-        headers = {}
-        if token:
-            headers = {"X-SLURM-USER-NAME": user or "root", "X-SLURM-USER-TOKEN": token}
+        # The JWT of the moment, asked for at each call: a JwtFile reads a rotated file again.
+        self._token = token if callable(token) or token is None else (lambda: token)
+        self._user = user or "root"
         if url.startswith("unix:"):
             transport = transport or httpx.AsyncHTTPTransport(uds=url.removeprefix("unix:"))
             url = "http://slurmrestd"
         self._http = httpx.AsyncClient(
-            base_url=url.rstrip("/"), headers=headers, timeout=timeout, transport=transport
+            base_url=url.rstrip("/"), timeout=timeout, transport=transport
         )
         self.version = api_version
         self.fallback = fallback
@@ -127,6 +165,8 @@ class RestBackend:
         return frozenset(caps)
 
     async def _request(self, method: str, path: str, **kw: Any) -> httpx.Response:
+        if self._token is not None and (token := self._token()):
+            kw["headers"] = {"X-SLURM-USER-NAME": self._user, "X-SLURM-USER-TOKEN": token}
         try:
             return await self._http.request(method, path, **kw)
         except httpx.TransportError as exc:

@@ -9,8 +9,10 @@ schema to keep in sync. It runs on uvicorn, supports TLS there, and its TestClie
 the HTTP layer unit-testable with a fake backend.
 
 Order of checks for every request: plain HTTP from a peer that is not on loopback (403,
-unless ``remote_plain_http``); then for ``/v1``: bearer token (401, nothing else runs), name
-validation and mapping (422/404), idempotency replay, per-node/per-job lock, Slurm.
+unless ``remote_plain_http``); then for ``/v1``: bearer token (401, nothing else runs), the
+scope of the route (403, nothing else runs), name validation, mapping and allowed nodes
+(422/404/403), the scopes the body asks for (403), idempotency replay, per-node/per-job
+lock, Slurm.
 
 Left running beside the requests: a slurmctld check every ``health_interval`` seconds (the
 ``gpuheal_bridge_slurmctld_up`` gauge does not wait for someone to call ``/readyz``), and,
@@ -23,7 +25,7 @@ import asyncio
 import contextlib
 import logging
 import signal
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path as FilePath
@@ -37,7 +39,7 @@ from gpuheal_bridge.exclusions import ExclusionLedger
 from gpuheal_bridge.nodemap import NodeMapper
 from gpuheal_bridge.operations import Operations
 from gpuheal_bridge.server.audit import AuditLog
-from gpuheal_bridge.server.auth import TokenAuth
+from gpuheal_bridge.server.auth import Token, TokenAuth
 from gpuheal_bridge.server.errors import add_exception_handlers, map_exception
 from gpuheal_bridge.server.guard import MAX_BODY_BYTES, BodyLimit, Guard
 from gpuheal_bridge.server.idempotency import IdempotencyStore
@@ -52,7 +54,8 @@ ROUTERS = (probes.router, nodes.router, jobs.router)
 @dataclass
 class BridgeSettings:
     backend: Backend
-    tokens: dict[str, str]
+    # name -> token (a plain string: every scope but admin, as a line without scopes)
+    tokens: Mapping[str, str | Token]
     state_dir: FilePath | None = None
     audit_log: FilePath | None = None
     node_mapper: NodeMapper = field(default_factory=NodeMapper)
@@ -66,7 +69,7 @@ class BridgeSettings:
     # when /readyz is called).
     health_interval: float = 15.0
     # Reads the tokens again (SIGHUP); None: no reload.
-    reload_tokens: Callable[[], dict[str, str]] | None = None
+    reload_tokens: Callable[[], Mapping[str, str | Token]] | None = None
 
 
 def services_for(settings: BridgeSettings) -> Services:

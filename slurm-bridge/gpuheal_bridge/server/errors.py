@@ -15,7 +15,7 @@ from gpuheal_bridge.api.models import ErrorCode, ErrorResponse
 from gpuheal_bridge.api.names import InvalidName
 from gpuheal_bridge.backends.base import BackendError, NotFound, Rejected, Unavailable
 from gpuheal_bridge.backends.base import Unsupported as BackendUnsupported
-from gpuheal_bridge.nodemap import NotMapped
+from gpuheal_bridge.nodemap import NotAllowed, NotMapped
 from gpuheal_bridge.operations import OwnershipConflict
 from gpuheal_bridge.server.audit import TEXT_MAX, bounded, summary
 from gpuheal_bridge.server.idempotency import KeyMismatch
@@ -30,7 +30,9 @@ ERRORS: dict[int | str, dict[str, Any]] = {
     for code, text in {
         400: "The body is not valid JSON.",
         401: "Missing or invalid bearer token; nothing was done.",
-        403: "Plain HTTP from a client not on loopback; nothing was done (use https).",
+        403: "The token lacks a scope the request needs (the message names it), the node is "
+        "outside the bridge's allowed nodes, or plain HTTP came from a client not on "
+        "loopback; nothing was done.",
         404: "Unknown node or job (or no mapping for the node name).",
         409: "Refused: someone else's drain, or Slurm refused the operation.",
         413: "The body is larger than 64 KiB; nothing was done.",
@@ -58,6 +60,8 @@ def map_exception(  # noqa: PLR0911 - one return per error class
     """Exception -> (status, ErrorResponse body, headers). Unknown exceptions re-raise."""
     if isinstance(exc, InvalidName):
         return error(422, ErrorCode.INVALID, str(exc))
+    if isinstance(exc, NotAllowed):
+        return error(403, ErrorCode.FORBIDDEN, str(exc))
     if isinstance(exc, NotFound | NotMapped):
         return error(404, ErrorCode.NOT_FOUND, str(exc).strip("'\""))
     if isinstance(exc, OwnershipConflict):
@@ -85,15 +89,17 @@ def map_exception(  # noqa: PLR0911 - one return per error class
 def audit_refusal(
     request: Request, status: int, out: Any, *, payload: Any = None, key: str | None = None
 ) -> None:
-    """An audit line for a mutating request refused before it ran: who (the token's name; a
-    401 has none and is not written), what, on what, and why."""
+    """An audit line for a mutating request refused before it ran, or any request refused
+    403 (a node outside the allowed nodes): who (the token's name), from where, what, on
+    what, and why. (The guard writes its own refusals: 401, and 403 for a scope.)"""
     who = getattr(request.state, "who", None)
-    if who is None or request.method != "POST":
+    if who is None or (request.method != "POST" and status != 403):
         return
     params = request.path_params
     target = str(params.get("node") or params.get("job_id") or request.url.path)
     services_of(request).audit.write(
         who=who,
+        peer=request.client.host if request.client else None,
         op=getattr(request.state, "op", "other"),
         target=target[:TEXT_MAX],
         request=bounded(payload),
@@ -127,12 +133,19 @@ async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResp
 
 
 async def _mapped(request: Request, exc: Exception) -> JSONResponse:
-    status, body, headers = map_exception(exc, services_of(request).retry_after)
-    return JSONResponse(body, status, headers=headers)
+    refusal = map_exception(exc, services_of(request).retry_after)
+    return refuse(request, refusal, payload=None, key=None)
 
 
 def add_exception_handlers(app: FastAPI) -> None:
     app.exception_handler(RequestValidationError)(_invalid_request)
     app.exception_handler(StarletteHTTPException)(_http_error)
-    for exc_type in (BackendError, InvalidName, NotMapped, OwnershipConflict, KeyMismatch):
+    for exc_type in (
+        BackendError,
+        InvalidName,
+        NotMapped,
+        NotAllowed,
+        OwnershipConflict,
+        KeyMismatch,
+    ):
         app.add_exception_handler(exc_type, _mapped)

@@ -15,8 +15,9 @@ from starlette.routing import BaseRoute, Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gpuheal_bridge.api.models import ErrorCode
-from gpuheal_bridge.server.auth import is_loopback
-from gpuheal_bridge.server.errors import error
+from gpuheal_bridge.server.audit import TEXT_MAX, summary
+from gpuheal_bridge.server.auth import is_loopback, missing_message, route_scope
+from gpuheal_bridge.server.errors import Refusal, error
 from gpuheal_bridge.server.idempotency import REPLAYED_HEADER
 from gpuheal_bridge.server.metrics import result_label
 from gpuheal_bridge.server.services import services_of
@@ -38,9 +39,10 @@ BEARER = [
 
 
 class Guard(BaseHTTPMiddleware):
-    """Plain HTTP from a peer not on loopback: 403; /v1 without a known token: 401. Nothing
-    else runs for either. Counts and times every request by the name of its route, found
-    among ``routes`` before routing (a refused request has a name too)."""
+    """Plain HTTP from a peer not on loopback: 403; /v1 without a known token: 401; a token
+    without the route's scope: 403. Nothing else runs for any of them, and each is written to
+    the audit log with the caller's address. Counts and times every request by the name of
+    its route, found among ``routes`` before routing (a refused request has a name too)."""
 
     def __init__(self, app: ASGIApp, routes: Sequence[BaseRoute]) -> None:
         super().__init__(app)
@@ -71,25 +73,46 @@ class Guard(BaseHTTPMiddleware):
                 "--tls-cert/--tls-key)",
             )
             metrics.requests.labels(op, "insecure").inc()
-            return JSONResponse(body, status)
+            return self.refused(request, (status, body, {}), peer)
         if request.url.path.startswith("/v1"):
-            who = services.auth.who(request.headers.get("authorization"))
-            if who is None:
-                status, body, _ = error(
-                    401, ErrorCode.UNAUTHORIZED, "missing or invalid bearer token"
-                )
-                response: Response = JSONResponse(
-                    body, status, headers={"WWW-Authenticate": 'Bearer realm="gpuheal-bridge"'}
+            caller = services.auth.caller(request.headers.get("authorization"))
+            if caller is None:
+                refusal = error(
+                    401,
+                    ErrorCode.UNAUTHORIZED,
+                    "missing or invalid bearer token",
+                    headers={"WWW-Authenticate": 'Bearer realm="gpuheal-bridge"'},
                 )
                 metrics.requests.labels(op, "unauthorized").inc()
-                return response
-            request.state.who = who
+                return self.refused(request, refusal, peer)
+            request.state.who, request.state.scopes = caller.name, caller.scopes
+            # No route (op "other"): nothing runs, routing answers 404/405 as it would.
+            if op != "other" and (missing := caller.missing({route_scope(op)})):
+                message = missing_message(caller, missing, f"call {op}")
+                metrics.requests.labels(op, "forbidden").inc()
+                return self.refused(request, error(403, ErrorCode.FORBIDDEN, message), peer)
         response = await call_next(request)
         metrics.requests.labels(
             op, result_label(response.status_code, REPLAYED_HEADER.lower() in response.headers)
         ).inc()
         metrics.duration.labels(op).observe(time.perf_counter() - t0)
         return response
+
+    @staticmethod
+    def refused(request: Request, refusal: Refusal, peer: str | None) -> Response:
+        """The refusal answered, and its audit line: who (the token's name, none for a 401),
+        from where, what was asked, and why not."""
+        status, body, headers = refusal
+        services_of(request).audit.write(
+            who=getattr(request.state, "who", None),
+            peer=peer,
+            op=getattr(request.state, "op", "other"),
+            method=request.method,
+            target=request.url.path[:TEXT_MAX],
+            status=status,
+            result=summary(body),
+        )
+        return JSONResponse(body, status, headers=headers)
 
 
 class BodyLimit:

@@ -94,7 +94,7 @@ def result_label(status: int, replayed: bool) -> str:
         return "replayed"
     return {
         401: "unauthorized",
-        403: "insecure",
+        403: "forbidden",  # a scope or the allowlist (the guard counts insecure itself)
         404: "not_found",
         409: "conflict",
         422: "invalid",

@@ -15,8 +15,9 @@ from pydantic import BaseModel, WithJsonSchema
 
 from gpuheal_bridge.api.models import ErrorCode
 from gpuheal_bridge.api.names import IDEMPOTENCY_KEY_MAX, IDEMPOTENCY_KEY_PATTERN, InvalidName
-from gpuheal_bridge.nodemap import NotMapped
+from gpuheal_bridge.nodemap import NotAllowed, NotMapped
 from gpuheal_bridge.server.audit import summary
+from gpuheal_bridge.server.auth import Caller, body_scopes, missing_message
 from gpuheal_bridge.server.errors import error, map_exception, refuse
 from gpuheal_bridge.server.idempotency import REPLAYED_HEADER, KeyMismatch, fingerprint, valid_key
 from gpuheal_bridge.server.services import Services, Svc
@@ -54,7 +55,8 @@ class Mutation:
     key: str | None
 
     def refuse(self, exc: Exception, body: BaseModel) -> JSONResponse:
-        """Refused before anything ran: a name that is invalid (422) or not mapped (404)."""
+        """Refused before anything ran: a name that is invalid (422), not mapped (404) or
+        outside the allowed nodes (403)."""
         refusal = map_exception(exc, self.services.retry_after)
         return refuse(self.request, refusal, payload=body.model_dump(mode="json"), key=self.key)
 
@@ -64,19 +66,31 @@ class Mutation:
         """``action(node, its Slurm name, body)``: the name is mapped first (422/404)."""
         try:
             slurm = self.services.mapper.to_slurm(node)
-        except (InvalidName, NotMapped) as exc:
+        except (InvalidName, NotMapped, NotAllowed) as exc:
             return self.refuse(exc, body)
         return await self.run(target=node, body=body, action=lambda: action(node, slurm, body))
 
     async def run(
         self, *, target: str, body: BaseModel, action: Callable[[], Awaitable[BaseModel]]
     ) -> JSONResponse:
-        """Run ``action`` once per idempotency key, count its jobs, write the audit line."""
+        """Run ``action`` once per idempotency key, count its jobs, write the audit line.
+        What the body asks for beyond the route's scope (the guard checked that one) is
+        checked first: 403 naming the scope missing, nothing run, nothing stored."""
         request, services, key = self.request, self.services, self.key
         who: str = request.state.who
         op: str = request.state.op  # the route's name, set by the guard
         t0 = time.perf_counter()
         payload = body.model_dump(mode="json")
+        caller = Caller(who, request.state.scopes)
+        if missing := caller.missing(body_scopes(body)):
+            message = missing_message(caller, missing, f"{op.replace('_', ' ')} with this body")
+            if "admin" in missing and getattr(body, "force", False):
+                message += (
+                    " (force lifts a drain gpuheal did not set; a reserve pool's spare is "
+                    "resumed with reserve_reason)"
+                )
+            refusal = error(403, ErrorCode.FORBIDDEN, message)
+            return refuse(request, refusal, payload=payload, key=key)
         fp = fingerprint(request.method, request.url.path, payload)
         replayed = False
 
@@ -112,6 +126,7 @@ class Mutation:
             self._count_jobs(out.get("jobs") or [])
         services.audit.write(
             who=who,
+            peer=request.client.host if request.client else None,
             op=op,
             target=target,
             request=payload,

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Annotated
 
@@ -18,7 +18,7 @@ from gpuheal_bridge.backends.base import Backend, BackendError
 from gpuheal_bridge.nodemap import NodeMapper
 from gpuheal_bridge.operations import Operations
 from gpuheal_bridge.server.audit import AuditLog
-from gpuheal_bridge.server.auth import TokenAuth
+from gpuheal_bridge.server.auth import Token, TokenAuth
 from gpuheal_bridge.server.idempotency import IdempotencyStore
 from gpuheal_bridge.server.metrics import Metrics
 
@@ -58,7 +58,7 @@ class Services:
                 log.exception("slurmctld check failed")
             await asyncio.sleep(every)
 
-    def reload_tokens(self, read: Callable[[], dict[str, str]]) -> None:
+    def reload_tokens(self, read: Callable[[], Mapping[str, str | Token]]) -> None:
         """Swap in the tokens ``read`` returns; on an error the previous ones stay."""
         try:
             self.auth.replace(read())

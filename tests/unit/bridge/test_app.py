@@ -69,7 +69,12 @@ def test_401_touches_nothing(  # noqa: PLR0917 - pytest passes fixtures position
     assert resp.headers["WWW-Authenticate"].startswith("Bearer")
     assert resp.json()["error"] == "unauthorized"
     assert slurm.calls == []
-    assert not (tmp_path / "audit.jsonl").exists()
+    # written down with the caller's address, and no one's name
+    (line,) = (tmp_path / "audit.jsonl").read_text().splitlines()
+    record = json.loads(line)
+    assert (record["who"], record["peer"], record["status"]) == (None, "127.0.0.1", 401)
+    assert (record["method"], record["target"]) == (method.upper(), path)
+    assert record["result"]["error"] == "unauthorized"
 
 
 def test_probes_need_no_token(client: TestClient) -> None:
@@ -116,7 +121,8 @@ def test_404_unknown_node_and_job(client: TestClient) -> None:
     resp = client.post("/v1/nodes/nodeX/drain", headers=AUTH, json={"incident": "i"})
     assert resp.status_code == 404
     assert resp.json()["error"] == "not_found"
-    assert client.post("/v1/jobs/404/requeue", headers=AUTH, json={}).status_code == 404
+    body = {"from_node": "node1"}
+    assert client.post("/v1/jobs/404/requeue", headers=AUTH, json=body).status_code == 404
 
 
 def test_503_with_retry_after_when_slurmctld_down(client: TestClient, slurm: FakeSlurm) -> None:
@@ -172,7 +178,7 @@ def test_idempotency_key_replays_and_persists(slurm: FakeSlurm, tmp_path: Path) 
         again = c.post("/v1/jobs/7/requeue", headers=headers, json=body)
         assert again.headers["Idempotency-Replayed"] == "true"
         assert again.json() == first.json()
-        other = c.post("/v1/jobs/7/requeue", headers=headers, json={"mode": "requeuehold"})
+        other = c.post("/v1/jobs/7/requeue", headers=headers, json={**body, "mode": "requeuehold"})
         assert other.status_code == 422
         assert other.json()["error"] == "idempotency_mismatch"
     # a restarted bridge (new app, same state dir) still answers from the store

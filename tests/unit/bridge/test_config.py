@@ -13,6 +13,7 @@ from gpuheal_bridge.backends.cli import CliBackend
 from gpuheal_bridge.backends.rest import RestBackend
 from gpuheal_bridge.cli import build_backend, build_settings
 from gpuheal_bridge.config import BridgeConfig, parse_config
+from gpuheal_bridge.server.auth import Token
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -120,7 +121,7 @@ def test_settings_become_the_apps(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     monkeypatch.setenv("GPUHEAL_BRIDGE_TOKEN_FILE", str(tokens))
     config = parse_config(["--state-dir", str(tmp_path), "--idempotency-ttl", "60"])
     settings = build_settings(config)
-    assert settings.tokens == {"operator": "x" * 32}
+    assert settings.tokens == {"operator": Token("x" * 32)}
     assert settings.audit_log == tmp_path / "audit.jsonl"
     assert settings.idempotency_ttl == 60
     assert settings.backend.name == "cli"

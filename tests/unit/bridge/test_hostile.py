@@ -155,7 +155,8 @@ def test_openapi_shows_the_grammar_of_names_ids_and_keys(client: TestClient) -> 
         "minLength": 1,
         "maxLength": NODE_NAME_MAX,
         "pattern": NODE_NAME_PATTERN,
-    } in (from_node["anyOf"])
+    }.items() <= from_node.items()
+    assert "from_node" in spec["components"]["schemas"]["JobRequeueRequest"]["required"]
     drain = spec["components"]["schemas"]["DrainRequest"]["properties"]["xid"]["anyOf"][0]
     assert (drain["minimum"], drain["maximum"]) == (1, XID_MAX)
 
@@ -197,7 +198,7 @@ def test_key_pattern_agrees_with_the_servers_check(key: str) -> None:
 def test_job_id_0_and_a_from_node_with_spaces_are_refused_with_reasons(
     client: TestClient, slurm: FakeSlurm
 ) -> None:
-    resp = client.post("/v1/jobs/0/requeue", headers=AUTH, json={})
+    resp = client.post("/v1/jobs/0/requeue", headers=AUTH, json={"from_node": "node1"})
     assert resp.status_code == 422
     assert "positive" in resp.json()["message"]
     resp = client.post("/v1/jobs/7/requeue", headers=AUTH, json={"from_node": "node 1"})
@@ -286,7 +287,7 @@ def test_an_oversized_chunked_body_is_refused_too(client: TestClient, slurm: Fak
         ("/v1/nodes/node1;reboot/drain", {"incident": "nrem-a"}, {}, 422),
         ("/v1/nodes/node1/drain", {"incident": "Bad Id!"}, {}, 422),
         ("/v1/nodes/node1/drain", {"incident": "nrem-a", "xid": 100000}, {}, 422),
-        ("/v1/jobs/0/requeue", {}, {}, 422),
+        ("/v1/jobs/0/requeue", {"from_node": "node1"}, {}, 422),
         ("/v1/nodes/nodeX/drain", {"incident": "nrem-a"}, {}, 404),
         ("/v1/nodes/node1/drain", {"incident": "nrem-a"}, {"Idempotency-Key": "\t"}, 422),
     ],

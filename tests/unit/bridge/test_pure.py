@@ -13,7 +13,13 @@ from gpuheal_bridge.api.models import Owner
 from gpuheal_bridge.api.names import INCIDENT_PATTERN, InvalidName
 from gpuheal_bridge.nodemap import NodeMapper, NotMapped, load_table
 from gpuheal_bridge.ownership import build_reason, classify, split_reason_suffix
-from gpuheal_bridge.server.auth import TokenAuth, load_tokens, parse_tokens
+from gpuheal_bridge.server.auth import (
+    DEFAULT_SCOPES,
+    Token,
+    TokenAuth,
+    load_tokens,
+    parse_tokens,
+)
 from gpuheal_bridge.server.idempotency import IdempotencyStore, KeyMismatch, fingerprint
 
 # ---- ownership ----------------------------------------------------------------------------
@@ -109,8 +115,8 @@ def test_fingerprint_is_order_independent() -> None:
 
 def test_parse_tokens_named_and_bare() -> None:
     tokens = parse_tokens("# comment\noperator:aaaaaaaaaaaaaaaaaaaa\nbbbbbbbbbbbbbbbbbbbb\n")
-    assert tokens["operator"] == "a" * 20
-    assert "b" * 20 in tokens.values()
+    assert tokens["operator"] == Token("a" * 20, DEFAULT_SCOPES)
+    assert Token("b" * 20) in tokens.values()
 
 
 @pytest.mark.parametrize("text", ["op:short", "a:aaaaaaaaaaaaaaaaaaaa,b:aaaaaaaaaaaaaaaaaaaa"])

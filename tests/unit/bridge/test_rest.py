@@ -11,7 +11,7 @@ import pytest
 
 from gpuheal_bridge.api.models import SignalTarget
 from gpuheal_bridge.backends.base import Capability, NotFound, Unsupported
-from gpuheal_bridge.backends.rest import RestBackend, node_update_body, signal_params
+from gpuheal_bridge.backends.rest import JwtFile, RestBackend, node_update_body, signal_params
 from tests.unit.bridge.fakes import FakeSlurm
 
 DATA = Path(__file__).parent / "data"
@@ -24,10 +24,9 @@ def captured(name: str) -> object:
 def backend(handler: object, version: str = "v0.0.38", **kw: object) -> RestBackend:
     return RestBackend(
         "http://restd",
-        token="jwt",
+        **{"token": "jwt", **kw},  # type: ignore[arg-type]
         api_version=version,
         transport=httpx.MockTransport(handler),  # type: ignore[arg-type]
-        **kw,  # type: ignore[arg-type]
     )
 
 
@@ -126,3 +125,28 @@ async def test_version_detection_picks_newest() -> None:
 
     b = RestBackend("http://restd", transport=httpx.MockTransport(handler))
     assert await b._api() == "v0.0.38"
+
+
+async def test_a_rotated_jwt_file_is_used_from_the_next_call(tmp_path: Path) -> None:
+    """The JWT file rewritten (a new inode, as a Secret volume or ``mv`` swaps it) and then
+    edited in place: each call after a change sends the new JWT, with no new backend."""
+    jwt = tmp_path / "jwt"
+    jwt.write_text("first-jwt\n")
+    seen: list[str | None] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(request.headers.get("X-SLURM-USER-TOKEN"))
+        return v038(request)
+
+    b = backend(handler, token=JwtFile(jwt), user="gpuheal")
+    assert (await b.ping()).up
+    staged = tmp_path / "jwt.new"
+    staged.write_text("second-jwt\n")
+    staged.replace(jwt)
+    assert (await b.ping()).up
+    jwt.write_text("third-jwt-longer\n")  # in place: same inode, new size and mtime
+    assert (await b.ping()).up
+    jwt.unlink()  # gone for a moment: the last JWT stays
+    assert (await b.ping()).up
+    assert seen == ["first-jwt", "second-jwt", "third-jwt-longer", "third-jwt-longer"]
+    await b.aclose()

@@ -9,7 +9,7 @@ from fastapi.responses import JSONResponse
 
 from gpuheal_bridge.api.models import JobRequeueRequest, JobResult, JobState
 from gpuheal_bridge.api.names import JOB_ID_PATTERN, InvalidName, validate_job_id
-from gpuheal_bridge.nodemap import NotMapped
+from gpuheal_bridge.nodemap import NotAllowed, NotMapped
 from gpuheal_bridge.server.errors import ERRORS
 from gpuheal_bridge.server.guard import BEARER
 from gpuheal_bridge.server.mutation import Mutate
@@ -33,12 +33,13 @@ async def get_job(job_id: JobId, services: Svc) -> JobState:
 
 @router.post("/{job_id}/requeue", response_model=JobResult)
 async def requeue_job(job_id: JobId, body: JobRequeueRequest, mutation: Mutate) -> JSONResponse:
-    """Requeue one running batch job (see RequeueOptions); never revives a finished job."""
+    """Requeue one running batch job (see RequeueOptions) that runs on ``from_node``
+    (required, inside the allowed nodes); never revives a finished job."""
     services = mutation.services
     try:
         jid = validate_job_id(job_id)
-        from_node = services.mapper.to_slurm(body.from_node) if body.from_node else None
-    except (InvalidName, NotMapped) as exc:
+        from_node = services.mapper.to_slurm(body.from_node)
+    except (InvalidName, NotMapped, NotAllowed) as exc:
         return mutation.refuse(exc, body)
     return await mutation.run(
         target=str(jid), body=body, action=lambda: services.ops.requeue_job(jid, body, from_node)
