@@ -13,12 +13,13 @@ PYTEST_ARGS ?=
 DEMO_FAULT ?= dies
 export UV  # the packaging test builds the wheel with this exact uv
 
-.PHONY: help venv lint types unit bins system-deps integration kind test demo bench clean
+.PHONY: help venv lint types unit bins system-deps images integration kind test demo bench clean
 help:
 	@echo "make test   - lint + types + unit + integration (builds/caches the sandbox binaries)"
 	@echo "make demo   - sandbox up (GPU nodes + Slurm), show an XID remediation, tear down"
 	@echo "              (DEMO_FAULT=dies|hangs|gentle: what the fault does to the job)"
 	@echo "make bench  - benchmarks into bench/out/ (JSON + PNG)"
+	@echo "make images - the operator and bridge images as tars in ~/.cache/gpuheal/images/ (buildah)"
 
 $(UV):
 	python3 -m venv $(CACHE)/uv-$(UV_VERSION)
@@ -47,6 +48,13 @@ unit: venv
 # Go-built kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, etcd, kwok, helm.
 bins:
 	hack/build-cluster-bins.sh >/dev/null
+
+# The operator and bridge images, built with buildah on bases made of Debian packages (no Docker,
+# no registry), as docker-archive tars in $(CACHE)/images/ (README, Images); installs buildah,
+# mmdebstrap, podman and runc when missing. Cold ~6 min, warm seconds. Load one into a
+# kubelet's containerd: ctr -n k8s.io images import $(CACHE)/images/gpuheal.tar
+images:
+	hack/build-images.sh >/dev/null
 
 # Debian's Slurm + munge for the sandbox's real Slurm cluster (no-op when present).
 system-deps:
