@@ -6,9 +6,12 @@
 #   docker buildx imagetools inspect python:3.11-slim-bookworm   # -> sha256:...
 #   docker build --build-arg PYTHON_IMAGE=python:3.11-slim-bookworm@sha256:... ...
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
+# The build stage's base: the same image unless told (`make images` builds here, where no
+# registry is reachable, from bases made of Debian packages: hack/build-images.sh).
+ARG BUILD_IMAGE=${PYTHON_IMAGE}
 
 # --- build: the wheel and a virtualenv with the locked dependencies --------------------------
-FROM ${PYTHON_IMAGE} AS build
+FROM ${BUILD_IMAGE} AS build
 ARG UV_VERSION=0.13.9
 ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
@@ -31,6 +34,10 @@ RUN uv export --frozen --no-dev --no-emit-workspace --package gpuheal --format r
     && uv pip install --python /opt/gpuheal/bin/python --compile-bytecode --require-hashes \
         -r /tmp/requirements.txt \
     && uv pip install --python /opt/gpuheal/bin/python --compile-bytecode --no-deps /tmp/dist/*.whl
+# kubernetes >= 37 ships a second asyncio client, kubernetes.aio (66 MB, a third of the
+# virtualenv): gpuheal's CLI uses the sync client and the operator kubernetes_asyncio, and
+# nothing imports kubernetes.aio (tests/images imports every gpuheal module in the image).
+RUN rm -rf /opt/gpuheal/lib/python3*/site-packages/kubernetes/aio
 
 # --- runtime: the virtualenv only, as a non-root user -----------------------------------------
 FROM ${PYTHON_IMAGE}

@@ -8,8 +8,11 @@
 #
 # The base is pinned by tag; pin it by digest too for reproducible builds (see operator.Dockerfile).
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
+# The build stage's base: the same image unless told (`make images` builds here, where no
+# registry is reachable, from bases made of Debian packages: hack/build-images.sh).
+ARG BUILD_IMAGE=${PYTHON_IMAGE}
 
-FROM ${PYTHON_IMAGE} AS build
+FROM ${BUILD_IMAGE} AS build
 ARG UV_VERSION=0.13.9
 ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
