@@ -13,7 +13,7 @@ PYTEST_ARGS ?=
 DEMO_FAULT ?= dies
 export UV  # the packaging test builds the wheel with this exact uv
 
-.PHONY: help venv lint types unit bins system-deps integration kind test demo bench clean
+.PHONY: help venv lint types unit bins system-deps realnode-deps integration kind test demo bench clean
 help:
 	@echo "make test   - lint + types + unit + integration (builds/caches the sandbox binaries)"
 	@echo "make demo   - sandbox up (GPU nodes + Slurm), show an XID remediation, tear down"
@@ -51,6 +51,12 @@ bins:
 # Debian's Slurm + munge for the sandbox's real Slurm cluster (no-op when present).
 system-deps:
 	hack/install-system-deps.sh
+
+# What `sandbox up --real-node` runs on: the kubelet (its own cached build, ~40 s with a warm Go
+# cache) and Debian's containerd, runc, CNI plugins and busybox-static (no-ops when present).
+realnode-deps:
+	hack/install-system-deps.sh realnode
+	hack/build-cluster-bins.sh kubelet >/dev/null
 
 # The integration tests wait far more than they compute: XDIST pytest-xdist workers run them
 # side by side, each with its own sandbox (README, Tests); XDIST=0 runs them one after another
