@@ -63,7 +63,7 @@ realnode-deps:
 # in one process. The 15 slowest are listed at the end of each run. Every integration test
 # lives in tests/integration: the workers collect only that folder.
 XDIST ?= 4
-integration: venv bins system-deps
+integration: venv bins system-deps realnode-deps
 	$(VENV)/bin/pytest tests/integration -m "integration" -n $(XDIST) --durations=15 $(PYTEST_ARGS)
 
 kind: venv

@@ -17,6 +17,8 @@ def _sandbox_up(args: argparse.Namespace) -> int:
         spare_nodes=args.spares,
         slurm=not args.no_slurm,
         slurm_restd=args.restd,
+        real_node=args.real_node or bool(args.image),
+        real_node_images=tuple(args.image),
     )
     sandbox = Sandbox.up(config)
     _print_summary(sandbox)
@@ -33,6 +35,11 @@ def _print_summary(sandbox: Sandbox) -> None:
     print(f"  export PATH={cp.bin_dir}:$PATH")
     if sandbox.slurm is not None:
         print(f"  export SLURM_CONF={sandbox.slurm.conf_path}")
+    if sandbox.real_node is not None:
+        node = sandbox.real_node
+        print(f"  real node {node.name}: containerd socket {node.socket}")
+        for name, pid in node.pids.items():
+            print(f"  {name:<24} pid {pid:<8} log {node.layout.log_path(name)}")
 
 
 def _sandbox_down(args: argparse.Namespace) -> int:
@@ -87,6 +94,21 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--spares", type=int, default=1, help="spare GPU nodes (reserve pool)")
     up.add_argument("--no-slurm", action="store_true", help="Kubernetes only")
     up.add_argument("--restd", action="store_true", help="also start slurmrestd")
+    up.add_argument(
+        "--real-node",
+        action="store_true",
+        help="also one GPU node run by a real kubelet + containerd (pods there really run; "
+        "needs root and `make realnode-deps`)",
+    )
+    up.add_argument(
+        "--image",
+        type=Path,
+        action="append",
+        default=[],
+        metavar="TAR",
+        help="an image tar to import into the real node's containerd (repeatable; implies "
+        "--real-node)",
+    )
     up.set_defaults(func=_sandbox_up)
     sandbox_sub.add_parser("down", help="stop the sandbox").set_defaults(func=_sandbox_down)
     sandbox_sub.add_parser(
