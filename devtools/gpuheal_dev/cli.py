@@ -72,6 +72,16 @@ def _sandbox_status(args: argparse.Namespace) -> int:
         for node, state in status.nodes.items():
             print(f"  node {node:<19} {state}")
         ok = ok and daemons_up
+    if sandbox.real_node is not None:
+        from gpuheal_dev.sandbox._proc import pid_alive
+
+        node = sandbox.real_node
+        alive = {name: pid_alive(pid) for name, pid in node.pids.items()}
+        node_up = bool(alive) and all(alive.values())
+        print(f"real node {node.name}: {'running' if node_up else 'stopped'}")
+        for name, up in alive.items():
+            print(f"  {name:<24} {'running' if up else 'STOPPED'}")
+        ok = ok and node_up
     if ok:
         _print_summary(sandbox)
     return 0 if ok else 1
