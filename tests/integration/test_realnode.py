@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import time
 import uuid
@@ -214,6 +215,10 @@ def test_down_leaves_no_process_mount_cgroup_or_bridge(
             "sleeper Running",
             timeout=90,
         )
+        # nothing host-wide: the kubelet's iptables chains would outlive the sandbox
+        if shutil.which("iptables-save"):
+            rules = subprocess.run(["iptables-save"], capture_output=True, text=True, check=True)
+            assert "KUBE-" not in rules.stdout
         before = node.processes()
         # containerd, its shim, the kubelet, the pause and sleep processes
         assert len(before) >= 5, before

@@ -51,6 +51,7 @@ def test_kubelet_settings_this_machine_needs(tmp_path: Path) -> None:
     conf = kubelet_config(lay, tmp_path / "ca.crt", {"kubelet": 1, "kubelet-healthz": 2})
     assert conf["failCgroupV1"] is False
     assert conf["cgroupDriver"] == "cgroupfs"
+    assert conf["makeIPTablesUtilChains"] is False  # host-wide rules would outlive the sandbox
     assert conf["cgroupRoot"] == lay.cgroup_parent
     assert conf["containerRuntimeEndpoint"] == f"unix://{lay.socket}"
     assert conf["address"] == lay.node_ip

@@ -253,6 +253,9 @@ def kubelet_config(layout: RealNodeLayout, ca: Path, ports: Mapping[str, int]) -
         },
         "authorization": {"mode": "Webhook"},
         "podLogsDir": str(layout.pod_logs),
+        # the kubelet's host-wide iptables chains (a localnet DROP rule in INPUT and OUTPUT)
+        # would outlive the sandbox; nothing here needs them (no kube-proxy)
+        "makeIPTablesUtilChains": False,
         "failSwapOn": False,
         "resolvConf": "/etc/resolv.conf",
         # a shared development machine: do not evict or GC over someone else's disk use
@@ -413,6 +416,8 @@ class RealNode:
                 f"--config={lay.kubelet_config}",
                 f"--kubeconfig={lay.kubeconfig}",
                 f"--root-dir={lay.kubelet_dir}",
+                # its self-signed serving certificate: else /var/lib/kubelet/pki, shared
+                f"--cert-dir={lay.kubelet_dir / 'pki'}",
                 f"--hostname-override={self.name}",
                 f"--node-ip={lay.node_ip}",
                 "--node-labels=" + ",".join(f"{k}={v}" for k, v in sorted(node_labels.items())),
