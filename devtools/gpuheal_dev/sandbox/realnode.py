@@ -274,7 +274,8 @@ def kubelet_config(layout: RealNodeLayout, ca: Path, ports: Mapping[str, int]) -
 
 @dataclass
 class RealNode:
-    """The node named ``name`` of the sandbox whose control plane is ``control_plane``."""
+    """The real node rooted at ``layout.root``; its state file (PIDs, ports) lets another
+    process, ``gpuheal-dev sandbox down``, stop it."""
 
     layout: RealNodeLayout
     name: str = REAL_NODE_NAME
