@@ -13,7 +13,7 @@ PYTEST_ARGS ?=
 DEMO_FAULT ?= dies
 export UV  # the packaging test builds the wheel with this exact uv
 
-.PHONY: help venv lint types unit bins system-deps images integration kind test demo bench clean
+.PHONY: help venv lint types unit bins system-deps images realnode-deps integration kind test demo bench clean
 help:
 	@echo "make test   - lint + types + unit + integration (builds/caches the sandbox binaries)"
 	@echo "make demo   - sandbox up (GPU nodes + Slurm), show an XID remediation, tear down"
@@ -60,12 +60,18 @@ images:
 system-deps:
 	hack/install-system-deps.sh
 
+# What `sandbox up --real-node` runs on: the kubelet (its own cached build, ~40 s with a warm Go
+# cache) and Debian's containerd, runc, CNI plugins and busybox-static (no-ops when present).
+realnode-deps:
+	hack/install-system-deps.sh realnode
+	hack/build-cluster-bins.sh kubelet >/dev/null
+
 # The integration tests wait far more than they compute: XDIST pytest-xdist workers run them
 # side by side, each with its own sandbox (README, Tests); XDIST=0 runs them one after another
 # in one process. The 15 slowest are listed at the end of each run. Every integration test
 # lives in tests/integration: the workers collect only that folder.
 XDIST ?= 4
-integration: venv bins system-deps images
+integration: venv bins system-deps images realnode-deps
 	$(VENV)/bin/pytest tests/integration -m "integration" -n $(XDIST) --durations=15 $(PYTEST_ARGS)
 
 kind: venv

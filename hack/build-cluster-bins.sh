@@ -5,6 +5,11 @@
 #   etcd                                                             <- hack/etcd (go.etcd.io/etcd/server/v3)
 #   kwok, helm                                                       <- go install at pinned versions
 # Progress goes to stderr. Env: GPUHEAL_CACHE (default ~/.cache/gpuheal).
+#
+# `build-cluster-bins.sh kubelet` builds only the kubelet (the sandbox's real node, asked for by
+# `sandbox up --real-node`) into ~/.cache/gpuheal/bin/kubelet-<k8s>_<go>/ and prints that
+# directory: its own cached artefact, so the control plane's key above and its cache stay as they
+# are for everyone who never asks for a real node (~1 min with a warm Go build cache).
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 K8S_VERSION=$(awk '$1=="require" && $2=="k8s.io/kubernetes" {print $3}' "$HERE/kubernetes/go.mod")
@@ -18,6 +23,39 @@ OUT="$CACHE/bin/$KEY"
 BINS=(kube-apiserver kube-controller-manager kube-scheduler kubectl etcd kwok helm)
 
 log() { printf '[build-cluster-bins %4ds] %s\n' "$SECONDS" "$*" >&2; }
+export CGO_ENABLED=0 GOFLAGS=-mod=mod GOTOOLCHAIN=local
+
+# The version stamp every kubernetes binary gets (what `kubectl version` and the node's
+# kubeletVersion show): without it they report v0.0.0-master.
+k8s_ldflags() {
+  local minor=${K8S_VERSION#v1.} date pkg flags="-s -w"
+  minor=${minor%%.*}
+  date=$(date -u +%Y-%m-%dT%H:%M:%SZ)
+  for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+    flags+=" -X $pkg.gitVersion=$K8S_VERSION -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor"
+    flags+=" -X $pkg.gitTreeState=clean -X $pkg.buildDate=$date"
+  done
+  echo "$flags"
+}
+
+if [ "${1:-}" = kubelet ]; then
+  KOUT="$CACHE/bin/kubelet-${K8S_VERSION}_${GO_VERSION}"
+  if [ -x "$KOUT/kubelet" ]; then
+    log "cached: $KOUT"
+    echo "$KOUT"
+    exit 0
+  fi
+  log "kubernetes $K8S_VERSION: kubelet into $KOUT"
+  mkdir -p "$KOUT"
+  KTMP=$(mktemp -d "$KOUT/.tmp.XXXX")
+  trap 'rm -rf "$KTMP"' EXIT
+  (cd "$HERE/kubernetes" && go build -ldflags "$(k8s_ldflags)" -o "$KTMP/kubelet" \
+      k8s.io/kubernetes/cmd/kubelet)
+  mv -f "$KTMP/kubelet" "$KOUT/kubelet"
+  log "done: $KOUT"
+  echo "$KOUT"
+  exit 0
+fi
 
 missing=()
 for b in "${BINS[@]}"; do [ -x "$OUT/$b" ] || missing+=("$b"); done
@@ -30,18 +68,11 @@ log "building ${missing[*]} into $OUT (cold build: ~11 min on 2 cores)"
 mkdir -p "$OUT"
 TMP=$(mktemp -d "$OUT/.tmp.XXXX")
 trap 'rm -rf "$TMP"' EXIT
-export CGO_ENABLED=0 GOFLAGS=-mod=mod GOTOOLCHAIN=local
 
 want() { local b; for b in "$@"; do [[ " ${missing[*]} " == *" $b "* ]] && return 0; done; return 1; }
 
 if want kube-apiserver kube-controller-manager kube-scheduler kubectl; then
-  minor=${K8S_VERSION#v1.}; minor=${minor%%.*}
-  date=$(date -u +%Y-%m-%dT%H:%M:%SZ)
-  ldflags="-s -w"
-  for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
-    ldflags+=" -X $pkg.gitVersion=$K8S_VERSION -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor"
-    ldflags+=" -X $pkg.gitTreeState=clean -X $pkg.buildDate=$date"
-  done
+  ldflags=$(k8s_ldflags)
   log "kubernetes $K8S_VERSION: kube-apiserver kube-controller-manager kube-scheduler kubectl"
   (cd "$HERE/kubernetes" && go build -ldflags "$ldflags" -o "$TMP/" \
       k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager \

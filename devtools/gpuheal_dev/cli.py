@@ -17,6 +17,8 @@ def _sandbox_up(args: argparse.Namespace) -> int:
         spare_nodes=args.spares,
         slurm=not args.no_slurm,
         slurm_restd=args.restd,
+        real_node=args.real_node or bool(args.image),
+        real_node_images=tuple(args.image),
     )
     sandbox = Sandbox.up(config)
     _print_summary(sandbox)
@@ -33,6 +35,11 @@ def _print_summary(sandbox: Sandbox) -> None:
     print(f"  export PATH={cp.bin_dir}:$PATH")
     if sandbox.slurm is not None:
         print(f"  export SLURM_CONF={sandbox.slurm.conf_path}")
+    if sandbox.real_node is not None:
+        node = sandbox.real_node
+        print(f"  real node {node.name}: containerd socket {node.socket}")
+        for name, pid in node.pids.items():
+            print(f"  {name:<24} pid {pid:<8} log {node.layout.log_path(name)}")
 
 
 def _sandbox_down(args: argparse.Namespace) -> int:
@@ -65,6 +72,16 @@ def _sandbox_status(args: argparse.Namespace) -> int:
         for node, state in status.nodes.items():
             print(f"  node {node:<19} {state}")
         ok = ok and daemons_up
+    if sandbox.real_node is not None:
+        from gpuheal_dev.sandbox._proc import pid_alive
+
+        node = sandbox.real_node
+        alive = {name: pid_alive(pid) for name, pid in node.pids.items()}
+        node_up = bool(alive) and all(alive.values())
+        print(f"real node {node.name}: {'running' if node_up else 'stopped'}")
+        for name, up in alive.items():
+            print(f"  {name:<24} {'running' if up else 'STOPPED'}")
+        ok = ok and node_up
     if ok:
         _print_summary(sandbox)
     return 0 if ok else 1
@@ -87,6 +104,21 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--spares", type=int, default=1, help="spare GPU nodes (reserve pool)")
     up.add_argument("--no-slurm", action="store_true", help="Kubernetes only")
     up.add_argument("--restd", action="store_true", help="also start slurmrestd")
+    up.add_argument(
+        "--real-node",
+        action="store_true",
+        help="also one GPU node run by a real kubelet + containerd (pods there really run; "
+        "needs root and `make realnode-deps`)",
+    )
+    up.add_argument(
+        "--image",
+        type=Path,
+        action="append",
+        default=[],
+        metavar="TAR",
+        help="an image tar to import into the real node's containerd (repeatable; implies "
+        "--real-node)",
+    )
     up.set_defaults(func=_sandbox_up)
     sandbox_sub.add_parser("down", help="stop the sandbox").set_defaults(func=_sandbox_down)
     sandbox_sub.add_parser(

@@ -37,6 +37,16 @@ class SandboxConfig:
     gpus_per_node: int = 8
     #: the API server's audit log (`ControlPlane.audit`), for tests only
     audit: bool = False
+    #: one more GPU node run by a real kubelet + containerd (``realnode.RealNode``)
+    real_node: bool = False
+    #: image tars imported into the real node's containerd at start
+    real_node_images: tuple[Path, ...] = ()
+
+    @property
+    def real_node_names(self) -> list[str]:
+        from gpuheal_dev.sandbox.realnode import REAL_NODE_NAME
+
+        return [REAL_NODE_NAME] if self.real_node else []
 
     @property
     def node_names(self) -> list[str]:
@@ -52,6 +62,7 @@ class Sandbox:
     config: SandboxConfig
     control_plane: ControlPlane
     slurm: Any = None  # gpuheal_dev.sandbox.slurm.SlurmCluster when config.slurm
+    real_node: Any = None  # gpuheal_dev.sandbox.realnode.RealNode when config.real_node
     started_at: float = 0.0
     timings: dict[str, float] = field(default_factory=dict)
 
@@ -106,12 +117,27 @@ class Sandbox:
                 len(config.node_names),
                 len(config.spare_names),
             )
+            if config.real_node:
+                from gpuheal_dev.sandbox.realnode import RealNode, RealNodeLayout
+
+                t_node = time.monotonic()
+                sandbox.real_node = RealNode(RealNodeLayout(config.root / "realnode"))
+                sandbox.real_node.start(
+                    cp, images=config.real_node_images, gpus=config.gpus_per_node
+                )
+                sandbox.timings["real_node_ready_s"] = time.monotonic() - t_node
+                log.info(
+                    "[sandbox %5.1fs] real node %s Ready (kubelet + containerd, %.1fs)",
+                    time.monotonic() - t0,
+                    sandbox.real_node.name,
+                    sandbox.timings["real_node_ready_s"],
+                )
             if config.slurm:
                 from gpuheal_dev.sandbox.slurm import SlurmCluster
 
                 sandbox.slurm = SlurmCluster(
                     config.root / "slurm",
-                    config.node_names + config.spare_names,
+                    config.node_names + config.spare_names + config.real_node_names,
                     restd=config.slurm_restd,
                     gpus_per_node=config.gpus_per_node,
                 )
@@ -132,8 +158,14 @@ class Sandbox:
         if cp is None:
             return None
         data: dict[str, Any] = json.loads(state.read_text()) if state.exists() else {}
-        config = SandboxConfig(root=root, **data.get("config", {}))
+        saved = dict(data.get("config", {}))
+        saved["real_node_images"] = tuple(map(Path, saved.get("real_node_images", ())))
+        config = SandboxConfig(root=root, **saved)
         sandbox = cls(config=config, control_plane=cp, started_at=data.get("started_at", 0.0))
+        if config.real_node:
+            from gpuheal_dev.sandbox.realnode import RealNode
+
+            sandbox.real_node = RealNode.attach(root / "realnode")
         if config.slurm and (root / "slurm").exists():
             from gpuheal_dev.sandbox.slurm import SlurmCluster
 
@@ -149,6 +181,8 @@ class Sandbox:
                 "slurm": c.slurm,
                 "slurm_restd": c.slurm_restd,
                 "gpus_per_node": c.gpus_per_node,
+                "real_node": c.real_node,
+                "real_node_images": [str(p) for p in c.real_node_images],
             },
             "started_at": self.started_at,
             "timings": self.timings,
@@ -167,7 +201,16 @@ class Sandbox:
             env.update(self.slurm.env)
         return env
 
+    def load_image(self, tar: Path) -> None:
+        """Import an image tar into the real node's containerd (no registry needed)."""
+        if self.real_node is None:
+            raise SandboxError("load_image: this sandbox has no real node (`up --real-node`)")
+        self.real_node.load_image(tar)
+
     def down(self) -> None:
+        # the real node first: its kubelet would otherwise log the apiserver's absence
+        if self.real_node is not None:
+            self.real_node.stop()
         if self.slurm is not None:
             self.slurm.stop()
         self.control_plane.stop()

@@ -32,6 +32,7 @@ KWOK_NODE_ANNOTATION = "kwok.x-k8s.io/node"
 KWOK_NODE_VALUE = "fake"
 SERVICE_CIDR = "10.96.0.0/16"
 SA_ISSUER = "https://kubernetes.default.svc.cluster.local"
+KUBELET_CLIENT = "apiserver-kubelet-client"
 _COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
 
 
@@ -252,6 +253,11 @@ class ControlPlane:
                 f"--service-account-signing-key-file={pki.sa_private_key}",
                 f"--service-cluster-ip-range={SERVICE_CIDR}",
                 "--allow-privileged=true",
+                # what the apiserver shows a real kubelet (logs, exec: the real node's)
+                f"--kubelet-client-certificate={pki.client(KUBELET_CLIENT).cert}",
+                f"--kubelet-client-key={pki.client(KUBELET_CLIENT).key}",
+                # node names (the default's first choice) resolve nowhere here
+                "--kubelet-preferred-address-types=InternalIP,Hostname",
                 "--profiling=false",
                 # Benchmarks create 1,000s of nodes and watch them: lift the default in-flight caps.
                 "--max-requests-inflight=2000",
@@ -370,6 +376,7 @@ class ControlPlane:
 
     def _write_component_kubeconfigs(self, pki: Pki) -> None:
         issue_client_cert(pki, "admin", "gpuheal-admin", ("system:masters",))
+        issue_client_cert(pki, KUBELET_CLIENT, "kube-apiserver-kubelet-client", ("system:masters",))
         self.write_cert_kubeconfig(self.kubeconfig, "admin")
         for name, user in (
             ("kube-controller-manager", "system:kube-controller-manager"),
