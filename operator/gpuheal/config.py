@@ -99,6 +99,13 @@ class OperatorConfig(BaseSettings):
         "(a Warning names it). Trust only names an admission policy reserves: "
         "docs/security.md",
     )
+    event_namespace: str = Field(
+        "default",
+        pattern=DNS_LABEL_PATTERN,
+        description="the one namespace whose Events about Nodes are read (where the kubelet, "
+        "node-problem-detector and the agent post them); an Event about a Node in any other "
+        "namespace starts nothing: docs/security.md",
+    )
     dcgm_namespace: str | None = Field(
         None, description="namespace of the dcgm-exporter pods (default: all namespaces)"
     )

@@ -37,7 +37,9 @@ class Metrics:
             "gpuheal_signals_total",
             "Signals seen, by source (events, conditions, dcgm) and what became of them "
             "(incident, attached, alerted, duplicate, stale, pending, ignored, blocked; "
-            "untrusted: an Event from a reporter not in --trusted-reporters, never handed on).",
+            "untrusted: an Event from a reporter not in --trusted-reporters; wrong_namespace: "
+            "an Event outside --event-namespace; wrong_uid: an Event naming another Node uid; "
+            "none of these is handed on).",
             ["source", "result"],
         )
         self.incidents = counter(

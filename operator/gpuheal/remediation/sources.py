@@ -52,8 +52,9 @@ async def _follow(  # noqa: PLR0917
     source: str,
     ready: asyncio.Event | None,
     handle: Any,
+    namespace: str | None = None,
 ) -> None:
-    async for ev in ports.require_kube().list_watch(resource):
+    async for ev in ports.require_kube().list_watch(resource, namespace=namespace):
         if ev.type == "BLIND":
             _blind(ports, cluster, source, ev.obj["message"])
         elif ev.type == "SYNCED":
@@ -123,20 +124,25 @@ async def watch_incidents(
 
 
 async def watch_events(ports: Ports, cluster: ClusterView, books: Bookkeeping) -> None:
-    """Events about Nodes, forever (server-side ``fieldSelector=involvedObject.kind=Node``)."""
+    """Events about Nodes in ``--event-namespace``, forever (server-side
+    ``fieldSelector=involvedObject.kind=Node``): the API server accepts an Event about a Node
+    in any namespace, and whoever may create Events in some namespace must not reach a Node
+    through it."""
 
     async def handle(kind: str, obj: dict[str, Any]) -> None:
         if kind in ("LISTED", "ADDED", "MODIFIED"):
             await handle_event(ports, cluster, books, obj)
 
-    await _follow(ports, cluster, "node_events", "events", None, handle)
+    namespace = ports.config.event_namespace
+    await _follow(ports, cluster, "node_events", "events", None, handle, namespace)
 
 
 async def handle_event(
     ports: Ports, cluster: ClusterView, books: Bookkeeping, body: dict[str, Any]
 ) -> None:
     """Hand each XID the Event reports (or the Warning itself) to the intake (which handles
-    it while the watch reads on), if a trusted reporter sent it (`policy.trust`)."""
+    it while the watch reads on), if it is in --event-namespace, about the Node gpuheal knows
+    (its uid) and from a trusted reporter (`policy.trust`)."""
     ev = node_event(body)
     if ev is None or ev.component == ports.require_kube().component:
         return  # not about a Node, or one of our own Events
@@ -147,12 +153,17 @@ async def handle_event(
         return
     policy = cluster.policy_of(ev.node) if view is not None else None
     verdict = judge_event(
-        ev, observations, ports.config.trusted_reporters, policy.spec.rules if policy else ()
+        ev,
+        observations,
+        ports.config.trusted_reporters,
+        policy.spec.rules if policy else (),
+        namespace=ports.config.event_namespace,
+        node_uid=view.uid if view is not None else "",
     )
     if verdict is not None:
         # Never to the intake: an untrusted signal must not even count in the node's history
         # (repeats there escalate a later real fault).
-        ports.metrics.signals.labels("events", "untrusted").inc(len(observations))
+        ports.metrics.signals.labels("events", verdict.why).inc(len(observations))
         if verdict.matters and view is not None:
             _warn_untrusted(ports, books, view, ev, verdict, now)
         return

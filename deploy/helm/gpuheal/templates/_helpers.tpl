@@ -114,6 +114,10 @@ app.kubernetes.io/component: slurm-bridge
 {{- if and .Values.bridge.ca.existingSecret .Values.bridge.ca.existingConfigMap -}}
 {{- fail "bridge.ca: set existingSecret or existingConfigMap, not both" -}}
 {{- end -}}
+{{- $agentEvents := include "gpuheal.agent.eventNamespace" . -}}
+{{- if and .Values.agent.enabled .Values.operator.sources.events (ne .Values.signalTrust.eventNamespace $agentEvents) -}}
+{{- fail (printf "signalTrust.eventNamespace=%s: the agent posts its Events about Nodes in %s, where the operator would not read them" .Values.signalTrust.eventNamespace $agentEvents) -}}
+{{- end -}}
 {{- end -}}
 
 
