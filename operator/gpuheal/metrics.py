@@ -39,7 +39,8 @@ class Metrics:
             "(incident, attached, alerted, duplicate, stale, pending, ignored, blocked; "
             "untrusted: an Event from a reporter not in --trusted-reporters; wrong_namespace: "
             "an Event outside --event-namespace; wrong_uid: an Event naming another Node uid; "
-            "none of these is handed on).",
+            "none of these is handed on; dcgm: mismatched, a series whose Hostname is not the "
+            "exporter pod's node, or a pod not of --dcgm-daemonset).",
             ["source", "result"],
         )
         self.incidents = counter(

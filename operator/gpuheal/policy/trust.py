@@ -22,12 +22,14 @@ why); otherwise it is dropped quietly (kubelet's own Warnings, say).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Iterable, Mapping, Sequence
+from typing import Any
 
 from gpuheal.api.remediationpolicy import Rule
 from gpuheal.policy.inputs import NodeEvent
 from gpuheal.policy.select import rule_matches
 from gpuheal.policy.types import Observation
+from gpuheal.xid.parse import DcgmSample
 
 AGENT_REPORTER = "gpuheal-agent"
 """The node agent's reporter name (`gpuheal.agent.detect.COMPONENT`): the one the chart's
@@ -113,3 +115,51 @@ def judge_event(  # noqa: PLR0917
             "sender's own text: see docs/security.md"
         ),
     )
+
+
+# --- dcgm-exporter ---------------------------------------------------------------------------
+
+
+def exporter_pod_refusal(pod: Mapping[str, Any], *, namespace: str, daemonset: str) -> str | None:
+    """None when ``pod`` may be scraped as the dcgm-exporter of its node: in ``namespace``
+    (--dcgm-namespace), its controller the DaemonSet ``daemonset`` (--dcgm-daemonset), placed
+    on a node and given an address; else why not, for a log line.
+
+    A label is anyone's to write on a pod they create; an owner reference too, but the
+    garbage collector deletes a pod whose owner uid is not the DaemonSet's, and the
+    DaemonSet's controller deletes a pod of its own that it did not want on that node, so a
+    forged one does not last. What this keeps out is every other pod with the label."""
+    meta = pod.get("metadata") or {}
+    where = f"{meta.get('namespace')}/{meta.get('name')}"
+    if meta.get("namespace") != namespace:
+        return f"pod {where} is not in the namespace {namespace}"
+    owner = next(
+        (
+            o
+            for o in meta.get("ownerReferences") or []
+            if isinstance(o, Mapping) and o.get("controller")
+        ),
+        None,
+    )
+    ours = (
+        owner is not None
+        and owner.get("kind") == "DaemonSet"
+        and str(owner.get("apiVersion", "")).split("/")[0] == "apps"
+        and owner.get("name") == daemonset
+    )
+    if not ours:
+        held = f"{owner.get('kind')} {owner.get('name')}" if owner is not None else "nothing"
+        return (
+            f"pod {where} is not a pod of the DaemonSet {namespace}/{daemonset} (its "
+            f"controller: {shown([held])})"
+        )
+    return None
+
+
+def samples_of_node(samples: Sequence[DcgmSample], node: str) -> tuple[list[DcgmSample], int]:
+    """The samples whose ``Hostname`` label names ``node``, the node the exporter pod was
+    placed on, and how many others there were: a series that names another node (or none:
+    dcgm-exporter's --no-hostname) is no evidence about this one. A scrape reaches a pod by
+    its address, and an address is reused; the label is what the exporter says it reads."""
+    kept = [s for s in samples if s.hostname == node]
+    return kept, len(samples) - len(kept)

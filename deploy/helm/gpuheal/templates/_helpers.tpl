@@ -114,6 +114,9 @@ app.kubernetes.io/component: slurm-bridge
 {{- if and .Values.bridge.ca.existingSecret .Values.bridge.ca.existingConfigMap -}}
 {{- fail "bridge.ca: set existingSecret or existingConfigMap, not both" -}}
 {{- end -}}
+{{- if and .Values.operator.sources.dcgm .Values.operator.dcgm.tokenFile (ne .Values.operator.dcgm.scheme "https") -}}
+{{- fail "operator.dcgm.tokenFile: only with operator.dcgm.scheme=https (a bearer token over plain HTTP is anyone's on the path)" -}}
+{{- end -}}
 {{- $agentEvents := include "gpuheal.agent.eventNamespace" . -}}
 {{- if and .Values.agent.enabled .Values.operator.sources.events (ne .Values.signalTrust.eventNamespace $agentEvents) -}}
 {{- fail (printf "signalTrust.eventNamespace=%s: the agent posts its Events about Nodes in %s, where the operator would not read them" .Values.signalTrust.eventNamespace $agentEvents) -}}
