@@ -196,3 +196,18 @@ def test_the_event_namespace_flag_is_one_namespace_default_by_default() -> None:
         OperatorConfig(event_namespace="")
     with pytest.raises(ValidationError):
         OperatorConfig(event_namespace="*")
+
+
+def test_an_events_k8s_io_event_is_judged_by_its_reporting_controller() -> None:
+    """An events.k8s.io/v1 Event as the operator's core/v1 watch reads it: the API server
+    shows `reportingController` as reportingComponent and `deprecatedSource` as source, so
+    both of its reporter fields are judged like a core/v1 Event's."""
+    body = xid_body(source={}, reportingComponent="ci-bot", eventTime="2026-11-22T06:00:00.000000Z")
+    body["involvedObject"]["uid"] = "nu"  # `regarding`
+    verdict = judged(body, trusted=frozenset({"gpuheal-agent"}))
+    assert verdict is not None
+    assert (verdict.why, verdict.reporter) == ("untrusted", "'ci-bot'")
+    body["source"] = {"component": "gpuheal-agent"}  # deprecatedSource naming the agent
+    assert judged(body, trusted=frozenset({"gpuheal-agent"})) is not None  # ci-bot still named
+    body["reportingComponent"] = "gpuheal-agent"
+    assert judged(body, trusted=frozenset({"gpuheal-agent"})) is None
