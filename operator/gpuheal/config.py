@@ -18,6 +18,7 @@ from pydantic import (
     NonNegativeFloat,
     ValidationError,
     field_validator,
+    model_validator,
 )
 from pydantic.alias_generators import to_camel
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
@@ -28,6 +29,7 @@ if TYPE_CHECKING:
     from gpuheal.api.remediationpolicy import NotifyEvent, NotifyFormat
 
 SOURCES = ("conditions", "events", "dcgm")
+DEFAULT_SOURCES = ("conditions", "events")  # dcgm needs --dcgm-namespace
 ENV_PREFIX = "GPUHEAL_"
 # Copies of API names (gpuheal.api.*), kept literal so that `gpuheal run --help` does not load
 # the CRD models; tests/unit/test_slurm_clusters.py checks that they agree.
@@ -89,8 +91,9 @@ class OperatorConfig(BaseSettings):
     )
     notify_timeout: float = Field(5.0, gt=0, description="seconds allowed per webhook call")
     sources: Annotated[frozenset[str], NoDecode] = Field(
-        frozenset(SOURCES),
-        description="detection sources, comma-separated: conditions,events,dcgm",
+        frozenset(DEFAULT_SOURCES),
+        description="detection sources, comma-separated: conditions,events,dcgm (dcgm needs "
+        "--dcgm-namespace)",
     )
     trusted_reporters: Annotated[frozenset[str], NoDecode] = Field(
         frozenset({AGENT_REPORTER}),
@@ -112,14 +115,51 @@ class OperatorConfig(BaseSettings):
         "such a reset or reboot is skipped and such a check fails, no Job is created (an "
         "inline template lets a policy writer run any pod on a node: docs/security.md)",
     )
+    event_namespace: str = Field(
+        "default",
+        pattern=DNS_LABEL_PATTERN,
+        description="the one namespace whose Events about Nodes are read (where the kubelet, "
+        "node-problem-detector and the agent post them); an Event about a Node in any other "
+        "namespace starts nothing: docs/security.md",
+    )
     dcgm_namespace: str | None = Field(
-        None, description="namespace of the dcgm-exporter pods (default: all namespaces)"
+        None,
+        pattern=DNS_LABEL_PATTERN,
+        description="namespace of the dcgm-exporter pods (required with the dcgm source)",
+    )
+    dcgm_daemonset: str = Field(
+        "nvidia-dcgm-exporter",
+        pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$",
+        description="the DaemonSet in --dcgm-namespace whose pods are scraped (their "
+        "controller); other pods with the label are ignored",
     )
     dcgm_selector: str = Field(
         "app=nvidia-dcgm-exporter", description="label selector of the dcgm-exporter pods"
     )
     dcgm_interval: float = Field(15.0, gt=0, description="seconds between dcgm-exporter scrapes")
     dcgm_port: int = Field(9400, ge=1, le=65535, description="dcgm-exporter's metrics port")
+    dcgm_timeout: float = Field(5.0, gt=0, description="seconds allowed per scrape")
+    dcgm_max_bytes: int = Field(
+        8 * 1024 * 1024,
+        ge=1024,
+        description="bytes a scrape may return; a bigger body is a failed scrape",
+    )
+    dcgm_scheme: Literal["http", "https"] = Field(
+        "http", description="http, or https where the exporter serves TLS (--web-config-file)"
+    )
+    dcgm_ca_file: str | None = Field(
+        None, description="CA bundle (PEM) of the exporters' TLS certificates (https)"
+    )
+    dcgm_server_name: str | None = Field(
+        None,
+        description="name the exporters' certificate must carry (https; a pod is reached by "
+        "its address, which certificates seldom name)",
+    )
+    dcgm_token_file: str | None = Field(
+        None,
+        description="file holding a bearer token sent to the exporters (https only; e.g. a "
+        "kube-rbac-proxy in front of them), read again when it changes",
+    )
     log_format: Literal["json", "plain"] = Field("json", description="log lines as json or plain")
     namespace: str = Field(
         "gpuheal-system",
@@ -182,6 +222,18 @@ class OperatorConfig(BaseSettings):
         if isinstance(value, str):
             value = {r.strip() for r in value.split(",") if r.strip()}
         return frozenset(value)
+
+    @model_validator(mode="after")
+    def _dcgm(self) -> OperatorConfig:
+        if "dcgm" in self.sources and not self.dcgm_namespace:
+            raise ValueError(
+                "--dcgm-namespace: required with the dcgm source (the namespace of the "
+                "dcgm-exporter DaemonSet; a pod elsewhere with its label must not speak for a "
+                "node)"
+            )
+        if self.dcgm_token_file and self.dcgm_scheme != "https":
+            raise ValueError("--dcgm-token-file: only with --dcgm-scheme https")
+        return self
 
     @field_validator("sources", mode="before")
     @classmethod
@@ -319,8 +371,9 @@ def config_from_args(args: argparse.Namespace) -> OperatorConfig:
         cfg = OperatorConfig(**given)
     except ValidationError as exc:
         reasons = "; ".join(
-            f"--{str(e['loc'][0]).replace('_', '-')}: {e['msg'].removeprefix('Value error, ')}"
-            for e in exc.errors()
+            (f"--{str(e['loc'][0]).replace('_', '-')}: " if e["loc"] else "")
+            + e["msg"].removeprefix("Value error, ")
+            for e in exc.errors()  # a rule over several flags names them itself
         )
         raise SystemExit(f"error: {reasons}") from None
     try:

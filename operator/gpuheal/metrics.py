@@ -37,7 +37,10 @@ class Metrics:
             "gpuheal_signals_total",
             "Signals seen, by source (events, conditions, dcgm) and what became of them "
             "(incident, attached, alerted, duplicate, stale, pending, ignored, blocked; "
-            "untrusted: an Event from a reporter not in --trusted-reporters, never handed on).",
+            "untrusted: an Event from a reporter not in --trusted-reporters; wrong_namespace: "
+            "an Event outside --event-namespace; wrong_uid: an Event naming another Node uid; "
+            "none of these is handed on; dcgm: mismatched, a series whose Hostname is not the "
+            "exporter pod's node, or a pod not of --dcgm-daemonset).",
             ["source", "result"],
         )
         self.incidents = counter(

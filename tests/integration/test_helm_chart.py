@@ -8,6 +8,7 @@ The render tests need only the built `helm`; the install tests need the sandbox.
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import os
 import re
@@ -252,6 +253,34 @@ def test_in_cluster_bridge_wires_the_operator_to_its_service(helm: Helm) -> None
     assert bridge_volumes["token"]["secret"]["secretName"] == secret["metadata"]["name"]
     pvc = _one(docs, "PersistentVolumeClaim")
     assert bridge_volumes["state"]["persistentVolumeClaim"]["claimName"] == pvc["metadata"]["name"]
+
+
+def _rollouts(docs: list[dict[str, Any]]) -> set[str]:
+    """The bridge token's rollout value on its Secret and on the operator's and bridge's pods."""
+    secret = _one(docs, "Secret", "bridge-token")["metadata"]["annotations"]
+    pods = [_one(docs, "Deployment", n)["spec"]["template"]["metadata"]["annotations"]
+            for n in ("r-gpuheal", "slurm-bridge")]  # fmt: skip
+    return {secret["gpuheal.io/token-rollout"]} | {
+        a["gpuheal.io/bridge-token-rollout"] for a in pods
+    }
+
+
+def test_the_pods_roll_with_the_bridge_token_without_showing_a_hash_of_it(helm: Helm) -> None:
+    """A pod's annotations are read by many more than its Secrets (the `view` role): the value
+    that rolls the pods when bridge.token.value changes must not be a function of the token
+    (a hash of a guessable token is the token)."""
+    token = yaml.safe_load((CHART / "ci" / "bridge-values.yaml").read_text())["bridge"]["token"]
+    first = helm.template("-f", str(CHART / "ci" / "bridge-values.yaml"))
+    (rollout,) = _rollouts(first)  # one value on the Secret and both pods
+    assert len(rollout) >= 20
+    text = json.dumps(first)
+    for digest in (hashlib.sha256, hashlib.sha1, hashlib.md5):
+        hexed = digest(token["value"].encode()).hexdigest()
+        assert hexed[:8] not in text, f"a {digest.__name__} prefix of the token is in the output"
+    # Not a function of the token: with no cluster to look at, each render draws a new one
+    # (an upgrade reuses the Secret's: test_install_upgrade_uninstall_on_a_real_apiserver).
+    (again,) = _rollouts(helm.template("-f", str(CHART / "ci" / "bridge-values.yaml")))
+    assert again != rollout
 
 
 def test_external_bridge_uses_existing_secret_and_ca(helm: Helm) -> None:
@@ -961,6 +990,7 @@ def test_install_upgrade_uninstall_on_a_real_apiserver(
             ).stdout
         )["items"]
         assert [p["spec"]["nodeName"] for p in pods] == [system_node]
+        rollout = _live_rollout(sandbox, namespace, fullname)
 
         out = sandbox_helm(
             "upgrade",
@@ -991,6 +1021,13 @@ def test_install_upgrade_uninstall_on_a_real_apiserver(
             sandbox.kubectl("get", "deploy", fullname, "-n", namespace, "-o", "json").stdout
         )
         assert "--sources=conditions,events,dcgm" in _container(dep)["args"]
+        # The same token: the same rollout value, read back from the Secret (no needless roll).
+        assert _live_rollout(sandbox, namespace, fullname) == rollout
+        sandbox_helm(
+            "upgrade", release, str(CHART), "-n", namespace, "-f", str(values), "--reuse-values",
+            "--set", "bridge.token.value=sandbox-token-rotated-98765", "--wait", "--timeout=3m",
+        )  # fmt: skip
+        assert _live_rollout(sandbox, namespace, fullname) != rollout  # a new token rolls them
     finally:
         out = sandbox_helm("uninstall", release, "-n", namespace, "--wait", check=False)
     assert out.returncode == 0, out.stderr
@@ -1007,6 +1044,20 @@ def test_install_upgrade_uninstall_on_a_real_apiserver(
         sandbox.kubectl(
             "delete", kind, "-l", f"app.kubernetes.io/instance={release}", "--ignore-not-found"
         )
+
+
+def _live_rollout(sandbox: Sandbox, namespace: str, fullname: str) -> str:
+    """The bridge token's rollout value on the installed Secret, checked to be the operator
+    Deployment's pod annotation too."""
+
+    def get(*what: str) -> dict[str, Any]:
+        out = sandbox.kubectl("get", *what, "-n", namespace, "-o", "json").stdout
+        return dict(json.loads(out))
+
+    secret = get("secret", f"{fullname}-bridge-token")["metadata"]["annotations"]
+    dep = get("deploy", fullname)["spec"]["template"]["metadata"]["annotations"]
+    assert secret["gpuheal.io/token-rollout"] == dep["gpuheal.io/bridge-token-rollout"]
+    return str(secret["gpuheal.io/token-rollout"])
 
 
 # --- RBAC with the ServiceAccount's own token -----------------------------------------------------

@@ -3,8 +3,10 @@ address, as the agent and node-problem-detector do) and by dcgm-exporter (naming
 and PCI address) is one observation, so a first XID 79 stays on the first rung.
 
 The exporter is a local HTTP server serving dcgm-exporter's text format (the real exporter
-needs a GPU); its pod is a real Pod on a kwok GPU node with hostNetwork, so kwok gives it the
-node's address (127.0.0.1) and the operator scrapes it exactly as it would in a cluster.
+needs a GPU); its pods are a real DaemonSet's on kwok GPU nodes (the sandbox's
+kube-controller-manager makes them) with hostNetwork, so kwok gives them the node's address
+(127.0.0.1) and the operator scrapes them exactly as it would in a cluster. Only that
+DaemonSet's pods are scraped, and only the series whose Hostname is the pod's node count.
 """
 
 from __future__ import annotations
@@ -16,12 +18,14 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 from typing import Any, ClassVar
 
 import pytest
+from kubernetes import client
 
 from gpuheal.cli.simulate import simulate_xid
 from gpuheal_dev.sandbox import Sandbox
 from tests.integration.operator_harness import (
     Objects,
     OperatorProcess,
+    cordon_only_rule,
     dump,
     hold,
     policy,
@@ -33,8 +37,8 @@ pytestmark = pytest.mark.integration
 UUID = "GPU-8f6c1d2e-1111-2222-3333-444455556666"
 
 
-def exporter_text(count: int) -> str:
-    labels = f'gpu="0",UUID="{UUID}",pci_bus_id="00000000:3B:00.0",Hostname="n"'
+def exporter_text(count: int, hostname: str = "n") -> str:
+    labels = f'gpu="0",UUID="{UUID}",pci_bus_id="00000000:3B:00.0",Hostname="{hostname}"'
     return (
         "# TYPE DCGM_FI_DEV_XID_ERRORS gauge\n"
         f"DCGM_FI_DEV_XID_ERRORS{{{labels}}} {79 if count else 0}\n"
@@ -67,8 +71,48 @@ def exporter() -> Iterator[int]:
     server.shutdown()
 
 
-def test_an_xid_from_an_event_and_from_dcgm_exporter_is_one_observation(
+def exporter_daemonset(sandbox: Sandbox, namespace: str, name: str, nodes: list[str]) -> str:
+    """A DaemonSet ``name`` whose pods (label app=<name>, hostNetwork) run on ``nodes`` only;
+    waits until each is Running with an address. Its uid."""
+    apps = client.AppsV1Api(sandbox.api_client())
+    labels = {"app": name}
+    on_nodes = {"key": "kubernetes.io/hostname", "operator": "In", "values": nodes}
+    only = {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": [{"matchExpressions": [on_nodes]}]}}  # fmt: skip
+    made = apps.create_namespaced_daemon_set(
+        namespace,
+        {
+            "apiVersion": "apps/v1",
+            "kind": "DaemonSet",
+            "metadata": {"name": name},
+            "spec": {
+                "selector": {"matchLabels": labels},
+                "template": {
+                    "metadata": {"labels": labels},
+                    "spec": {
+                        "hostNetwork": True,
+                        "tolerations": [{"operator": "Exists"}],
+                        "affinity": {"nodeAffinity": only},
+                        "containers": [{"name": "exporter", "image": "example.invalid/dcgm:1"}],
+                    },
+                },
+            },
+        },
+    )  # fmt: skip
+    core = sandbox.core_v1()
+
+    def running() -> bool:
+        pods = core.list_namespaced_pod(namespace, label_selector=f"app={name}").items
+        up = {p.spec.node_name for p in pods if p.status.phase == "Running" and p.status.pod_ip}
+        return up == set(nodes)
+
+    wait_for(running, f"the DaemonSet {name}'s pods Running on {nodes}", timeout=90)
+    return str(made.metadata.uid)
+
+
+def test_an_xid_from_an_event_and_from_dcgm_exporter_is_one_observation(  # noqa: PLR0917
     sandbox: Sandbox,
+    namespace: str,
     case: Callable[..., list[str]],
     objects: Objects,
     run_operator: Callable[..., OperatorProcess],
@@ -87,40 +131,20 @@ def test_an_xid_from_an_event_and_from_dcgm_exporter_is_one_observation(
         ],
     }
     objects.apply("remediationpolicies", policy(f"p-{cid}", f"{cid}-work", [rule]))
-    selector = f"app=dcgm-{cid}"
-    core.create_namespaced_pod(
-        "default",
-        {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {"name": f"dcgm-{cid}", "labels": {"app": f"dcgm-{cid}"}},
-            "spec": {
-                "nodeName": node,
-                "hostNetwork": True,
-                "containers": [{"name": "exporter", "image": "example.invalid/dcgm:1"}],
-            },
-        },
-    )
+    _Exporter.text = exporter_text(0, node)
+    exporter_daemonset(sandbox, namespace, f"dcgm-{cid}", [node])
     try:
-        pod = wait_for(
-            lambda: (
-                (p := core.read_namespaced_pod(f"dcgm-{cid}", "default")).status.pod_ip
-                and p.status.phase == "Running"
-                and p
-            ),
-            "exporter pod Running with an IP",
-        )
-        assert pod.status.pod_ip == "127.0.0.1"  # kwok: hostNetwork pods get the node's IP
         run_operator(
             "--sources", "events,dcgm",
-            "--dcgm-selector", selector,
-            "--dcgm-namespace", "default",
+            "--dcgm-selector", f"app=dcgm-{cid}",
+            "--dcgm-namespace", namespace,
+            "--dcgm-daemonset", f"dcgm-{cid}",
             "--dcgm-port", str(exporter),
             "--dcgm-interval", "0.5",
         )  # fmt: skip
         wait_for(lambda: _Exporter.scrapes >= 2, "the exporter scraped (baseline)")
         simulate_xid(core, node, 79, pci="0000:3b:00")  # the kernel line, by PCI address
-        _Exporter.text = exporter_text(1)  # dcgm-exporter counts the same XID, by UUID
+        _Exporter.text = exporter_text(1, node)  # dcgm-exporter counts the same XID, by UUID
         scraped = _Exporter.scrapes
         wait_for(lambda: _Exporter.scrapes >= scraped + 3, "dcgm scraped after the XID")
         nrem = wait_for(lambda: objects.incident(node), "incident")
@@ -130,7 +154,85 @@ def test_an_xid_from_an_event_and_from_dcgm_exporter_is_one_observation(
         assert nrem["status"]["rung"] == 0, dump(nrem["status"])  # a first XID 79: rung 0
         assert nrem["spec"]["signals"][0]["pciBusId"] == "0000:3b:00"
     finally:
-        core.delete_namespaced_pod(f"dcgm-{cid}", "default", grace_period_seconds=0)
+        sandbox.kubectl("delete", "events", "-n", "default",
+                        f"--field-selector=involvedObject.name={node}", check=False)  # fmt: skip
+
+
+def test_a_labelled_pod_not_of_the_daemonset_or_another_hostname_injects_nothing(  # noqa: PLR0917
+    sandbox: Sandbox,
+    namespace: str,
+    case: Callable[..., list[str]],
+    objects: Objects,
+    run_operator: Callable[..., OperatorProcess],
+    exporter: int,
+) -> None:
+    """Whoever may create a pod with the exporter's label must not speak for a node: a bare
+    pod labelled like the exporter on node A serving a rising XID counter for A starts
+    nothing, nor does the DaemonSet's own pod on node B while what it serves names A; once
+    the exporter on B names B, B's XID opens B's incident."""
+    core = sandbox.core_v1()
+    node_a, node_b = case(2)
+    cid = case.case_id  # type: ignore[attr-defined]
+    objects.apply("remediationpolicies", policy(f"p-{cid}", f"{cid}-work", [cordon_only_rule(79)]))
+    name = f"dcgm-{cid}"
+    _Exporter.text = exporter_text(0, node_a)
+    exporter_daemonset(sandbox, namespace, name, [node_b])
+    # The impostor: a ReplicaSet's pod with the exporter's label on node A (a bare pod with
+    # it would be adopted by the DaemonSet's controller, which deletes what it does not want).
+    impostor = {"app": name, "impostor": cid}
+    client.AppsV1Api(sandbox.api_client()).create_namespaced_replica_set(
+        namespace,
+        {
+            "apiVersion": "apps/v1",
+            "kind": "ReplicaSet",
+            "metadata": {"name": f"impostor-{cid}"},
+            "spec": {
+                "replicas": 1,
+                "selector": {"matchLabels": impostor},
+                "template": {
+                    "metadata": {"labels": impostor},
+                    "spec": {
+                        "nodeName": node_a,
+                        "hostNetwork": True,
+                        "containers": [{"name": "exporter", "image": "example.invalid/dcgm:1"}],
+                    },
+                },
+            },
+        },
+    )
+    wait_for(
+        lambda: [
+            p
+            for p in core.list_namespaced_pod(namespace, label_selector=f"impostor={cid}").items
+            if p.status.phase == "Running" and p.spec.node_name == node_a
+        ],
+        "the impostor pod Running on A",
+    )
+    op = run_operator(
+        "--sources", "events,dcgm",
+        "--dcgm-selector", f"app={name}",
+        "--dcgm-namespace", namespace,
+        "--dcgm-daemonset", name,
+        "--dcgm-port", str(exporter),
+        "--dcgm-interval", "0.5",
+    )  # fmt: skip
+    wait_for(lambda: _Exporter.scrapes >= 2, "the exporter scraped (baseline)")
+    _Exporter.text = exporter_text(1, node_a)  # an XID 79 "on A"
+    scraped = _Exporter.scrapes
+    wait_for(lambda: _Exporter.scrapes >= scraped + 3, "scraped after the XID")
+    hold(
+        lambda: not objects.incidents(node_a) and not objects.incidents(node_b),
+        "no incident on A (the impostor's node) nor on B (its exporter names A)",
+        seconds=4,
+    )
+    metrics = op.metrics()
+    assert metrics.get('gpuheal_signals_total{result="untrusted",source="dcgm"}', 0) >= 1
+    assert metrics.get('gpuheal_signals_total{result="wrong_node",source="dcgm"}', 0) >= 1
+    assert f"is not a pod of the DaemonSet {namespace}/{name}" in op.log()
+    _Exporter.text = exporter_text(2, node_b)  # the exporter on B speaks for B
+    nrem = wait_for(lambda: objects.incident(node_b), "B's incident from its own exporter")
+    assert nrem["spec"]["signals"][0]["source"] == "DcgmExporter", dump(nrem["spec"]["signals"])
+    assert objects.incidents(node_a) == []
 
 
 def test_a_kubelet_memory_pressure_rule_fires_added_before_or_after_the_condition(

@@ -212,3 +212,92 @@ def test_a_forged_event_starts_nothing_while_the_agents_own_event_does(  # noqa:
             f"--field-selector=involvedObject.kind=Node,involvedObject.name={forged_on}",
             check=False,
         )  # fmt: skip
+
+
+def _xid_in(
+    core: client.CoreV1Api, node: dict[str, Any], namespace: str, uid: str | None = None
+) -> dict[str, Any]:
+    """node-problem-detector's XID 79 Event about ``node`` (reporter `kernel-monitor`, trusted
+    by the harness's operator), created in ``namespace``; ``uid``: the Node uid it names."""
+    body = xid_event(node, kernel_line(79), namespace=namespace)
+    if namespace != "default":  # how the API server admits an Event about a Node elsewhere
+        body["involvedObject"]["namespace"] = namespace
+    if uid is not None:
+        body["involvedObject"]["uid"] = uid
+    made = core.create_namespaced_event(namespace, body)
+    return dict(core.api_client.sanitize_for_serialization(made))
+
+
+def test_an_event_from_another_namespace_starts_nothing_the_same_in_default_does(
+    sandbox: Sandbox,
+    namespace: str,
+    case: Callable[..., list[str]],
+    objects: Objects,
+    run_operator: Callable[..., OperatorProcess],
+) -> None:
+    """Whoever may create Events in some namespace (a CI account in its own) cannot reach a
+    Node through it: the operator reads Events in --event-namespace (default `default`) only."""
+    (node,) = case(1)
+    cid = case.case_id  # type: ignore[attr-defined]
+    objects.apply("remediationpolicies", policy(f"ns-{cid}", f"{cid}-work", [cordon_only_rule(79)]))
+    admin = sandbox.core_v1()
+    body = admin.api_client.sanitize_for_serialization(admin.read_node(node))
+    run_operator()
+    try:
+        elsewhere = _xid_in(admin, body, namespace)
+        assert elsewhere["involvedObject"]["name"] == node  # admitted: an Event about the Node
+        hold(
+            lambda: not objects.incidents(node) and not objects.node(node).spec.unschedulable,
+            "no incident and no cordon for the Event in another namespace",
+            seconds=6,
+        )
+        _xid_in(admin, body, "default")  # the very same Event where gpuheal reads
+        wait_for(lambda: objects.incident(node), "the incident of the Event in default")
+        wait_for(lambda: objects.node(node).spec.unschedulable, "the node cordoned")
+    finally:
+        sandbox.kubectl(
+            "delete", "events", "-n", "default",
+            f"--field-selector=involvedObject.kind=Node,involvedObject.name={node}",
+            check=False,
+        )  # fmt: skip
+
+
+def test_an_event_naming_another_node_uid_starts_nothing(
+    sandbox: Sandbox,
+    case: Callable[..., list[str]],
+    objects: Objects,
+    run_operator: Callable[..., OperatorProcess],
+) -> None:
+    """An Event about an earlier Node of the same name (deleted, created again) or with a
+    made-up uid: counted, one UntrustedSignal Warning that says so, nothing else; the same
+    Event naming the Node's uid acts."""
+    (node,) = case(1)
+    cid = case.case_id  # type: ignore[attr-defined]
+    objects.apply(
+        "remediationpolicies", policy(f"uid-{cid}", f"{cid}-work", [cordon_only_rule(79)])
+    )
+    admin = sandbox.core_v1()
+    body = admin.api_client.sanitize_for_serialization(admin.read_node(node))
+    op = run_operator()
+    try:
+        stale = _xid_in(admin, body, "default", uid=str(uuid.uuid4()))
+        (warning,) = wait_for(lambda: _warnings(sandbox, node), "an UntrustedSignal Warning")
+        assert (
+            f"Event default/{stale['metadata']['name']} is about node {node} with uid"
+            in (warning["message"])
+        )
+        assert f"not this Node's uid {body['metadata']['uid']}" in warning["message"]
+        hold(
+            lambda: not objects.incidents(node) and not objects.node(node).spec.unschedulable,
+            "no incident and no cordon for the Event naming another uid",
+            seconds=5,
+        )
+        assert op.metrics().get('gpuheal_signals_total{result="wrong_uid",source="events"}') == 1
+        _xid_in(admin, body, "default", uid=body["metadata"]["uid"])
+        wait_for(lambda: objects.incident(node), "the incident of the Event naming the Node's uid")
+    finally:
+        sandbox.kubectl(
+            "delete", "events", "-n", "default",
+            f"--field-selector=involvedObject.kind=Node,involvedObject.name={node}",
+            check=False,
+        )  # fmt: skip

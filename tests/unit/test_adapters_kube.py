@@ -87,6 +87,14 @@ async def test_requests_paths_and_a_rotated_token(server: tuple[str, list[dict[s
         watch = seen[-1]["query"]
         assert (watch["watch"], watch["resourceVersion"]) == ("true", "7")
         await events.aclose()
+        # --event-namespace: the list and the watch read that namespace only
+        events = kube.list_watch("node_events", namespace="default")
+        assert (await anext(events)).type == "SYNCED"
+        assert seen[-1]["path"] == "/api/v1/namespaces/default/events"
+        await anext(events)
+        assert (seen[-1]["path"], seen[-1]["query"]["watch"]) == (
+            "/api/v1/namespaces/default/events", "true")  # fmt: skip
+        await events.aclose()
     finally:
         await kube.close()
 

@@ -21,8 +21,10 @@ def test_run_defaults_match_the_helm_contract(monkeypatch: pytest.MonkeyPatch) -
         monkeypatch.delenv(var, raising=False)
     cfg = config_from_args(parse(["run"]))
     assert (cfg.metrics_port, cfg.health_port) == (9090, 8080)
-    assert cfg.sources == {"conditions", "events", "dcgm"}
-    assert cfg.dcgm_selector == "app=nvidia-dcgm-exporter"
+    assert cfg.sources == {"conditions", "events"}  # dcgm needs its namespace named
+    assert (cfg.dcgm_selector, cfg.dcgm_daemonset) == (
+        "app=nvidia-dcgm-exporter", "nvidia-dcgm-exporter")  # fmt: skip
+    assert cfg.event_namespace == "default"
     assert cfg.dcgm_interval == 15
     assert cfg.log_format == "json"
 
@@ -38,8 +40,10 @@ def test_run_flags_and_env(monkeypatch: pytest.MonkeyPatch) -> None:
     assert cfg.sources == {"events"}
     assert (cfg.bridge_url, cfg.bridge_token_file) == ("https://bridge:8787", "/t")
     assert cfg.dcgm_namespace == "gpu-operator"
-    assert config_from_args(parse(["run", "--sources", "dcgm,conditions"])).sources == {
-        "dcgm", "conditions"}  # fmt: skip
+    dcgm = parse(["run", "--sources", "dcgm,conditions", "--dcgm-namespace", "gpu-operator"])
+    assert config_from_args(dcgm).sources == {"dcgm", "conditions"}
+    with pytest.raises(SystemExit, match="--dcgm-namespace: required with the dcgm source"):
+        config_from_args(parse(["run", "--sources", "dcgm"]))
     with pytest.raises(SystemExit, match="--sources: unknown source"):
         config_from_args(parse(["run", "--sources", "events,smoke-signals"]))
     with pytest.raises(SystemExit, match="--metrics-port"):

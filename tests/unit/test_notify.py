@@ -7,6 +7,7 @@ import asyncio
 import datetime as dt
 import json
 import logging
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -299,3 +300,30 @@ def test_httpx_request_lines_show_no_url_past_the_host() -> None:
     )  # fmt: skip
     assert _redact_request_url(record)
     assert record.getMessage() == 'HTTP Request: POST https://hooks.slack.com/... "HTTP/1.1 200 OK"'
+
+
+def test_every_log_line_shows_urls_by_scheme_and_host_only() -> None:
+    """Whatever writes it (a traceback naming a request, aiohttp, kopf), a URL in a log line
+    keeps its scheme and host: the root handlers' filter (`configure_logging`)."""
+    from gpuheal.api.meta import redact_urls
+    from gpuheal.handlers.lifecycle import RedactUrls
+
+    assert redact_urls("to https://hooks.slack.com/services/T0/B0/S3CRET: 404") == (
+        "to https://hooks.slack.com/...: 404")  # fmt: skip
+    assert redact_urls("GET http://u:pw@10.0.0.7:9400/metrics?x=1 'https://h/a'") == (
+        "GET http://10.0.0.7:9400/... 'https://h/...'")  # fmt: skip
+    assert (
+        redact_urls("bridge https://slurm-bridge:8787 up") == "bridge https://slurm-bridge:8787 up"
+    )
+    try:
+        raise ValueError("refused: https://hooks.slack.com/services/T0/B0/S3CRET")
+    except ValueError:
+        record = logging.LogRecord(
+            "gpuheal.notify", logging.ERROR, __file__, 1, "posting %s",
+            ("https://example.com/hook?token=S3CRET",), sys.exc_info(),
+        )  # fmt: skip
+    assert RedactUrls().filter(record)
+    shown = logging.Formatter().format(record)
+    assert "S3CRET" not in shown
+    assert "posting https://example.com/..." in shown
+    assert "ValueError: refused: https://hooks.slack.com/..." in shown

@@ -7,6 +7,9 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
+import pytest
+from pydantic import ValidationError
+
 from gpuheal.agent.detect import COMPONENT as AGENT_COMPONENT
 from gpuheal.api.remediationpolicy import Rule
 from gpuheal.cli.simulate import kernel_line, xid_event
@@ -129,3 +132,82 @@ def test_trusted_reporters_flag_is_a_comma_separated_set() -> None:
     cfg = OperatorConfig(trusted_reporters="gpuheal-agent, kernel-monitor,")  # type: ignore[arg-type]
     assert cfg.trusted_reporters == frozenset({"gpuheal-agent", "kernel-monitor"})
     assert OperatorConfig(trusted_reporters="").trusted_reporters == frozenset()  # type: ignore[arg-type]
+
+
+def judged(
+    body: dict[str, Any],
+    *,
+    namespace: str | None = "default",
+    node_uid: str = "nu",
+    trusted: frozenset[str] = frozenset({"kernel-monitor"}),
+) -> Untrusted | None:
+    ev = node_event(body)
+    assert ev is not None
+    return judge_event(ev, event_observations(ev, NOW), trusted, (XID79,), namespace, node_uid)
+
+
+def test_an_event_from_another_namespace_starts_nothing_whoever_sent_it() -> None:
+    # The API server accepts an Event about a Node in any namespace whose involvedObject
+    # names that namespace: a trusted reporter name there is still nothing.
+    body = xid_body()
+    body["metadata"]["namespace"] = body["involvedObject"]["namespace"] = "ci"
+    verdict = judged(body)
+    assert verdict is not None
+    assert (verdict.why, verdict.matters) == ("wrong_namespace", True)
+    assert verdict.message.startswith(
+        "XID 79 on GPU 0000:3b:00: Event ci/n1.forged posted in namespace 'ci', not in "
+        "'default' where gpuheal reads Events about Nodes; nothing done"
+    )
+    assert judged(body, namespace="ci") is None
+    assert judged(body, namespace=None) is None  # not asked (a caller that reads one namespace)
+    assert judged(xid_body()) is None
+
+
+def test_an_event_naming_another_node_uid_starts_nothing() -> None:
+    stale = xid_body()
+    stale["involvedObject"]["uid"] = "uid-of-the-node-deleted-before"
+    verdict = judged(stale)
+    assert verdict is not None
+    assert (verdict.why, verdict.matters) == ("wrong_uid", True)
+    assert (
+        "Event default/n1.forged is about node n1 with uid 'uid-of-the-node-deleted-before', "
+        "not this Node's uid nu (an earlier Node of that name, or a made-up uid); nothing done"
+    ) in verdict.message
+    assert judged(stale, node_uid="") is None  # the Node's uid not known: nothing to compare
+
+
+def test_an_event_naming_the_nodes_uid_or_none_is_judged_by_its_reporter() -> None:
+    assert judged(xid_body()) is None  # involvedObject.uid "nu": the Node's
+    # The kubelet and node-problem-detector write the node's *name* as its uid: no uid.
+    by_name = xid_body()
+    by_name["involvedObject"]["uid"] = "n1"
+    assert judged(by_name) is None
+    del by_name["involvedObject"]["uid"]
+    assert judged(by_name) is None
+    verdict = judged(by_name, trusted=frozenset())
+    assert verdict is not None
+    assert verdict.why == "untrusted"
+
+
+def test_the_event_namespace_flag_is_one_namespace_default_by_default() -> None:
+    assert OperatorConfig().event_namespace == "default"
+    assert OperatorConfig(event_namespace="kube-system").event_namespace == "kube-system"
+    with pytest.raises(ValidationError):
+        OperatorConfig(event_namespace="")
+    with pytest.raises(ValidationError):
+        OperatorConfig(event_namespace="*")
+
+
+def test_an_events_k8s_io_event_is_judged_by_its_reporting_controller() -> None:
+    """An events.k8s.io/v1 Event as the operator's core/v1 watch reads it: the API server
+    shows `reportingController` as reportingComponent and `deprecatedSource` as source, so
+    both of its reporter fields are judged like a core/v1 Event's."""
+    body = xid_body(source={}, reportingComponent="ci-bot", eventTime="2026-11-22T06:00:00.000000Z")
+    body["involvedObject"]["uid"] = "nu"  # `regarding`
+    verdict = judged(body, trusted=frozenset({"gpuheal-agent"}))
+    assert verdict is not None
+    assert (verdict.why, verdict.reporter) == ("untrusted", "'ci-bot'")
+    body["source"] = {"component": "gpuheal-agent"}  # deprecatedSource naming the agent
+    assert judged(body, trusted=frozenset({"gpuheal-agent"})) is not None  # ci-bot still named
+    body["reportingComponent"] = "gpuheal-agent"
+    assert judged(body, trusted=frozenset({"gpuheal-agent"})) is None

@@ -134,3 +134,23 @@ async def test_untrusted_events_no_rule_takes_or_old_ones_are_dropped_quietly(
     assert submitted == []
     assert outbox.posted == []
     assert untrusted(runtime) == 3
+
+
+async def test_an_event_about_another_node_uid_never_reaches_the_intake(
+    rt: tuple[Runtime, list[Observation], Outbox],
+) -> None:
+    """The agent's Event about an earlier Node of the same name (deleted and created again):
+    counted as wrong_uid, one Warning that says so, the same budget as untrusted reporters."""
+    runtime, submitted, outbox = rt
+    stale = event("gpuheal-agent")
+    stale["involvedObject"]["uid"] = "old-uid"
+    await sources.handle_event(runtime.ports, runtime.view, runtime.books, stale)
+    await sources.handle_event(runtime.ports, runtime.view, runtime.books, event("ci-bot", uid="x"))
+    assert submitted == []
+    ((node, reason, message),) = outbox.posted
+    assert (node, reason) == ("n1", "UntrustedSignal")
+    assert "is about node n1 with uid 'old-uid', not this Node's uid nu" in message
+    wrong = runtime.ports.metrics.signals.labels("events", "wrong_uid")._value.get()
+    assert (wrong, untrusted(runtime)) == (1, 1)
+    await sources.handle_event(runtime.ports, runtime.view, runtime.books, event("gpuheal-agent"))
+    assert [o.xid for o in submitted] == [79]  # the Node's own uid: acts

@@ -566,6 +566,7 @@ class Kube:
         page: int = 500,
         timeout_seconds: int = 300,
         max_backoff: float = 60.0,
+        namespace: str | None = None,
     ) -> AsyncIterator[WatchEvent]:
         """LIST (in pages: at most one page of full bodies in memory), then WATCH from the
         list's resourceVersion with bookmarks, forever.
@@ -575,10 +576,13 @@ class Kube:
         ``MODIFIED`` / ``DELETED``. A 410 Gone relists. Any failure yields ``BLIND`` (with
         ``obj["message"]``), waits (1 s doubling to ``max_backoff``) and relists: a caller
         must treat that time as "cannot see", never as "nothing happened".
+        ``namespace``: Events of that namespace only (``node_events``; None: every namespace).
         """
         path = {
             "nodes": f"{CORE}/nodes",
-            "node_events": f"{CORE}/events",
+            "node_events": f"{CORE}/namespaces/{_q(namespace)}/events"
+            if namespace
+            else f"{CORE}/events",
             "noderemediations": f"{CUSTOM}/{names.NREM_PLURAL}",
         }[resource]
         # Events: server-side selector, so the Event firehose of pods never reaches us, nor

@@ -738,6 +738,23 @@ def redact_url(url: str) -> str:
     return f"{parts.scheme}://{host}{f':{port}' if port else ''}/..."
 
 
+_ANY_URL = re.compile(r"\b[a-zA-Z][a-zA-Z0-9+.-]{0,15}://[^\s/?#'\"<>]+[/?#][^\s'\"<>]*")
+
+
+def redact_urls(text: str) -> str:
+    """``text`` with every URL that has more than a scheme and host (a path, a query, a
+    fragment) cut to `redact_url`'s form: a log line's last defence, whatever wrote it (a
+    traceback, a library, kopf). Secret parts elsewhere in the text are not found here: that
+    is `scrub_url`'s job, where the URL is known."""
+
+    def cut(found: re.Match[str]) -> str:
+        url = found.group(0)
+        bare = url.rstrip(".,;:!)]}")  # the sentence's punctuation, not the URL's
+        return redact_url(bare) + url[len(bare) :]
+
+    return _ANY_URL.sub(cut, text)
+
+
 def scrub_url(text: str, url: str) -> str:
     """``text`` (an error message, say) with ``url`` and the secret parts of it (path,
     query, user info) replaced by `redact_url`'s form."""

@@ -29,7 +29,11 @@ from gpuheal.policy.inputs import (
     node_view,
 )
 from gpuheal.policy.reading import open_incident, scan, summaries_of
-from gpuheal.policy.trust import DEFAULT_TRUSTED_REPORTERS, judge_event
+from gpuheal.policy.trust import (
+    DEFAULT_EVENT_NAMESPACE,
+    DEFAULT_TRUSTED_REPORTERS,
+    judge_event,
+)
 
 
 def explain_node(
@@ -47,14 +51,16 @@ def explain_node(
     blind_nodes: Mapping[str, Collection[str]] | None = None,
     readable_since: Mapping[str, dt.datetime] | None = None,
     trusted: Collection[str] = DEFAULT_TRUSTED_REPORTERS,
+    event_namespace: str = DEFAULT_EVENT_NAMESPACE,
 ) -> tuple[list[str], list[Verdict]]:
     """The lines `gpuheal explain` prints, from the objects it read (pure), and the engine's
     verdicts behind them, asked as the operator asks (`policy.reading`). ``nodes``: every
     Node read (with the incidents, the breaker's slots are counted from them as the operator
     counts them); ``histories``: every FaultHistory (a GPU that moved brings its record);
     ``blind``, ``blind_nodes``, ``readable_since``: the sources that could not be read.
-    Events from reporters not ``trusted`` (the operator's --trusted-reporters) count for
-    nothing, as in the operator; those a rule would have taken are named first."""
+    Events from reporters not ``trusted`` (the operator's --trusted-reporters), from another
+    namespace than ``event_namespace`` or about another Node uid count for nothing, as in the
+    operator; those a rule would have taken are named first."""
     keep = kept_conditions(p.spec for p in policies)
     view = node_view(node, keep)
     views = {view.name: view}
@@ -69,7 +75,9 @@ def explain_node(
         if ev is None or ev.node != view.name:
             continue
         found = event_observations(ev, now, view.gpus)
-        verdict = judge_event(ev, found, trusted, rules) if found else None
+        verdict = (
+            judge_event(ev, found, trusted, rules, event_namespace, view.uid) if found else None
+        )
         if verdict is None:
             observations.extend(found)
         elif verdict.matters:
@@ -170,6 +178,7 @@ def _run(args: argparse.Namespace) -> int:
         pools=pools,
         blind=blind,
         trusted=frozenset(r.strip() for r in args.trusted_reporters.split(",") if r.strip()),
+        event_namespace=args.event_namespace,
     )
     if args.output == "text":
         print("\n".join(lines))
@@ -213,6 +222,13 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         metavar="NAMES",
         help="Event reporters whose Events count, comma-separated (the operator's "
         "--trusted-reporters; default: %(default)s)",
+    )
+    p.add_argument(
+        "--event-namespace",
+        default=DEFAULT_EVENT_NAMESPACE,
+        metavar="NAMESPACE",
+        help="the namespace whose Events count (the operator's --event-namespace; default: "
+        "%(default)s)",
     )
     add_cluster_flags(p)
     p.set_defaults(func=_run)

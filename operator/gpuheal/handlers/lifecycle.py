@@ -12,7 +12,7 @@ from prometheus_client import CollectorRegistry
 
 from gpuheal import crashpoints
 from gpuheal.adapters.kube import connection
-from gpuheal.api.meta import redact_url
+from gpuheal.api.meta import redact_url, redact_urls
 from gpuheal.config import OperatorConfig
 from gpuheal.handlers import objects as _objects  # noqa: F401 - registers its handlers
 from gpuheal.metrics import Metrics
@@ -74,6 +74,29 @@ def configure_logging(log_format: str, verbose: bool = False) -> None:
     httpx_log = logging.getLogger("httpx")
     if _redact_request_url not in httpx_log.filters:
         httpx_log.addFilter(_redact_request_url)
+    # And every line, whoever writes it (a traceback naming a request, aiohttp, kopf): a URL
+    # keeps its scheme and host only. On the handlers, which every logger's records reach.
+    for handler in logging.getLogger().handlers:
+        if not any(isinstance(f, RedactUrls) for f in handler.filters):
+            handler.addFilter(RedactUrls())
+
+
+class RedactUrls(logging.Filter):
+    """Cuts every URL in a record (its message, its arguments, its traceback) to scheme and
+    host (`redact_urls`): webhook URLs are credentials (Slack's carries its token in the path),
+    and no log line needs a path to be useful."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        said = redact_urls(message)
+        if said != message:
+            record.msg, record.args = said, ()
+        if record.exc_info and not record.exc_text:
+            record.exc_text = logging.Formatter().formatException(record.exc_info)
+        if record.exc_text:
+            record.exc_text = redact_urls(record.exc_text)
+            record.exc_info = None  # the text above is what a formatter shows
+        return True
 
 
 def _redact_request_url(record: logging.LogRecord) -> bool:

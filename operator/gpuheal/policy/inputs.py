@@ -114,6 +114,16 @@ class NodeEvent:
     reporters: tuple[str, ...] = ()
     namespace: str = ""
     name: str = ""
+    # involvedObject.uid: the Node the Event is about, or "" (the kubelet and
+    # node-problem-detector write the node's name there: no uid, see `about_uid`)
+    node_uid: str = ""
+
+    @property
+    def about_uid(self) -> str | None:
+        """The Node uid the Event names, or None when it names none: the kubelet and
+        node-problem-detector put the node's *name* in ``involvedObject.uid`` (they do not
+        read the Node), which says nothing about which Node object it was."""
+        return self.node_uid if self.node_uid and self.node_uid != self.node else None
 
     @property
     def dedupe_key(self) -> str:
@@ -150,6 +160,7 @@ def node_event(body: Mapping[str, Any]) -> NodeEvent | None:
         reporters=tuple(dict.fromkeys(str(c) for c in claimed if c)),
         namespace=str(meta.get("namespace") or ""),
         name=str(meta.get("name") or ""),
+        node_uid=str(involved.get("uid") or ""),
     )
 
 

@@ -18,7 +18,12 @@ from gpuheal.adapters.kube import Watched
 from gpuheal.api.meta import rfc3339_ms
 from gpuheal.api.names import EventReason
 from gpuheal.policy.inputs import NodeEvent, event_observations, node_event, reporter_of
-from gpuheal.policy.trust import Untrusted, judge_event
+from gpuheal.policy.trust import (
+    Untrusted,
+    exporter_pod_refusal,
+    judge_event,
+    samples_of_node,
+)
 from gpuheal.policy.types import NodeView, Observation
 from gpuheal.remediation import intake
 from gpuheal.remediation.objects import incident_changed, node_changed
@@ -52,8 +57,9 @@ async def _follow(  # noqa: PLR0917
     source: str,
     ready: asyncio.Event | None,
     handle: Any,
+    namespace: str | None = None,
 ) -> None:
-    async for ev in ports.require_kube().list_watch(resource):
+    async for ev in ports.require_kube().list_watch(resource, namespace=namespace):
         if ev.type == "BLIND":
             _blind(ports, cluster, source, ev.obj["message"])
         elif ev.type == "SYNCED":
@@ -123,20 +129,25 @@ async def watch_incidents(
 
 
 async def watch_events(ports: Ports, cluster: ClusterView, books: Bookkeeping) -> None:
-    """Events about Nodes, forever (server-side ``fieldSelector=involvedObject.kind=Node``)."""
+    """Events about Nodes in ``--event-namespace``, forever (server-side
+    ``fieldSelector=involvedObject.kind=Node``): the API server accepts an Event about a Node
+    in any namespace, and whoever may create Events in some namespace must not reach a Node
+    through it."""
 
     async def handle(kind: str, obj: dict[str, Any]) -> None:
         if kind in ("LISTED", "ADDED", "MODIFIED"):
             await handle_event(ports, cluster, books, obj)
 
-    await _follow(ports, cluster, "node_events", "events", None, handle)
+    namespace = ports.config.event_namespace
+    await _follow(ports, cluster, "node_events", "events", None, handle, namespace)
 
 
 async def handle_event(
     ports: Ports, cluster: ClusterView, books: Bookkeeping, body: dict[str, Any]
 ) -> None:
     """Hand each XID the Event reports (or the Warning itself) to the intake (which handles
-    it while the watch reads on), if a trusted reporter sent it (`policy.trust`)."""
+    it while the watch reads on), if it is in --event-namespace, about the Node gpuheal knows
+    (its uid) and from a trusted reporter (`policy.trust`)."""
     ev = node_event(body)
     if ev is None or ev.component == ports.require_kube().component:
         return  # not about a Node, or one of our own Events
@@ -147,12 +158,17 @@ async def handle_event(
         return
     policy = cluster.policy_of(ev.node) if view is not None else None
     verdict = judge_event(
-        ev, observations, ports.config.trusted_reporters, policy.spec.rules if policy else ()
+        ev,
+        observations,
+        ports.config.trusted_reporters,
+        policy.spec.rules if policy else (),
+        namespace=ports.config.event_namespace,
+        node_uid=view.uid if view is not None else "",
     )
     if verdict is not None:
         # Never to the intake: an untrusted signal must not even count in the node's history
         # (repeats there escalate a later real fault).
-        ports.metrics.signals.labels("events", "untrusted").inc(len(observations))
+        ports.metrics.signals.labels("events", verdict.why).inc(len(observations))
         if verdict.matters and view is not None:
             _warn_untrusted(ports, books, view, ev, verdict, now)
         return
@@ -194,10 +210,21 @@ def _warn_untrusted(  # noqa: PLR0917
 
 
 async def scrape_dcgm(ports: Ports, cluster: ClusterView, books: Bookkeeping) -> None:
-    """Every ``--dcgm-interval`` seconds, scrape each dcgm-exporter pod (found by label
-    selector) and turn XID counter rises / gauge changes into signals on its node."""
+    """Every ``--dcgm-interval`` seconds, scrape each pod of the dcgm-exporter DaemonSet
+    (``--dcgm-daemonset`` in ``--dcgm-namespace``, listed by ``--dcgm-selector``) and turn XID
+    counter rises / gauge changes into signals on its node."""
+    cfg = ports.config
     previous: dict[str, dict[Any, float]] = {}
-    scraper = DcgmScraper(port=ports.config.dcgm_port)
+    told: set[str] = set()
+    scraper = DcgmScraper(
+        port=cfg.dcgm_port,
+        timeout=cfg.dcgm_timeout,
+        max_bytes=cfg.dcgm_max_bytes,
+        scheme=cfg.dcgm_scheme,
+        ca_file=cfg.dcgm_ca_file,
+        server_name=cfg.dcgm_server_name,
+        token_file=cfg.dcgm_token_file,
+    )
     try:
         while True:
             try:
@@ -212,30 +239,62 @@ async def scrape_dcgm(ports: Ports, cluster: ClusterView, books: Bookkeeping) ->
                     cluster.set_blind("dcgm", node)
                 log.warning("dcgm source blind: listing dcgm-exporter pods failed: %s", exc)
             else:
-                for node, obs in await scrape_once(ports, cluster, scraper, pods, previous):
+                for node, obs in await scrape_once(ports, cluster, scraper, pods, previous, told):
                     await intake.submit(ports, cluster, books, node, obs)
-            await asyncio.sleep(ports.config.dcgm_interval)
+            await asyncio.sleep(cfg.dcgm_interval)
     finally:
         await scraper.close()
 
 
-async def scrape_once(
+_TOLD_MAX = 10_000  # pods and exporters already warned about: a bounded memory
+
+
+def _tell_once(told: set[str], key: str, message: str, *args: Any) -> None:
+    """A warning once per ``key`` (a pod's uid): a pod that stays wrong is counted at every
+    round and named once, not every 15 seconds."""
+    if key in told:
+        return
+    if len(told) >= _TOLD_MAX:
+        told.clear()
+    told.add(key)
+    log.warning(message, *args)
+
+
+async def scrape_once(  # noqa: PLR0917
     ports: Ports,
     cluster: ClusterView,
     scraper: DcgmScraper,
     pods: list[dict[str, Any]],
     previous: dict[str, dict[Any, float]],
+    told: set[str] | None = None,
 ) -> list[tuple[str, Observation]]:
-    """One round over the exporter pods. The first scrape of a node only sets its baseline
-    (an XID counted before we started is not new). A pod that cannot be read makes the
-    source "blind" (``gpuheal_source_up{source="dcgm"} 0``) and says nothing about health."""
+    """One round over the exporter pods. Only the DaemonSet's own pods are scraped
+    (`policy.trust.exporter_pod_refusal`; the others are counted ``untrusted`` and named once),
+    and of what one returns only the series whose ``Hostname`` is the pod's node count
+    (`policy.trust.samples_of_node`; the others ``wrong_node``). The first scrape of a node
+    only sets its baseline (an XID counted before we started is not new). A pod that cannot
+    be read makes the source "blind" (``gpuheal_source_up{source="dcgm"} 0``) and says
+    nothing about health."""
+    cfg = ports.config
+    told = told if told is not None else set()
     out: list[tuple[str, Observation]] = []
     failed = 0
-    covered = {(p.get("spec") or {}).get("nodeName") for p in pods} - {None}
+    exporters = []
+    for pod in pods:
+        refusal = exporter_pod_refusal(
+            pod, namespace=cfg.dcgm_namespace or "", daemonset=cfg.dcgm_daemonset
+        )
+        if refusal is None:
+            exporters.append(pod)
+            continue
+        ports.metrics.signals.labels("dcgm", "untrusted").inc()
+        uid = str((pod.get("metadata") or {}).get("uid"))
+        _tell_once(told, f"pod/{uid}", "dcgm: not scraped: %s", refusal)
+    covered = {(p.get("spec") or {}).get("nodeName") for p in exporters} - {None}
     for gone in cluster.dcgm_nodes - covered:  # no exporter there any more: nothing to be blind to
         cluster.blind_nodes.get("dcgm", set()).discard(gone)
     cluster.dcgm_nodes = {str(n) for n in covered}
-    for pod in pods:
+    for pod in exporters:
         node = (pod.get("spec") or {}).get("nodeName")
         ip = (pod.get("status") or {}).get("podIP")
         if not node or not ip:
@@ -250,7 +309,18 @@ async def scrape_once(
             continue
         now = _now()
         cluster.set_seeing("dcgm", now, node)
-        events, state = dcgm_xid_events(previous.get(node), parse_dcgm_metrics(text), now)
+        samples, elsewhere = samples_of_node(parse_dcgm_metrics(text), node)
+        if elsewhere:
+            ports.metrics.signals.labels("dcgm", "wrong_node").inc(elsewhere)
+            meta = pod.get("metadata") or {}
+            _tell_once(
+                told,
+                f"host/{meta.get('uid')}",
+                "dcgm: %d series of the exporter pod %s/%s on node %s name another Hostname "
+                "(or none): ignored",
+                elsewhere, meta.get("namespace"), meta.get("name"), node,
+            )  # fmt: skip
+        events, state = dcgm_xid_events(previous.get(node), samples, now)
         previous[node] = state
         view = cluster.nodes.get(node)
         gpus = (view.gpus if view is not None else NO_GPUS).learn(
@@ -275,7 +345,7 @@ async def scrape_once(
                     ),
                 )
             )
-    ports.metrics.source_up.labels("dcgm").set(1 if pods and not failed else 0)
+    ports.metrics.source_up.labels("dcgm").set(1 if exporters and not failed else 0)
     return out
 
 

@@ -477,6 +477,7 @@ class DcgmSample:
     pci_bus_id: str | None
     xid_label: int | None  # only on DCGM_EXP_XID_ERRORS_COUNT
     value: float
+    hostname: str | None = None  # the exporter's "Hostname" label: the node it says it reads
 
     @property
     def key(self) -> tuple[str, str, int | None]:
@@ -512,6 +513,7 @@ def parse_dcgm_metrics(text: str) -> list[DcgmSample]:
                 pci_bus_id=normalize_pci(pci) if pci else None,
                 xid_label=int(xid_label) if xid_label.isascii() and xid_label.isdigit() else None,
                 value=value,
+                hostname=labels.get("Hostname"),
             )
         )
     return out

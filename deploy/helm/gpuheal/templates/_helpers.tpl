@@ -88,6 +88,25 @@ app.kubernetes.io/component: slurm-bridge
 {{- end -}}
 {{- end -}}
 
+{{/* What rolls the operator and bridge pods when the chart-managed bridge token
+(bridge.token.value) changes: a random value, new only when the token is. Not a hash of the
+token: a pod's annotations are read by many more than its Secrets (the `view` role), and a hash
+of a guessable token gives the token away. The value lives in the token Secret's annotation;
+an upgrade that finds the Secret holding the same token keeps it. Without a cluster to look at
+(`helm template`, a client-side dry run) every render makes a new one: the pods roll at each
+apply there (use bridge.token.existingSecret, as production should). Made once per render. */}}
+{{- define "gpuheal.bridgeTokenRollout" -}}
+{{- if not (hasKey .Values.bridge.token "rollout_") -}}
+{{- $rollout := "" -}}
+{{- $live := lookup "v1" "Secret" .Release.Namespace (include "gpuheal.bridgeTokenSecret" .) -}}
+{{- if and $live (eq (index ($live.data | default dict) .Values.bridge.token.key | default "") (.Values.bridge.token.value | b64enc)) -}}
+{{- $rollout = index ($live.metadata.annotations | default dict) "gpuheal.io/token-rollout" | default "" -}}
+{{- end -}}
+{{- $_ := set .Values.bridge.token "rollout_" ($rollout | default (randAlphaNum 24)) -}}
+{{- end -}}
+{{- .Values.bridge.token.rollout_ -}}
+{{- end -}}
+
 {{/* URL the operator calls the bridge at ("" = no Slurm). */}}
 {{- define "gpuheal.bridgeURL" -}}
 {{- if .Values.bridge.url -}}
@@ -133,6 +152,13 @@ namespace. */}}
 {{- end -}}
 {{- if and .Values.bridge.ca.existingSecret .Values.bridge.ca.existingConfigMap -}}
 {{- fail "bridge.ca: set existingSecret or existingConfigMap, not both" -}}
+{{- end -}}
+{{- if and .Values.operator.sources.dcgm .Values.operator.dcgm.tokenFile (ne .Values.operator.dcgm.scheme "https") -}}
+{{- fail "operator.dcgm.tokenFile: only with operator.dcgm.scheme=https (a bearer token over plain HTTP is anyone's on the path)" -}}
+{{- end -}}
+{{- $agentEvents := include "gpuheal.agent.eventNamespace" . -}}
+{{- if and .Values.agent.enabled .Values.operator.sources.events (ne .Values.signalTrust.eventNamespace $agentEvents) -}}
+{{- fail (printf "signalTrust.eventNamespace=%s: the agent posts its Events about Nodes in %s, where the operator would not read them" .Values.signalTrust.eventNamespace $agentEvents) -}}
 {{- end -}}
 {{- end -}}
 
