@@ -32,6 +32,7 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
+from gpuheal_bridge.api.models import ErrorCode
 from gpuheal_dev.sandbox.slurm import SlurmCluster
 from tests.integration.bridge_harness import BridgeProcess
 
@@ -43,10 +44,7 @@ VICTIM = "nrem-victim"  # another incident's drain, on NODES[0]
 SEP, END = "\x1f", "\x1e"
 # Every flag the bridge's CLI backend passes to Slurm's commands (backends/cli.py).
 BRIDGE_FLAGS = {"-h", "-t", "-w", "-j", "-o", "-O", "--full", "--batch", "--version"}
-ERROR_CODES = {
-    "unauthorized", "insecure_transport", "invalid", "not_found", "conflict",
-    "idempotency_mismatch", "in_progress", "unavailable", "unsupported", "slurm_error",
-}  # fmt: skip
+ERROR_CODES = {code.value for code in ErrorCode}  # the bridge's documented refusals
 MARKER = "pwn"  # in every hand-made hostile value: never on a Slurm command line
 
 
