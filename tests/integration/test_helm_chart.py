@@ -468,6 +468,7 @@ def test_rbac_is_least_privilege(helm: Helm, values: Path) -> None:
         "r-gpuheal-kopf",
         "r-gpuheal-operator",
         "r-gpuheal-operator-events",  # events create in `default` only (checked below)
+        "r-gpuheal-operator-event-reader",  # events list/watch in --event-namespace only
         "r-gpuheal-job-hooks",
         "r-gpuheal-node-jobs",  # Jobs + the one ConfigMap gpuheal-node-jobs, node-jobs namespace
     }
@@ -1093,7 +1094,8 @@ OPERATOR_NEEDS = [
     ("patch", "nodes", None),
     ("list", "pods", None),
     ("create", "pods/eviction", "team-a"),
-    ("list", "events", None),
+    ("list", "events", "default"),  # --event-namespace only
+    ("watch", "events", "default"),
     ("create", "events", "$ns"),  # kopf's own Events
     ("create", "events", "default"),  # gpuheal's Events about Nodes and NodeRemediations
     ("create", "jobs.batch", "$ns"),  # rbac.jobHookNamespaces
@@ -1138,6 +1140,8 @@ OPERATOR_MUST_NOT = [
     ("create", "jobs.batch", "team-a"),
     ("delete", "jobs.batch", "$ns"),
     ("create", "events", "team-a"),
+    ("list", "events", "team-a"),  # Events elsewhere start nothing: not read at all
+    ("get", "events", "default"),
     ("delete", "customresourcedefinitions.apiextensions.k8s.io", None),
     ("patch", "clusterkopfpeerings.kopf.dev", None),
     ("create", "clusterrolebindings.rbac.authorization.k8s.io", None),
