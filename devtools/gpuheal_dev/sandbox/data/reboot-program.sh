@@ -25,7 +25,11 @@ for ((i = 1; i < ${#argv[@]}; i++)); do
   esac
 done
 [ -n "$node" ] && [ -n "$conf" ] || { echo "reboot-program: slurmd $pid has no -N/-f" >&2; exit 1; }
-root="${GPUHEAL_SLURM_SANDBOX:?not a sandbox slurmd}"
+# 26.05 runs this with an empty environment (SLURM_NODE_NAME only): the sandbox's root is then
+# the one of its slurm.conf (<root>/etc/slurm.conf), and the new slurmd gets its marker back.
+root="${GPUHEAL_SLURM_SANDBOX:-$(dirname "$(dirname "$conf")")}"
+[ -f "$root/cluster.json" ] || { echo "reboot-program: $root is not a sandbox" >&2; exit 1; }
+export GPUHEAL_SLURM_SANDBOX="$root" SLURM_CONF="${SLURM_CONF:-$conf}"
 log="$root/log/slurmd@$node.console"
 echo "==== $(date '+%F %T') reboot-program: restarting slurmd@$node (pid $pid) with -b" >> "$log"
 setsid bash -c '
