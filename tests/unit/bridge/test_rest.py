@@ -126,3 +126,21 @@ async def test_version_detection_picks_newest() -> None:
 
     b = RestBackend("http://restd", transport=httpx.MockTransport(handler))
     assert await b._api() == "v0.0.38"
+
+
+async def test_ping_on_v0045_reads_the_release_from_meta_slurm() -> None:
+    """26.05.5's answer (captured on the sandbox): ``meta.slurm`` (22.05: ``meta.Slurm``) and
+    ``responding`` instead of ``ping``."""
+    answer = {
+        "pings": [{"hostname": "vm", "responding": True, "latency": 554, "primary": True}],
+        "meta": {"slurm": {"version": {"major": "26", "minor": "05", "micro": "5"},
+                           "release": "26.05.5", "cluster": "gpuheal"}},
+        "errors": [], "warnings": [],
+    }  # fmt: skip
+
+    def v045(request: httpx.Request) -> httpx.Response:
+        assert request.url.path == "/slurm/v0.0.45/ping"
+        return httpx.Response(200, json=answer)
+
+    ping = await backend(v045, version="v0.0.45").ping()
+    assert (ping.up, ping.version, ping.detail) == (True, "26.05.5", "slurmrestd v0.0.45: vm=UP")
