@@ -638,3 +638,36 @@ def test_a_job_that_died_on_the_node_is_listed_and_requeued_when_asked(
 def job_pids(cluster: SlurmCluster, job_id: int) -> list[int]:
     node = job_field(cluster, job_id, "%N")
     return job_processes(cluster.conf_path, node, job_id)
+
+
+async def test_rest_backend_on_26_05_reads_drains_and_resumes_with_jwt(
+    make_slurm_cluster: Callable[..., SlurmCluster], job_script: Path
+) -> None:
+    """26.05's slurmrestd (v0.0.45, JWT): the rest backend's reads equal the CLI's, its drain
+    and resume go through ``POST /slurm/v0.0.45/node/{name}``; requeue is not its own yet."""
+    cluster = make_slurm_cluster(NODES, name="restd26", restd=True, slurm="26.05")
+    assert cluster.restd_url is not None
+    assert cluster.restd_token_file is not None
+    jid = submit(cluster, job_script, str(job_script.parent / "s"), sbatch=("-w", NODES[0]))
+    running_on(cluster, jid)
+    token = cluster.restd_token_file.read_text().strip()
+    rest = RestBackend(cluster.restd_url, user="root", token=token)
+    cli = CliBackend(env=cluster.subprocess_env(), bin_dir=str(cluster.bin_dir))
+    try:
+        ping = await rest.ping()
+        assert (ping.up, ping.version, rest.version) == (True, ping.version, "v0.0.45")
+        assert str(ping.version).startswith("26.05.")
+        assert [j.job_id for j in await rest.jobs_on_node(NODES[0])] == [jid]
+        assert (await rest.get_job(jid)).state == "RUNNING"
+        await rest.drain(NODES[1], "gpuheal: nrem-r26")
+        for name in NODES:
+            assert await rest.get_node(name) == await cli.get_node(name)
+        drained = await cli.get_node(NODES[1])
+        assert (drained.drain, drained.reason) == (True, "gpuheal: nrem-r26")
+        await rest.resume(NODES[1])
+        assert not (await cli.get_node(NODES[1])).drain
+        with pytest.raises(Unsupported):
+            await rest.requeue(jid, hold=False)
+    finally:
+        await rest.aclose()
+        cluster.run("scancel", str(jid))
