@@ -37,7 +37,8 @@ def _print_summary(sandbox: Sandbox) -> None:
     slurm_bin = f"{slurm.bin_dir}:" if slurm is not None and slurm.bin_dir else ""
     print(f"  export PATH={slurm_bin}{cp.bin_dir}:$PATH")
     if slurm is not None:
-        print(f"  export SLURM_CONF={slurm.conf_path}  # Slurm {slurm.release}")
+        print(f"  export SLURM_CONF={slurm.conf_path}")
+        print(f"  slurm {slurm.release}" + (f" from {slurm.bin_dir}" if slurm.bin_dir else ""))
         if slurm.restd_url:
             print(f"  slurmrestd {slurm.restd_url}", end="")
             token = slurm.restd_token_file
