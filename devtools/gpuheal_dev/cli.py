@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from gpuheal_dev.sandbox import Sandbox, SandboxConfig, SandboxError, default_root
+from gpuheal_dev.sandbox.slurmroot import HOST_SLURM, SLURM_VERSIONS
 
 
 def _sandbox_up(args: argparse.Namespace) -> int:
@@ -19,6 +20,7 @@ def _sandbox_up(args: argparse.Namespace) -> int:
         slurm_restd=args.restd,
         real_node=args.real_node or bool(args.image),
         real_node_images=tuple(args.image),
+        slurm_version=args.slurm,
     )
     sandbox = Sandbox.up(config)
     _print_summary(sandbox)
@@ -32,9 +34,17 @@ def _print_summary(sandbox: Sandbox) -> None:
     for name, pid in cp.pids.items():
         print(f"  {name:<24} pid {pid:<8} log {cp.log_path(name)}")
     print(f"  export KUBECONFIG={sandbox.kubeconfig}")
-    print(f"  export PATH={cp.bin_dir}:$PATH")
-    if sandbox.slurm is not None:
-        print(f"  export SLURM_CONF={sandbox.slurm.conf_path}")
+    slurm = sandbox.slurm
+    # that Slurm's own sbatch/squeue/scontrol first (wrappers into its root, when it has one)
+    slurm_bin = f"{slurm.bin_dir}:" if slurm is not None and slurm.bin_dir else ""
+    print(f"  export PATH={slurm_bin}{cp.bin_dir}:$PATH")
+    if slurm is not None:
+        print(f"  export SLURM_CONF={slurm.conf_path}")
+        print(f"  slurm {slurm.release}" + (f" from {slurm.bin_dir}" if slurm.bin_dir else ""))
+        if slurm.restd_url:
+            print(f"  slurmrestd {slurm.restd_url}", end="")
+            token = slurm.restd_token_file
+            print(f" (JWT for root in {token})" if token else "")
     if sandbox.real_node is not None:
         node = sandbox.real_node
         print(f"  real node {node.name}: containerd socket {node.socket}")
@@ -118,6 +128,13 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="TAR",
         help="an image tar to import into the real node's containerd (repeatable; implies "
         "--real-node)",
+    )
+    up.add_argument(
+        "--slurm",
+        choices=SLURM_VERSIONS,
+        default=HOST_SLURM,
+        help=f"Slurm release (default {HOST_SLURM}: the host's packages; 26.05: Debian "
+        "unstable's in a root of its own, built once into ~/.cache/gpuheal/slurm-roots)",
     )
     up.set_defaults(func=_sandbox_up)
     sandbox_sub.add_parser("down", help="stop the sandbox").set_defaults(func=_sandbox_down)

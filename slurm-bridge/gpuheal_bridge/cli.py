@@ -10,12 +10,14 @@ read again whenever its file changes.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import sys
 from collections.abc import Sequence
 
 from gpuheal_bridge.backends.base import Backend
+from gpuheal_bridge.backends.capabilities import Discovered, discover, refusal, summary
 from gpuheal_bridge.backends.cli import CliBackend
 from gpuheal_bridge.backends.rest import JwtFile, RestBackend
 from gpuheal_bridge.config import BridgeConfig, listen_host, parse_config
@@ -89,6 +91,24 @@ def build_settings(config: BridgeConfig) -> BridgeSettings:
     )
 
 
+def check_capabilities(config: BridgeConfig) -> Discovered:
+    """What the configured backend can do on its Slurm, logged in one line; exits with one
+    line when it cannot requeue there (read with a backend of its own, closed after)."""
+
+    async def read() -> Discovered:
+        backend = build_backend(config)
+        try:
+            return await discover(backend)
+        finally:
+            await backend.aclose()
+
+    found = asyncio.run(read())
+    logging.getLogger("gpuheal_bridge").info("%s", summary(found))
+    if (why := refusal(found)) is not None:
+        raise SystemExit(f"gpuheal-slurm-bridge: {why}")
+    return found
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     import uvicorn
 
@@ -100,7 +120,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(message)s"
     )
     _host, _, port = config.listen.rpartition(":")
-    app = create_app(build_settings(config))
+    settings = build_settings(config)  # first: no tokens is refused before Slurm is asked
+    check_capabilities(config)
+    app = create_app(settings)
     uvicorn.run(
         app,
         host=listen_host(config.listen),

@@ -100,6 +100,8 @@ def start_bridge(
         "--slurm-conf", str(cluster.conf_path), "--state-dir", str(state),
         "--expedite-timeout", "15", "--log-level", "warning",
     ]  # fmt: skip
+    if cluster.bin_dir is not None:  # that Slurm's own clients (26.05: wrappers into its root)
+        argv += ["--slurm-bin-dir", str(cluster.bin_dir)]
     if tls is not None:
         argv += ["--tls-cert", str(tls.server.cert), "--tls-key", str(tls.server.key)]
     argv += list(extra)

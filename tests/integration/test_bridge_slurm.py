@@ -4,10 +4,8 @@ Each test gets its own 3-node cluster (gpu-node-0..2) and a bridge served by uvi
 loopback port in a thread, configured as in production (token file, state dir, audit log,
 CLI backend). Timings are printed (``-s``) but not asserted; ``bench/`` measures them.
 
-Missing from the fixture (worked around here, no edits to it): a way to stop and restart
-slurmctld alone. ``_restart_slurmctld`` stops the fixture's slurmctld by its PID file and
-spawns a new one with the sandbox's environment marker and PID file, so ``stop()`` still finds
-and stops it.
+The ``bridge`` fixture runs every test that uses it on each Slurm release the sandbox has
+(``[22.05]``, ``[26.05]``), with that release's own clients behind the CLI backend.
 """
 
 from __future__ import annotations
@@ -18,7 +16,6 @@ import os
 import re
 import signal
 import socket
-import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -36,7 +33,8 @@ from gpuheal_bridge.backends.rest import RestBackend
 from gpuheal_bridge.client import BridgeClient, BridgeConflict
 from gpuheal_bridge.server.app import BridgeSettings, create_app
 from gpuheal_dev.sandbox.faults import job_processes
-from gpuheal_dev.sandbox.slurm import SANDBOX_ENV_MARKER, SlurmCluster
+from gpuheal_dev.sandbox.slurm import SlurmCluster
+from tests.fixtures.slurm import SLURM_RELEASES
 
 pytestmark = pytest.mark.integration
 
@@ -92,7 +90,8 @@ class Bridge:
 @contextlib.contextmanager
 def serve(cluster: SlurmCluster, state_dir: Path, audit_log: Path) -> Iterator[str]:
     """Run the bridge (uvicorn, CLI backend) in a thread; yield its base URL."""
-    backend = CliBackend(env=cluster.subprocess_env(), timeout=15)
+    bin_dir = str(cluster.bin_dir) if cluster.bin_dir else None  # that Slurm's own clients
+    backend = CliBackend(env=cluster.subprocess_env(), bin_dir=bin_dir, timeout=15)
     app = create_app(
         BridgeSettings(
             backend=backend,
@@ -120,9 +119,11 @@ def serve(cluster: SlurmCluster, state_dir: Path, audit_log: Path) -> Iterator[s
         thread.join(timeout=15)
 
 
-@pytest.fixture
-def bridge(make_slurm_cluster: Callable[..., SlurmCluster], tmp_path: Path) -> Iterator[Bridge]:
-    cluster = make_slurm_cluster(NODES, name="bridge")
+@pytest.fixture(params=SLURM_RELEASES)
+def bridge(
+    request: pytest.FixtureRequest, make_slurm_cluster: Callable[..., SlurmCluster], tmp_path: Path
+) -> Iterator[Bridge]:
+    cluster = make_slurm_cluster(NODES, name="bridge", slurm=request.param)
     state_dir, audit_log = tmp_path / "state", tmp_path / "audit.jsonl"
     with serve(cluster, state_dir, audit_log) as url, httpx.Client(base_url=url, timeout=120) as h:
         yield Bridge(url, cluster, state_dir, audit_log, h)
@@ -455,34 +456,11 @@ def test_auth_validation_and_not_found(bridge: Bridge) -> None:
 # ---- slurmctld down -------------------------------------------------------------------------
 
 
-def _restart_slurmctld(cluster: SlurmCluster) -> Callable[[], subprocess.Popen[bytes]]:
-    """Stop the fixture's slurmctld (by its PID file); return a function that starts it again."""
-    pidfile = cluster.layout.pidfile("slurmctld")
-    pid = int(pidfile.read_text())
-    os.kill(pid, signal.SIGTERM)
-    wait_for(lambda: not Path(f"/proc/{pid}").exists() or _zombie(pid), "slurmctld to stop")
-
-    def start() -> subprocess.Popen[bytes]:
-        env = {**cluster.subprocess_env(), SANDBOX_ENV_MARKER: str(cluster.root)}
-        log = (cluster.log_dir / "slurmctld-restarted.console.log").open("ab")
-        popen = subprocess.Popen(
-            ["slurmctld", "-D", "-f", str(cluster.conf_path)],
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        pidfile.write_text(f"{popen.pid}\n")  # so cluster.stop() stops this one
-        return popen
-
-    return start
-
-
-def _zombie(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"
-    except OSError:
-        return True
+def _restart_slurmctld(cluster: SlurmCluster) -> Callable[[], None]:
+    """Stop the cluster's slurmctld alone; return a function that starts it again (its state,
+    the jobs and drains, recovered from StateSaveLocation)."""
+    cluster.stop_daemon("slurmctld")
+    return lambda: cluster.start_daemon("slurmctld")
 
 
 def test_503_when_slurmctld_is_down_and_nothing_lost(bridge: Bridge, job_script: Path) -> None:
@@ -497,7 +475,6 @@ def test_503_when_slurmctld_is_down_and_nothing_lost(bridge: Bridge, job_script:
         == 200
     )
     start_again = _restart_slurmctld(cluster)
-    popen = None
     try:
         ready = bridge.http.get("/readyz")
         assert ready.status_code == 503
@@ -511,7 +488,7 @@ def test_503_when_slurmctld_is_down_and_nothing_lost(bridge: Bridge, job_script:
         assert down.status_code == 503
         assert down.json()["error"] == "unavailable"
     finally:
-        popen = start_again()
+        start_again()
     wait_for(lambda: bridge.http.get("/readyz").status_code == 200, "slurmctld back", 30)
     # nothing lost: our drain and the job survived; the 503 was not stored, so a retry acts
     node_state = bridge.http.get(f"/v1/nodes/{node}", headers=AUTH).json()
@@ -522,9 +499,6 @@ def test_503_when_slurmctld_is_down_and_nothing_lost(bridge: Bridge, job_script:
     assert retry.json()["outcome"] == "already_drained"
     assert [j["outcome"] for j in retry.json()["jobs"]] == ["requeued"]
     cluster.run("scancel", str(jid))
-    cluster.stop()
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        popen.wait(timeout=10)
 
 
 # ---- slurmrestd backend (reads on the real 22.05 slurmrestd) -----------------------------------
@@ -670,3 +644,36 @@ def test_a_job_that_died_on_the_node_is_listed_and_requeued_when_asked(
 def job_pids(cluster: SlurmCluster, job_id: int) -> list[int]:
     node = job_field(cluster, job_id, "%N")
     return job_processes(cluster.conf_path, node, job_id)
+
+
+async def test_rest_backend_on_26_05_reads_drains_and_resumes_with_jwt(
+    make_slurm_cluster: Callable[..., SlurmCluster], job_script: Path
+) -> None:
+    """26.05's slurmrestd (v0.0.45, JWT): the rest backend's reads equal the CLI's, its drain
+    and resume go through ``POST /slurm/v0.0.45/node/{name}``; requeue is not its own yet."""
+    cluster = make_slurm_cluster(NODES, name="restd26", restd=True, slurm="26.05")
+    assert cluster.restd_url is not None
+    assert cluster.restd_token_file is not None
+    jid = submit(cluster, job_script, str(job_script.parent / "s"), sbatch=("-w", NODES[0]))
+    running_on(cluster, jid)
+    token = cluster.restd_token_file.read_text().strip()
+    rest = RestBackend(cluster.restd_url, user="root", token=token)
+    cli = CliBackend(env=cluster.subprocess_env(), bin_dir=str(cluster.bin_dir))
+    try:
+        ping = await rest.ping()
+        assert (ping.up, ping.version, rest.version) == (True, ping.version, "v0.0.45")
+        assert str(ping.version).startswith("26.05.")
+        assert [j.job_id for j in await rest.jobs_on_node(NODES[0])] == [jid]
+        assert (await rest.get_job(jid)).state == "RUNNING"
+        await rest.drain(NODES[1], "gpuheal: nrem-r26")
+        for name in NODES:
+            assert await rest.get_node(name) == await cli.get_node(name)
+        drained = await cli.get_node(NODES[1])
+        assert (drained.drain, drained.reason) == (True, "gpuheal: nrem-r26")
+        await rest.resume(NODES[1])
+        assert not (await cli.get_node(NODES[1])).drain
+        with pytest.raises(Unsupported):
+            await rest.requeue(jid, hold=False)
+    finally:
+        await rest.aclose()
+        cluster.run("scancel", str(jid))

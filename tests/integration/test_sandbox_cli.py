@@ -56,3 +56,28 @@ def test_up_status_down_across_processes() -> None:
     assert status.returncode == 1
     assert "control plane: stopped" in status.stdout
     assert "slurm: stopped" in status.stdout
+
+
+def test_up_with_slurm_26_prints_the_path_of_its_own_clients() -> None:
+    """`sandbox up --slurm 26.05`: the printed PATH and SLURM_CONF give that Slurm's own
+    scontrol/sbatch from the host; `down` from another process stops its daemons."""
+    root = Path(tempfile.mkdtemp(prefix="ghcli26-", dir="/tmp"))
+    up = _gpuheal_dev(
+        "sandbox", "up", "--dir", str(root), "--nodes", "1", "--spares", "0", "--slurm", "26.05"
+    )
+    assert up.returncode == 0, up.stderr
+    try:
+        exports = [line.strip() for line in up.stdout.splitlines() if "export " in line]
+        script = "; ".join([*exports, "scontrol --version", "sinfo -h -o '%N %T'"])
+        shell = subprocess.run(
+            ["sh", "-c", script], capture_output=True, text=True, timeout=60, check=False
+        )
+        assert shell.returncode == 0, shell.stderr
+        assert shell.stdout.split("\n")[:2] == ["slurm-wlm 26.05.5", "gpu-node-0 idle"]
+        status = _gpuheal_dev("sandbox", "status", "--dir", str(root))
+        assert "slurmd@gpu-node-0        running" in status.stdout
+    finally:
+        down = _gpuheal_dev("sandbox", "down", "--dir", str(root))
+    assert down.returncode == 0, down.stderr
+    status = _gpuheal_dev("sandbox", "status", "--dir", str(root))
+    assert "slurm: stopped" in status.stdout

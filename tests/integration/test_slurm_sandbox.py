@@ -7,6 +7,7 @@ import os
 import re
 import signal
 import socket
+import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -18,7 +19,7 @@ from gpuheal_dev.sandbox import _proc
 from gpuheal_dev.sandbox import slurm as slurm_mod
 from gpuheal_dev.sandbox.faults import Wedge, WedgeUnavailable, job_processes
 from gpuheal_dev.sandbox.slurm import SlurmCluster, SlurmCommandError, SlurmSandboxError
-from tests.fixtures.slurm import SLURM_TEST_NODES
+from tests.fixtures.slurm import SLURM_RELEASES, SLURM_TEST_NODES
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
@@ -74,6 +75,7 @@ def cluster_processes(cluster: SlurmCluster) -> list[int]:
     return sorted(pids)
 
 
+@pytest.mark.parametrize("slurm_release", SLURM_RELEASES, indirect=True)
 def test_nodes_come_up_idle_with_gpus(slurm_cluster: SlurmCluster) -> None:
     assert slurm_cluster.node_states() == dict.fromkeys(SLURM_TEST_NODES, "idle")
     gres = slurm_cluster.run("sinfo", "-h", "-N", "-o", "%N %G").stdout.split("\n")
@@ -83,7 +85,8 @@ def test_nodes_come_up_idle_with_gpus(slurm_cluster: SlurmCluster) -> None:
     config = slurm_cluster.run("scontrol", "show", "config").stdout
     assert re.search(r"JobRequeue\s+=\s+1", config)
     assert re.search(r"ReturnToService\s+=\s+2", config)
-    assert re.search(r"MULTIPLE_SLURMD\s+=\s+Yes", config)
+    if slurm_cluster.release == "22.05":  # 26.05's show config no longer lists build options
+        assert re.search(r"MULTIPLE_SLURMD\s+=\s+Yes", config)
     status = slurm_cluster.status()
     assert status.ctld_up
     assert status.running
@@ -96,6 +99,7 @@ def test_nodes_come_up_idle_with_gpus(slurm_cluster: SlurmCluster) -> None:
     assert slurm_cluster.start_seconds < 30
 
 
+@pytest.mark.parametrize("slurm_release", SLURM_RELEASES, indirect=True)
 def test_gpu_job_gets_its_devices(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
     out = tmp_path / "gpu.out"
     job = slurm_cluster.run(
@@ -166,6 +170,7 @@ def test_drained_node_job_requeued_resumes_on_another_node(
         c.run("scontrol", "update", f"NodeName={first}", "State=RESUME")
 
 
+@pytest.mark.parametrize("slurm_release", SLURM_RELEASES, indirect=True)
 def test_two_clusters_side_by_side(make_slurm_cluster: Callable[..., SlurmCluster]) -> None:
     a = make_slurm_cluster(["gpu-node-0", "gpu-node-1"], name="a")
     b = make_slurm_cluster(["gpu-node-0", "spare.node_1"], name="b", gpus_per_node=1)
@@ -224,8 +229,11 @@ def test_stop_leaves_no_process_behind(
     assert (c.log_dir / "slurmctld.log").stat().st_size > 0
 
 
+@pytest.mark.parametrize("slurm_release", SLURM_RELEASES, indirect=True)
 def test_double_start_refused_and_attach_stops(slurm_cluster: SlurmCluster) -> None:
-    again = SlurmCluster(slurm_cluster.root, SLURM_TEST_NODES, install=False)
+    again = SlurmCluster(
+        slurm_cluster.root, SLURM_TEST_NODES, install=False, slurm=slurm_cluster.release
+    )
     with pytest.raises(SlurmSandboxError, match="already running"):
         again.start()
     assert slurm_cluster.node_states() == dict.fromkeys(SLURM_TEST_NODES, "idle")
@@ -237,6 +245,52 @@ def test_double_start_refused_and_attach_stops(slurm_cluster: SlurmCluster) -> N
     assert cluster_processes(slurm_cluster) == []
     slurm_cluster.start()  # a stopped cluster starts again under the same root
     assert slurm_cluster.node_states() == dict.fromkeys(SLURM_TEST_NODES, "idle")
+
+
+@pytest.mark.parametrize("slurm_release", ["26.05"], indirect=True)
+def test_slurm_26_runs_from_its_root_with_its_clients_on_the_path_and_jwt_rest(
+    make_slurm_cluster: Callable[..., SlurmCluster], tmp_path: Path
+) -> None:
+    """26.05 from its Debian root: the wrappers on PATH are its own clients (also inside a
+    job), slurmrestd answers with JWT and offers v0.0.45's requeue, stop leaves nothing."""
+    import httpx
+
+    c = make_slurm_cluster(restd=True)
+    assert c.bin_dir is not None
+    assert c.version().startswith("slurm-wlm 26.05.")
+    env = {
+        **os.environ,
+        "PATH": f"{c.bin_dir}:{os.environ['PATH']}",
+        "SLURM_CONF": str(c.conf_path),
+    }
+    shell = subprocess.run(
+        ["sh", "-c", "scontrol --version; command -v sbatch"], env=env, capture_output=True,
+        text=True, check=True,
+    ).stdout.split()  # fmt: skip
+    assert shell[:2] == ["slurm-wlm", c.version().split()[1]]
+    assert shell[2] == str(c.bin_dir / "sbatch")
+    out = tmp_path / "in-job.out"
+    job = subprocess.run(
+        ["sbatch", "--parsable", "-o", str(out), "--wrap",
+         "scontrol --version; cat /etc/debian_version; squeue -h -j $SLURM_JOB_ID -o %T"],
+        env=env, capture_output=True, text=True, check=True,
+    ).stdout.strip()  # fmt: skip
+    wait_for(lambda: job_fields(c, job)[0] == "" or None, f"job {job} done", timeout=30)
+    assert out.read_text().split() == ["slurm-wlm", c.version().split()[1], "forky/sid", "RUNNING"]
+
+    token = c.restd_token_file
+    assert token is not None
+    assert c.restd_url is not None
+    headers = {"X-SLURM-USER-NAME": "root", "X-SLURM-USER-TOKEN": token.read_text().strip()}
+    with httpx.Client(base_url=c.restd_url, headers=headers, timeout=10) as http:
+        nodes = http.get("/slurm/v0.0.45/nodes").json()["nodes"]
+        paths = http.get("/openapi/v3").json()["paths"]
+        refused = http.get("/slurm/v0.0.45/nodes", headers={"X-SLURM-USER-TOKEN": "x"})
+    assert sorted(n["name"] for n in nodes) == sorted(SLURM_TEST_NODES)
+    assert "/slurm/v0.0.45/job/{job_id}/requeue" in paths
+    assert refused.status_code == 511  # 26.05.5 says "Network Authentication Required"
+    c.stop()
+    assert cluster_processes(c) == []
 
 
 def test_daemon_failure_is_reported_with_its_log(

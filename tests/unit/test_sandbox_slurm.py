@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuheal_dev.sandbox import _proc, cgroup
+from gpuheal_dev.sandbox import _proc, cgroup, slurmroot
 from gpuheal_dev.sandbox.faults import FakeGpus, GpuState, read_gpu_state
 from gpuheal_dev.sandbox.slurm import (
     SlurmCluster,
@@ -280,3 +280,41 @@ def test_the_jobs_view_of_its_fake_gpu(tmp_path: Path) -> None:
 def test_cluster_refuses_an_unknown_process_tracking(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="proctrack"):
         SlurmCluster(tmp_path / "s", ["n0"], proctrack="pgid")
+
+
+def test_slurm_26_conf_adds_jwt_and_expedited_requeue_and_22_has_neither() -> None:
+    new = conf_lines(render_slurm_conf(make_config(release="26.05")))
+    assert "AuthAltTypes=auth/jwt" in new
+    assert "AuthAltParameters=jwt_key=/sb/slurm/etc/jwt_hs256.key" in new
+    assert "SlurmctldParameters=enable_expedited_requeue" in new
+    old = conf_lines(render_slurm_conf(make_config()))
+    assert not [line for line in old if line.startswith(("AuthAlt", "SlurmctldParameters"))]
+
+
+def test_cluster_refuses_an_unknown_slurm_release_and_cgroup_in_a_root(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"slurm must be one of 22\.05, 26\.05"):
+        SlurmCluster(tmp_path, ["n0"], slurm="25.11")
+    with pytest.raises(ValueError, match="linuxproc only"):
+        SlurmCluster(tmp_path, ["n0"], slurm="26.05", proctrack="cgroup")
+
+
+def test_slurm_root_names_and_releases(tmp_path: Path) -> None:
+    assert slurmroot.root_name({"slurmctld": "26.05.5-1", "munge": "0.5.18-1"}) == (
+        "slurm-26.05.5-1_munge-0.5.18-1"
+    )
+    assert slurmroot.release_of("26.05.5-1") == "26.05"
+    with pytest.raises(slurmroot.SlurmRootError):
+        slurmroot.release_of("sid")
+    with pytest.raises(slurmroot.SlurmRootError, match=r"the host's is 22\.05"):
+        slurmroot.ensure_root("22.05", cache=tmp_path)
+    # only a complete root is reused: manifest, the way in and the marker in its tree
+    half = tmp_path / "slurm-26.05.5-1_munge-0.5.18-1"
+    (half / "bin").mkdir(parents=True)
+    (half / "bin" / slurmroot.ENTER).write_text("")
+    (half / "manifest.json").write_text("{}")
+    assert slurmroot.cached("26.05", tmp_path) is None
+    marker = half / "root" / slurmroot.MARKER.lstrip("/")
+    marker.parent.mkdir(parents=True)
+    marker.write_text(str(half / "root"))
+    assert slurmroot.cached("26.05", tmp_path) == slurmroot.SlurmRoot(half)
+    assert slurmroot.cached("26.11", tmp_path) is None

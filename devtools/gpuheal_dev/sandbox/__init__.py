@@ -17,6 +17,7 @@ from typing import Any
 
 from gpuheal_dev.sandbox.kube import ControlPlane, cluster_bin_dir
 from gpuheal_dev.sandbox.process import SandboxError
+from gpuheal_dev.sandbox.slurmroot import HOST_SLURM
 
 __all__ = ["Sandbox", "SandboxConfig", "SandboxError", "default_root"]
 
@@ -47,6 +48,8 @@ class SandboxConfig:
         from gpuheal_dev.sandbox.realnode import REAL_NODE_NAME
 
         return [REAL_NODE_NAME] if self.real_node else []
+    #: Slurm release (``slurmroot.SLURM_VERSIONS``): the host's 22.05, or 26.05 in its own root
+    slurm_version: str = HOST_SLURM
 
     @property
     def node_names(self) -> list[str]:
@@ -140,6 +143,7 @@ class Sandbox:
                     config.node_names + config.spare_names + config.real_node_names,
                     restd=config.slurm_restd,
                     gpus_per_node=config.gpus_per_node,
+                    slurm=config.slurm_version,
                 )
                 sandbox.slurm.start()
                 log.info("[sandbox %5.1fs] Slurm up", time.monotonic() - t0)
@@ -183,6 +187,7 @@ class Sandbox:
                 "gpus_per_node": c.gpus_per_node,
                 "real_node": c.real_node,
                 "real_node_images": [str(p) for p in c.real_node_images],
+                "slurm_version": c.slurm_version,
             },
             "started_at": self.started_at,
             "timings": self.timings,
@@ -193,9 +198,11 @@ class Sandbox:
 
     def env(self) -> dict[str, str]:
         """Environment for tools talking to this sandbox (KUBECONFIG, SLURM_CONF, PATH)."""
+        slurm_bin = self.slurm.bin_dir if self.slurm is not None else None
+        path = [str(p) for p in (slurm_bin, self.control_plane.bin_dir) if p is not None]
         env = {
             "KUBECONFIG": str(self.kubeconfig),
-            "PATH": f"{self.control_plane.bin_dir}:{os.environ.get('PATH', '')}",
+            "PATH": ":".join([*path, os.environ.get("PATH", "")]),
         }
         if self.slurm is not None:
             env.update(self.slurm.env)

@@ -18,6 +18,16 @@ and job processes can outlive ``slurmd`` (stop cancels jobs first, then kills le
 cluster found through /proc); gres ``gpu:8`` needs 8 distinct files (``File=/dev/null`` repeated,
 listed or with ``Count=8`` makes slurmd exit), so ``root/dev/gpu0..7`` are symlinks to /dev/null;
 slurmd and slurmctld retry a taken port for 5 s before dying.
+
+``slurm="26.05"`` runs Slurm 26.05 instead, from a Debian root of its own
+(`gpuheal_dev.sandbox.slurmroot`): the daemons and clients run through that root's way in,
+the rest (paths, ports, node names, fake GPUs) is the same. What differs on 26.05, seen on
+26.05.5: slurmd needs ``CgroupPlugin=disabled`` without a cgroup filesystem of its own
+(proctrack/linuxproc here); slurmrestd authenticates with JWT (``auth/jwt`` on slurmctld,
+a key under ``etc/``, a token for root under ``run/``), listens on a TCP port of 127.0.0.1
+and refuses to run as SlurmUser (root here), so it runs as ``nobody``; expedited requeue is
+on (``SlurmctldParameters=enable_expedited_requeue``) for jobs that ask for it
+(``--requeue=expedite``).
 """
 
 from __future__ import annotations
@@ -38,6 +48,7 @@ from types import TracebackType
 from typing import Self
 
 from gpuheal_dev.sandbox import _proc, cgroup
+from gpuheal_dev.sandbox.slurmroot import HOST_SLURM, SLURM_VERSIONS, SlurmRoot, ensure_root
 
 log = logging.getLogger("gpuheal_dev.sandbox.slurm")
 
@@ -50,6 +61,13 @@ MIN_CRED_EXPIRE = 5
 SANDBOX_ENV_MARKER = "GPUHEAL_SLURM_SANDBOX"
 #: slurmrestd 22.05 offers these; the dbv0.0.3x plugins are fatal without slurmdbd.
 RESTD_OPENAPI_PLUGINS = "openapi/v0.0.38,openapi/v0.0.37,openapi/v0.0.36"
+#: slurmrestd 26.05: the slurmctld API in every data parser it has (v0.0.42-45); no slurmdbd.
+RESTD_OPENAPI_PLUGINS_26 = "openapi/slurmctld"
+#: what slurmrestd runs as where it refuses SlurmUser (26.05): it needs no rights of its own,
+#: the JWT of each request says who acts.
+RESTD_USER = "65534"  # nobody (a uid: the root may not name it)
+#: lifespan of the sandbox's JWT for root (seconds): longer than any sandbox lives.
+JWT_LIFESPAN = 7 * 86400
 
 _DEBIAN_PACKAGES = (
     "munge",
@@ -155,6 +173,15 @@ class SlurmLayout:
         return self.run / "slurmrestd.sock"
 
     @property
+    def jwt_key(self) -> Path:
+        return self.etc / "jwt_hs256.key"
+
+    @property
+    def jwt_token(self) -> Path:
+        """root's JWT for slurmrestd (``scontrol token``), the bare token."""
+        return self.run / "jwt-root.token"
+
+    @property
     def reboot_program(self) -> Path:
         return self.etc / "reboot-program.sh"
 
@@ -202,6 +229,8 @@ class SlurmConfig:
     #: port of a slurmdbd on 127.0.0.1 (`gpuheal_dev.sandbox.slurmdbd`); None: no accounting
     dbd_port: int | None = None
     reboot_timeout: int = 60
+    #: Slurm release (``slurmroot.SLURM_VERSIONS``): 26.05 adds JWT and expedited requeue
+    release: str = HOST_SLURM
 
 
 def validate_node_names(nodes: Sequence[str]) -> list[str]:
@@ -253,6 +282,17 @@ def render_slurm_conf(cfg: SlurmConfig) -> str:
         "SlurmUser=root",
         "SlurmdUser=root",
         "AuthType=auth/munge",
+        *(
+            []
+            if cfg.release == HOST_SLURM
+            else [
+                "# slurmrestd's requests carry a JWT signed with this key (scontrol token)",
+                "AuthAltTypes=auth/jwt",
+                f"AuthAltParameters=jwt_key={lay.jwt_key}",
+                "# a job submitted with --requeue=expedite restarts at once when requeued",
+                "SlurmctldParameters=enable_expedited_requeue",
+            ]
+        ),
         "CredType=cred/munge",
         "# cred_expire is also how long a requeued job is held (BeginTime); munge minimum is 5",
         f"AuthInfo=socket={lay.munge_socket},cred_expire={cfg.cred_expire}",
@@ -420,6 +460,9 @@ class SlurmStatus:
     #: {node: sinfo state} when slurmctld answers, else empty
     nodes: Mapping[str, str] = field(default_factory=dict)
     restd_socket: Path | None = None
+    release: str = HOST_SLURM
+    #: the cluster's own clients (``export PATH=<bin_dir>:$PATH``); None: the host's
+    bin_dir: Path | None = None
 
     @property
     def running(self) -> bool:
@@ -449,7 +492,12 @@ class SlurmCluster:
         proctrack: str = "auto",
         unkillable_step_timeout: int = 60,
         dbd_port: int | None = None,
+        slurm: str = HOST_SLURM,
     ) -> None:
+        if slurm not in SLURM_VERSIONS:
+            raise ValueError(f"slurm must be one of {', '.join(SLURM_VERSIONS)}, not {slurm!r}")
+        if slurm != HOST_SLURM and proctrack == "cgroup":
+            raise ValueError(f"Slurm {slurm} runs in its own root here: proctrack/linuxproc only")
         if proctrack not in ("auto", "cgroup", "linuxproc"):
             raise ValueError(f"proctrack must be auto, cgroup or linuxproc, not {proctrack!r}")
         if cred_expire < MIN_CRED_EXPIRE:
@@ -475,6 +523,11 @@ class SlurmCluster:
         #: why this process tracking (for ``auto``: why not cgroup, when not)
         self.proctrack_reason = ""
         self.dbd_port = dbd_port  # accounting (AdminLevel, users) through a slurmdbd there
+        #: the Slurm release that runs (``22.05``: the host's packages)
+        self.release = slurm
+        #: where that release lives when it is not the host's (found or built by ``start()``)
+        self.slurm_root: SlurmRoot | None = None
+        self.restd_port: int | None = None
         self.ctld_port: int | None = None
         self.node_ports: dict[str, int] = {}
         #: seconds the last successful ``start()`` took
@@ -503,9 +556,13 @@ class SlurmCluster:
             install=False,
             proctrack=spec.get("proctrack", "linuxproc"),
             unkillable_step_timeout=spec.get("unkillable_step_timeout", 60),
+            slurm=spec.get("slurm", HOST_SLURM),
         )
         cluster.ctld_port = spec["ctld_port"]
         cluster.node_ports = dict(spec["node_ports"])
+        cluster.restd_port = spec.get("restd_port")
+        if spec.get("slurm_root"):
+            cluster.slurm_root = SlurmRoot(Path(spec["slurm_root"]))
         return cluster
 
     # ---- what callers use
@@ -535,25 +592,60 @@ class SlurmCluster:
         return client_env(self.conf_path, base)
 
     @property
+    def own_root(self) -> bool:
+        """Slurm runs from a root of its own (not the host's packages)."""
+        return self.release != HOST_SLURM
+
+    @property
     def restd_socket(self) -> Path | None:
-        """Unix socket of slurmrestd (rest_auth/local) when started with ``restd=True``.
+        """Unix socket of slurmrestd (rest_auth/local) when started with ``restd=True`` on
+        22.05 (26.05 listens on TCP with JWT: ``restd_url``, ``restd_token_file``).
 
         ``httpx.Client(transport=httpx.HTTPTransport(uds=str(sock)), base_url="http://localhost")``
         then ``GET /slurm/v0.0.38/nodes``. slurmrestd 22.05 cannot drain or requeue.
         """
-        return self.layout.restd_socket if self.restd else None
+        return self.layout.restd_socket if self.restd and not self.own_root else None
 
     @property
     def restd_url(self) -> str | None:
-        """``unix:<socket>`` (slurmrestd's own listen syntax) when restd is on, else None."""
-        return f"unix:{self.layout.restd_socket}" if self.restd else None
+        """Where slurmrestd listens when restd is on, else None: ``unix:<socket>``
+        (slurmrestd's own listen syntax) on 22.05, ``http://127.0.0.1:<port>`` on 26.05."""
+        if not self.restd:
+            return None
+        if self.own_root:
+            return f"http://127.0.0.1:{self.restd_port}"
+        return f"unix:{self.layout.restd_socket}"
+
+    @property
+    def restd_token_file(self) -> Path | None:
+        """root's JWT for slurmrestd (26.05 with restd), else None."""
+        return self.layout.jwt_token if self.restd and self.own_root else None
+
+    @property
+    def bin_dir(self) -> Path | None:
+        """Where this cluster's own clients are (wrappers into its root); None: the host's."""
+        return self.slurm_root.bin_dir if self.slurm_root is not None else None
+
+    def tool(self, name: str) -> str:
+        """The program to run for a Slurm client (``scontrol``...) of this cluster's release."""
+        return self.slurm_root.tool(name) if self.slurm_root is not None else name
+
+    def _daemon_argv(self, name: str, *args: str) -> list[str]:
+        """argv of a daemon (``slurmctld``...): the host's, or the one in the root."""
+        if self.slurm_root is not None:
+            return self.slurm_root.enter_argv(f"/usr/sbin/{name}", *args)
+        return [_sbin(name), *args]
+
+    def version(self) -> str:
+        """``scontrol --version`` of this cluster's clients, e.g. ``slurm 26.05.5``."""
+        return self.run("scontrol", "--version").stdout.strip()
 
     def run(
         self, *args: str, check: bool = True, timeout: float = 30.0
     ) -> subprocess.CompletedProcess[str]:
         """Run a Slurm client (``run("scontrol", "ping")``) against this cluster, text output."""
         proc = subprocess.run(
-            list(args),
+            [self.tool(args[0]), *args[1:]],
             env=self.subprocess_env(),
             capture_output=True,
             text=True,
@@ -591,7 +683,9 @@ class SlurmCluster:
             )
         self._reap_popens()  # stopped from elsewhere (e.g. SlurmCluster.attach(root).stop())
         self._popens.clear()
-        if self.install:
+        if self.own_root:
+            self.slurm_root = ensure_root(self.release)
+        elif self.install:
             ensure_installed(restd=self.restd)
         self._choose_proctrack()
         self._t0 = time.monotonic()
@@ -625,6 +719,9 @@ class SlurmCluster:
         if self.proctrack_wanted == "linuxproc":
             self.proctrack, self.proctrack_reason = "linuxproc", "asked for"
             return
+        if self.own_root:
+            self.proctrack, self.proctrack_reason = "linuxproc", f"Slurm {self.release}'s root"
+            return
         support = cgroup.cgroup_support()
         if support.ok:
             self.proctrack, self.proctrack_reason = "cgroup", support.reason
@@ -635,9 +732,9 @@ class SlurmCluster:
         log.info("slurm: proctrack/linuxproc (%s)", support.reason)
 
     def _pick_ports(self) -> None:
-        ports = _proc.free_tcp_ports(1 + len(self.nodes))
-        self.ctld_port = ports[0]
-        self.node_ports = dict(zip(self.nodes, ports[1:], strict=True))
+        ports = _proc.free_tcp_ports(2 + len(self.nodes))
+        self.ctld_port, self.restd_port = ports[0], ports[1]
+        self.node_ports = dict(zip(self.nodes, ports[2:], strict=True))
 
     def config(self) -> SlurmConfig:
         if self.ctld_port is None:
@@ -654,6 +751,7 @@ class SlurmCluster:
             proctrack=self.proctrack,
             unkillable_step_timeout=self.unkillable_step_timeout,
             dbd_port=self.dbd_port,
+            release=self.release,
         )
 
     def _prepare_files(self) -> None:
@@ -684,6 +782,11 @@ class SlurmCluster:
         lay.gres_conf.write_text(render_gres_conf(cfg))
         cgroup_conf = lay.etc / "cgroup.conf"
         cgroup_conf.unlink(missing_ok=True)
+        if self.own_root:
+            # 26.05's slurmd dies at start without a cgroup filesystem it can use
+            cgroup_conf.write_text("CgroupPlugin=disabled\n")
+            lay.jwt_key.write_bytes(os.urandom(32))
+            lay.jwt_key.chmod(0o600)  # slurmctld refuses a key others can read
         if self.proctrack == "cgroup":
             cgroup_conf.write_text(cgroup.render_cgroup_conf(lay.root))
             try:
@@ -702,6 +805,9 @@ class SlurmCluster:
                     "memory_mb": self.memory_mb,
                     "proctrack": self.proctrack,
                     "unkillable_step_timeout": self.unkillable_step_timeout,
+                    "slurm": self.release,
+                    "slurm_root": str(self.slurm_root.path) if self.slurm_root else None,
+                    "restd_port": self.restd_port,
                 },
                 indent=2,
             )
@@ -713,8 +819,8 @@ class SlurmCluster:
         # munged in the foreground: its PID is ours to record, its death visible at once.
         self._spawn(
             "munged",
-            [
-                _sbin("munged"),
+            self._daemon_argv(
+                "munged",
                 "--foreground",
                 "--force",
                 f"--socket={lay.munge_socket}",
@@ -722,21 +828,22 @@ class SlurmCluster:
                 f"--log-file={lay.daemon_log('munged')}",
                 f"--pid-file={lay.run / 'slurm' / 'munged.pid'}",
                 f"--seed-file={lay.munge / 'munged.seed'}",
-            ],
+            ),
         )
         self._wait("munged", self._munge_works, "munged to answer", logs=["munged"])
         self._progress(f"munged up (pid {self._popens['munged'].pid})")
 
         # slurmctld and slurmd retry a taken port for 5 s before they die: look first
         self._check_ports_free()
-        self._spawn("slurmctld", [_sbin("slurmctld"), "-D", "-f", str(lay.conf)])
+        self._spawn("slurmctld", self._daemon_argv("slurmctld", "-D", "-f", str(lay.conf)))
         self._wait("slurmctld", self._ctld_up, "slurmctld to answer ping", logs=["slurmctld"])
         self._progress(
             f"slurmctld up on port {self.ctld_port} (pid {self._popens['slurmctld'].pid})"
         )
 
         for node in self.nodes:
-            self._spawn(f"slurmd@{node}", [_sbin("slurmd"), "-D", "-f", str(lay.conf), "-N", node])
+            argv = self._daemon_argv("slurmd", "-D", "-f", str(lay.conf), "-N", node)
+            self._spawn(f"slurmd@{node}", argv)
         self._wait(
             None,
             self._all_idle,
@@ -750,7 +857,9 @@ class SlurmCluster:
             + f": {' '.join(f'{n}:{p}' for n, p in self.node_ports.items())}"
         )
 
-        if self.restd:
+        if self.restd and self.own_root:
+            self._start_restd_jwt()
+        elif self.restd:
             self._spawn(
                 "slurmrestd",
                 [
@@ -770,6 +879,24 @@ class SlurmCluster:
                 f"slurmrestd up (pid {self._popens['slurmrestd'].pid}) on unix:{lay.restd_socket}"
             )
 
+    def _start_restd_jwt(self) -> None:
+        """slurmrestd on 127.0.0.1:<restd_port> with JWT auth, and root's token in a file."""
+        lay = self.layout
+        token = self.run("scontrol", "token", "username=root", f"lifespan={JWT_LIFESPAN}")
+        bare = token.stdout.strip().removeprefix("SLURM_JWT=")
+        lay.jwt_token.write_text(bare + "\n")
+        lay.jwt_token.chmod(0o600)
+        argv = self._daemon_argv(
+            "slurmrestd", "-a", "rest_auth/jwt", "-s", RESTD_OPENAPI_PLUGINS_26,
+            "-u", RESTD_USER, "-g", RESTD_USER, f"127.0.0.1:{self.restd_port}",
+        )  # fmt: skip
+        # SLURM_JWT=daemon: slurmrestd itself talks to slurmctld with each request's token
+        self._spawn("slurmrestd", argv, extra_env={"SLURM_JWT": "daemon"})
+        self._wait("slurmrestd", self._restd_up, "slurmrestd to answer ping", logs=["slurmrestd"])
+        self._progress(
+            f"slurmrestd up (pid {self._popens['slurmrestd'].pid}) on {self.restd_url} (JWT)"
+        )
+
     def stop_daemon(self, name: str) -> None:
         """Stop one daemon (``slurmctld`` or ``slurmd@NODE``) and leave the rest running: a
         fault for tests. Jobs keep running under their slurmstepd; `start_daemon` brings it
@@ -784,11 +911,11 @@ class SlurmCluster:
         state (jobs, node drains) from StateSaveLocation, as after a real restart."""
         conf = str(self.layout.conf)
         if name == "slurmctld":
-            self._spawn(name, [_sbin("slurmctld"), "-D", "-f", conf])
+            self._spawn(name, self._daemon_argv("slurmctld", "-D", "-f", conf))
             self._wait(name, self._ctld_up, "slurmctld to answer ping", logs=[name])
         elif name.startswith("slurmd@"):
             node = name.split("@", 1)[1]
-            self._spawn(name, [_sbin("slurmd"), "-D", "-f", conf, "-N", node])
+            self._spawn(name, self._daemon_argv("slurmd", "-D", "-f", conf, "-N", node))
         else:
             raise SlurmSandboxError(f"start_daemon: {name} is not slurmctld or slurmd@NODE")
 
@@ -853,12 +980,16 @@ class SlurmCluster:
         if not self.layout.munge_socket.exists():
             return False
         cred = subprocess.run(
-            ["munge", "-n", "-S", sock], capture_output=True, text=True, check=False
+            [self.tool("munge"), "-n", "-S", sock], capture_output=True, text=True, check=False
         )
         if cred.returncode != 0:
             return False
         check = subprocess.run(
-            ["unmunge", "-S", sock], input=cred.stdout, capture_output=True, text=True, check=False
+            [self.tool("unmunge"), "-S", sock],
+            input=cred.stdout,
+            capture_output=True,
+            text=True,
+            check=False,
         )
         return check.returncode == 0
 
@@ -872,10 +1003,21 @@ class SlurmCluster:
         return set(states) == set(self.nodes) and all(s == "idle" for s in states.values())
 
     def _restd_up(self) -> bool:
-        if not self.layout.restd_socket.exists():
-            return False
         import httpx
 
+        if self.own_root:
+            headers = {
+                "X-SLURM-USER-NAME": "root",
+                "X-SLURM-USER-TOKEN": self.layout.jwt_token.read_text().strip(),
+            }
+            try:
+                with httpx.Client(base_url=str(self.restd_url), timeout=5) as client:
+                    ping = client.get("/slurm/v0.0.45/ping", headers=headers)
+                    return ping.status_code == 200
+            except httpx.HTTPError:
+                return False
+        if not self.layout.restd_socket.exists():
+            return False
         try:
             with httpx.Client(
                 transport=httpx.HTTPTransport(uds=str(self.layout.restd_socket)),
@@ -930,6 +1072,8 @@ class SlurmCluster:
             ctld_port=self.ctld_port,
             node_ports=dict(self.node_ports),
             daemons=daemons,
+            release=self.release,
+            bin_dir=self.bin_dir,
             ctld_up=ctld_up,
             nodes=nodes,
             restd_socket=self.restd_socket if "slurmrestd" in live else None,

@@ -488,6 +488,24 @@ class Health(_Model):
     status: Literal["ok"] = "ok"
 
 
+class BackendCapabilities(_Model):
+    """What the bridge's backend can do on the Slurm it is connected to (``/v1/capabilities``)."""
+
+    backend: str = Field(description="The configured backend: cli or rest.")
+    slurm_version: str | None = Field(
+        None, description="Slurm's release as the backend read it (None: Slurm not reached)."
+    )
+    rest_api_version: str | None = Field(
+        None, description="slurmrestd's API the rest backend uses, e.g. v0.0.45."
+    )
+    slurmctld: str = Field(description="The ping's answer (UP, DOWN or an error text).")
+    capabilities: list[str] = Field(description="Operations the bridge can do there.")
+    missing: list[str] = Field(description="Operations it cannot (answered 501).")
+    backends: dict[str, list[str]] = Field(
+        description="What each backend in use does (rest, and cli as its write fallback)."
+    )
+
+
 class Readiness(_Model):
     ready: bool
     backend: str

@@ -103,8 +103,10 @@ def node_from_json(item: Mapping[str, Any]) -> SlurmNode:
     else:
         state, flags = split_state(str(raw_state or "unknown"))
     flags = flags + tuple(str(f).upper() for f in item.get("state_flags") or () if f not in flags)
-    # 22.05's JSON says "allocated" for a partly used node that scontrol calls MIXED.
-    if state == "ALLOCATED" and int(item.get("idle_cpus") or 0) > 0:
+    # 22.05's JSON says "allocated" for a partly used node that scontrol calls MIXED; so does
+    # 26.05's v0.0.45, which names its idle CPUs alloc_idle_cpus.
+    idle = item.get("idle_cpus", item.get("alloc_idle_cpus"))
+    if state == "ALLOCATED" and int(idle or 0) > 0:
         state = "MIXED"
     reason = item.get("reason") or None
     return SlurmNode(
@@ -113,7 +115,7 @@ def node_from_json(item: Mapping[str, Any]) -> SlurmNode:
         flags=flags,
         reason=reason,
         reason_user=item.get("reason_set_by_user") or None,
-        reason_time=_iso(item.get("reason_changed_at")),
+        reason_time=_iso(_number(item.get("reason_changed_at"))),  # v0.0.45: {set, number}
         boot_time=_iso(_number(item.get("boot_time"))),
         slurmd_start_time=_iso(_number(item.get("slurmd_start_time"))),
     )

@@ -154,15 +154,21 @@ class RestBackend:
             self.version = found[-1]
         return self.version
 
-    def capabilities(self) -> frozenset[Capability]:
+    def own_capabilities(self) -> frozenset[Capability]:
+        """What slurmrestd itself does for this backend (the API version must be known:
+        after ``ping``), without the fallback."""
         caps = set(READ_CAPS)
         if self.version is not None and minor(self.version) >= 39:
             caps |= {Capability.DRAIN, Capability.RESUME}
         if self.version is not None and minor(self.version) >= 40:
             caps.add(Capability.SIGNAL)
+        return frozenset(caps)
+
+    def capabilities(self) -> frozenset[Capability]:
+        caps = self.own_capabilities()
         if self.fallback is not None:
             caps |= self.fallback.capabilities()
-        return frozenset(caps)
+        return caps
 
     async def _request(self, method: str, path: str, **kw: Any) -> httpx.Response:
         if self._token is not None and (token := self._token()):
@@ -184,10 +190,14 @@ class RestBackend:
             str(p.get("ping") or p.get("pinged") or "").upper() == "UP" or p.get("responding")
             for p in pings
         )
-        release = ((doc.get("meta") or {}).get("Slurm") or {}).get("release")
-        detail = f"slurmrestd {api}: " + ", ".join(
-            f"{p.get('hostname')}={p.get('ping') or p.get('pinged')}" for p in pings
-        )
+        meta = doc.get("meta") or {}
+        # meta.Slurm up to 23.02 (v0.0.38: 22.05), meta.slurm since (v0.0.45: 26.05)
+        release = (meta.get("Slurm") or meta.get("slurm") or {}).get("release")
+
+        def said(p: dict[str, Any]) -> object:
+            return p.get("ping") or p.get("pinged") or ("UP" if p.get("responding") else "DOWN")
+
+        detail = f"slurmrestd {api}: " + ", ".join(f"{p.get('hostname')}={said(p)}" for p in pings)
         return Ping(up=up, detail=detail, version=release)
 
     async def get_node(self, node: str) -> SlurmNode:

@@ -44,11 +44,11 @@ from gpuheal_bridge.server.errors import add_exception_handlers, map_exception
 from gpuheal_bridge.server.guard import MAX_BODY_BYTES, BodyLimit, Guard
 from gpuheal_bridge.server.idempotency import IdempotencyStore
 from gpuheal_bridge.server.metrics import Metrics, MetricsEndpoint
-from gpuheal_bridge.server.routes import jobs, nodes, probes
+from gpuheal_bridge.server.routes import capabilities, jobs, nodes, probes
 from gpuheal_bridge.server.services import Services
 
 log = logging.getLogger("gpuheal_bridge")
-ROUTERS = (probes.router, nodes.router, jobs.router)
+ROUTERS = (probes.router, nodes.router, jobs.router, capabilities.router)
 
 
 @dataclass

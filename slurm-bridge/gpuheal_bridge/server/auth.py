@@ -186,6 +186,7 @@ ROUTE_SCOPES: dict[str, Scope] = {
     "get_node": Scope.READ,
     "node_jobs": Scope.READ,
     "get_job": Scope.READ,
+    "capabilities": Scope.READ,
     "drain_node": Scope.DRAIN,
     "reserve_node": Scope.DRAIN,
     "resume_node": Scope.RESUME,

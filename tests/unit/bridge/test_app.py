@@ -353,3 +353,15 @@ def test_openapi_says_force_and_reserve_reason_exclude_each_other(client: TestCl
     )
     assert resp.status_code == 422, resp.text
     assert "exclude each other" in resp.json()["message"]
+
+
+def test_capabilities_route_needs_a_token_and_reads_slurm(
+    client: TestClient, slurm: FakeSlurm
+) -> None:
+    assert client.get("/v1/capabilities").status_code == 401
+    resp = client.get("/v1/capabilities", headers=AUTH)
+    assert resp.status_code == 200
+    body = resp.json()
+    assert (body["backend"], body["slurm_version"], body["missing"]) == ("fake", "22.05.8", [])
+    assert "requeue" in body["capabilities"]
+    assert ("ping", ()) in slurm.calls

@@ -217,6 +217,14 @@ def test_json_partly_allocated_node_is_mixed_like_scontrol() -> None:
     node = dict(doc["nodes"][0], idle_cpus=1)
     assert parse_nodes_json({"nodes": [node]})[0].state == "MIXED"
     assert parse_nodes_json(doc)[0].state == "ALLOCATED"  # no idle CPU left: ALLOCATED
+    # 26.05.5's v0.0.45 (seen on the sandbox, one 1-GPU job on 8 CPUs): scontrol says MIXED
+    v45 = {
+        "name": "n0", "state": ["ALLOCATED"], "cpus": 8, "alloc_cpus": 0, "alloc_idle_cpus": 8,
+        "reason_changed_at": {"set": True, "infinite": False, "number": 1795000000},
+    }  # fmt: skip
+    node = parse_nodes_json({"nodes": [v45]})[0]
+    assert node.state == "MIXED"
+    assert node.reason_time == dt.datetime.fromtimestamp(1795000000).isoformat()
 
 
 def test_ended_jobs_say_how_and_when_they_ended() -> None:

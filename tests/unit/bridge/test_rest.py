@@ -150,3 +150,21 @@ async def test_a_rotated_jwt_file_is_used_from_the_next_call(tmp_path: Path) -> 
     assert (await b.ping()).up
     assert seen == ["first-jwt", "second-jwt", "third-jwt-longer", "third-jwt-longer"]
     await b.aclose()
+
+
+async def test_ping_on_v0045_reads_the_release_from_meta_slurm() -> None:
+    """26.05.5's answer (captured on the sandbox): ``meta.slurm`` (22.05: ``meta.Slurm``) and
+    ``responding`` instead of ``ping``."""
+    answer = {
+        "pings": [{"hostname": "vm", "responding": True, "latency": 554, "primary": True}],
+        "meta": {"slurm": {"version": {"major": "26", "minor": "05", "micro": "5"},
+                           "release": "26.05.5", "cluster": "gpuheal"}},
+        "errors": [], "warnings": [],
+    }  # fmt: skip
+
+    def v045(request: httpx.Request) -> httpx.Response:
+        assert request.url.path == "/slurm/v0.0.45/ping"
+        return httpx.Response(200, json=answer)
+
+    ping = await backend(v045, version="v0.0.45").ping()
+    assert (ping.up, ping.version, ping.detail) == (True, "26.05.5", "slurmrestd v0.0.45: vm=UP")

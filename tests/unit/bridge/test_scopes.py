@@ -70,6 +70,7 @@ def test_token_lines_refused_with_the_reason(text: str, why: str) -> None:
 
 def test_what_each_request_needs() -> None:
     assert route_scope("get_node") is Scope.READ
+    assert route_scope("capabilities") is Scope.READ
     assert route_scope("resume_node") is Scope.RESUME
     assert route_scope("reserve_node") is Scope.DRAIN
     assert route_scope("a_route_added_later") is Scope.ADMIN  # closed until listed
