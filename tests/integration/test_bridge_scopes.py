@@ -203,6 +203,8 @@ def test_a_rotated_slurmrestd_jwt_is_used_without_a_restart(
         restd_cluster,
         "--backend", "rest", "--rest-url", gate.url, "--rest-token-file", str(jwt),
         "--rest-user", "gpuheal", "--health-interval", "3600",
+        # 22.05's slurmrestd cannot requeue: a REST-only bridge is refused at start
+        "--rest-write-fallback", "cli",
         token=OPERATOR,
     )  # fmt: skip
     pid = bridge.proc.pid

@@ -48,6 +48,7 @@ class SandboxConfig:
         from gpuheal_dev.sandbox.realnode import REAL_NODE_NAME
 
         return [REAL_NODE_NAME] if self.real_node else []
+
     #: Slurm release (``slurmroot.SLURM_VERSIONS``): the host's 22.05, or 26.05 in its own root
     slurm_version: str = HOST_SLURM
 
