@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -100,7 +101,7 @@ def _chart_app_version() -> str:
 
 
 @pytest.fixture(scope="session")
-def images(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Images]:
+def images() -> Iterator[Images]:
     missing = [t for t in ("buildah", "mmdebstrap", "podman", "runc") if shutil.which(t) is None]
     if missing:
         pytest.fail(f"`make images` installs what these tests need; missing: {', '.join(missing)}")
@@ -109,7 +110,8 @@ def images(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Images]:
     )
     assert built.returncode == 0, f"{BUILD_SCRIPT} failed:\n{built.stderr[-4000:]}"
     folder = Path(built.stdout.strip().splitlines()[-1])
-    store = tmp_path_factory.mktemp("podman")
+    # podman refuses a runroot over 50 characters: an xdist worker's tmp_path is longer
+    store = Path(tempfile.mkdtemp(prefix="gh-podman-", dir="/tmp"))
     podman = ["podman", "--root", str(store / "root"), "--runroot", str(store / "run"),
               "--storage-driver", "overlay"]  # fmt: skip
     for name in (OPERATOR, BRIDGE):

@@ -315,6 +315,8 @@ def test_every_log_line_shows_urls_by_scheme_and_host_only() -> None:
     assert (
         redact_urls("bridge https://slurm-bridge:8787 up") == "bridge https://slurm-bridge:8787 up"
     )
+    assert redact_urls("bridges=a=https://h:1,b=https://k:2/x/y,c=http://m:3/") == (
+        "bridges=a=https://h:1,b=https://k:2/...,c=http://m:3/...")  # fmt: skip
     try:
         raise ValueError("refused: https://hooks.slack.com/services/T0/B0/S3CRET")
     except ValueError:

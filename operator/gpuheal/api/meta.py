@@ -738,7 +738,8 @@ def redact_url(url: str) -> str:
     return f"{parts.scheme}://{host}{f':{port}' if port else ''}/..."
 
 
-_ANY_URL = re.compile(r"\b[a-zA-Z][a-zA-Z0-9+.-]{0,15}://[^\s/?#'\"<>]+[/?#][^\s'\"<>]*")
+# The host part stops at a comma too: URLs joined by commas (a flag's list) are separate URLs.
+_ANY_URL = re.compile(r"\b[a-zA-Z][a-zA-Z0-9+.-]{0,15}://[^\s/?#'\"<>,]+[/?#][^\s'\"<>,]*")
 
 
 def redact_urls(text: str) -> str:
