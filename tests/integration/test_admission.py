@@ -32,6 +32,7 @@ from gpuheal.remediation.steps import _job_spec
 from gpuheal_dev.sandbox import Sandbox
 from tests.integration.operator_harness import wait_for
 from tests.integration.test_agent_sandbox import (  # noqa: F401 - fixtures
+    agent_namespace,
     node_agent_kubeconfig,
     release,
 )
@@ -179,7 +180,7 @@ def test_the_agent_writes_its_own_nodes_condition_and_gpu_annotations_only(
     release: tuple[str, str],  # noqa: F811
     own_gpu_nodes: Callable[..., list[str]],
 ) -> None:
-    name, namespace = release
+    name, _ = release
     own, other = own_gpu_nodes(2)
     agent = client.CoreV1Api(_api(node_agent_kubeconfig(sandbox, release, own)))
 
@@ -222,7 +223,9 @@ def test_the_agent_writes_its_own_nodes_condition_and_gpu_annotations_only(
     # Its ServiceAccount with a token bound to no pod: no node, refused everywhere.
     unbound = client.CoreV1Api(
         _api(
-            sandbox.control_plane.kubeconfig_for_service_account(namespace, f"{name}-gpuheal-agent")
+            sandbox.control_plane.kubeconfig_for_service_account(
+                agent_namespace(release), f"{name}-gpuheal-agent"
+            )
         )
     )
     said = _refusal(lambda: unbound.patch_node_status(own, _gpu_xid("True")))

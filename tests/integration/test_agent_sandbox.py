@@ -103,16 +103,25 @@ def release(
         sandbox.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
 
 
+def agent_namespace(release: tuple[str, str]) -> str:
+    """Where the chart runs the agent by default: a namespace of its own, <release>-agent,
+    with its ServiceAccount (the release namespace can then enforce `restricted`)."""
+    name, _ = release
+    return f"{name}-agent"
+
+
 @pytest.fixture(scope="module")
 def agent_kubeconfig(sandbox: Sandbox, release: tuple[str, str]) -> Path:
     """The agent's ServiceAccount, token bound to no pod: what RBAC alone allows."""
-    name, namespace = release
-    return sandbox.control_plane.kubeconfig_for_service_account(namespace, f"{name}-gpuheal-agent")
+    name, _ = release
+    return sandbox.control_plane.kubeconfig_for_service_account(
+        agent_namespace(release), f"{name}-gpuheal-agent"
+    )
 
 
 def agent_pod(sandbox: Sandbox, release: tuple[str, str], node: str) -> str:
     """The DaemonSet's pod on ``node`` (kwok runs it), once Running."""
-    _, namespace = release
+    namespace = agent_namespace(release)
 
     def find() -> str | None:
         out = sandbox.kubectl(
@@ -129,9 +138,11 @@ def node_agent_kubeconfig(sandbox: Sandbox, release: tuple[str, str], node: str)
     """The agent's credentials on ``node`` as the kubelet mounts them: the ServiceAccount's
     token bound to the agent pod there (the chart's admission policy admits the agent's
     Events about that node only with such a token)."""
-    name, namespace = release
+    name, _ = release
     return sandbox.control_plane.kubeconfig_for_service_account(
-        namespace, f"{name}-gpuheal-agent", bound_pod=agent_pod(sandbox, release, node)
+        agent_namespace(release),
+        f"{name}-gpuheal-agent",
+        bound_pod=agent_pod(sandbox, release, node),
     )
 
 
@@ -214,7 +225,8 @@ def summary(events: list[dict[str, Any]]) -> list[tuple[str, int | None, str | N
 def test_chart_runs_the_daemonset_on_gpu_nodes_only(
     sandbox: Sandbox, release: tuple[str, str], own_gpu_nodes: Callable[..., list[str]]
 ) -> None:
-    name, namespace = release
+    name, _ = release
+    namespace = agent_namespace(release)  # the chart's default: apart from the operator
     (gpu,) = own_gpu_nodes(1)
     from gpuheal_dev.sandbox.nodes import create_gpu_nodes, delete_nodes, wait_nodes_ready
 
@@ -251,6 +263,11 @@ def test_chart_runs_the_daemonset_on_gpu_nodes_only(
         (mount,) = [m for m in pod["containers"][0]["volumeMounts"] if m["name"] == "kernel-log"]
         assert mount == {"name": "kernel-log", "mountPath": "/dev/kmsg", "readOnly": True}
         assert pod["serviceAccountName"] == f"{name}-gpuheal-agent"
+        # The chart made that namespace, allowing the agent's privileged pods.
+        labels = json.loads(sandbox.kubectl("get", "ns", namespace, "-o", "json").stdout)[
+            "metadata"
+        ]["labels"]
+        assert labels["pod-security.kubernetes.io/enforce"] == "privileged", labels
     finally:
         delete_nodes(core, [cpu])
 
@@ -280,6 +297,11 @@ AGENT_MUST_NOT = [
     ("list", "configmaps", "$ns"),
     ("patch", "noderemediations.gpuheal.io", None),
     ("create", "serviceaccounts/token", "$ns"),
+    # its own namespace ($agent) holds nothing it may touch either
+    ("get", "secrets", "$agent"),
+    ("list", "pods", "$agent"),
+    ("create", "events", "$agent"),
+    ("create", "serviceaccounts/token", "$agent"),
 ]
 
 
@@ -303,7 +325,9 @@ def test_agent_service_account_can_exactly_what_the_agent_calls(
     _, namespace = release
 
     def ns(value: str | None) -> str | None:
-        return None if value is None else value.replace("$ns", namespace)
+        if value is None:
+            return None
+        return value.replace("$ns", namespace).replace("$agent", agent_namespace(release))
 
     missing = [
         r for r in AGENT_NEEDS if not _can_i(sandbox, agent_kubeconfig, r[0], r[1], ns(r[2]))

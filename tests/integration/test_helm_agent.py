@@ -39,8 +39,19 @@ def render(tmp: Path, *sets: str) -> list[dict[str, Any]]:
     return [d for d in yaml.safe_load_all(helm(tmp, *args).stdout) if d]
 
 
+#: the agent's namespace by default, <release>-agent, and its ServiceAccount's user there
+AGENT_NS = "r-agent"
+AGENT_USER = f"system:serviceaccount:{AGENT_NS}:r-gpuheal-agent"
+
+
 def agent_objects(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [d for d in docs if d["metadata"]["name"].startswith("r-gpuheal-agent")]
+    """The agent's objects, its own namespace included."""
+    return [
+        d
+        for d in docs
+        if d["metadata"]["name"].startswith("r-gpuheal-agent")
+        or (d["kind"] == "Namespace" and d["metadata"]["name"] == AGENT_NS)
+    ]
 
 
 def daemonset(docs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -51,6 +62,7 @@ def daemonset(docs: list[dict[str, Any]]) -> dict[str, Any]:
 def test_defaults(tmp_path: Path) -> None:
     docs = render(tmp_path)
     ds = daemonset(docs)
+    assert ds["metadata"]["namespace"] == AGENT_NS  # apart from the operator
     pod = ds["spec"]["template"]["spec"]
     (c,) = pod["containers"]
     assert c["command"] == ["python", "-m", "gpuheal.agent"]
@@ -93,9 +105,10 @@ def test_rbac_is_exactly_what_the_agent_calls(tmp_path: Path) -> None:
     }
     for binding in (d for d in docs if d["kind"] in ("ClusterRoleBinding", "RoleBinding")):
         assert binding["subjects"] == [
-            {"kind": "ServiceAccount", "name": "r-gpuheal-agent", "namespace": "gpuheal"}
+            {"kind": "ServiceAccount", "name": "r-gpuheal-agent", "namespace": AGENT_NS}
         ]
     (sa,) = [d for d in docs if d["kind"] == "ServiceAccount"]
+    assert sa["metadata"]["namespace"] == AGENT_NS
     assert sa["automountServiceAccountToken"] is False  # the pod opts in
 
 
@@ -104,6 +117,7 @@ def test_disabled_renders_no_agent(tmp_path: Path) -> None:
     no_rbac = agent_objects(render(tmp_path, "rbac.create=false"))
     # Admission is not RBAC: the agent stays on its own node whoever grants its RBAC.
     assert {d["kind"] for d in no_rbac} == {
+        "Namespace",  # <release>-agent
         "DaemonSet",
         "ServiceAccount",
         "ValidatingAdmissionPolicy",  # <release>-gpuheal-agent-node (test_admission.py)
@@ -181,7 +195,7 @@ def test_admission_policy_reserves_the_agents_reporter_name_for_the_agent(tmp_pa
     assert {(g, op) for r in rules for g in r["apiGroups"] for op in r["operations"]} == {
         (g, op) for g in ("", "events.k8s.io") for op in ("CREATE", "UPDATE")
     }
-    agent = "system:serviceaccount:gpuheal:r-gpuheal-agent"
+    agent = AGENT_USER  # in its own namespace (test_helm_namespaces_network.py)
     reserved, own_node = vap["spec"]["validations"]
     assert '"gpuheal-agent" in variables.names' in reserved["expression"]
     assert f'request.userInfo.username == "{agent}" && variables.ownNode' in reserved["expression"]

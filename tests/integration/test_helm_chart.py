@@ -196,7 +196,7 @@ def test_defaults_render_the_operator_as_the_flag_contract_says(helm: Helm) -> N
         "CustomResourceDefinition",
         "DaemonSet",  # the node agent (on by default; its own checks: test_helm_agent.py)
         "Deployment",
-        "Namespace",  # the node Jobs' own (nodeJobs.createNamespace)
+        "Namespace",  # the node Jobs' and the agent's own (test_helm_namespaces_network.py)
         "NetworkPolicy",  # ingress to the operator's metrics port (test_helm_namespaces_network.py)
         "Role",
         "RoleBinding",
@@ -206,6 +206,10 @@ def test_defaults_render_the_operator_as_the_flag_contract_says(helm: Helm) -> N
         # the operator's Node writes (test_admission.py)
         "ValidatingAdmissionPolicy",
         "ValidatingAdmissionPolicyBinding",
+    ]
+    assert sorted(n["metadata"]["name"] for n in _objects(docs, "Namespace")) == [
+        "r-agent",
+        "r-node-jobs",
     ]
     for absent in ("ServiceMonitor", "PrometheusRule", "Secret"):
         assert not _objects(docs, absent), f"{absent} must be off by default"

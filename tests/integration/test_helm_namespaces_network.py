@@ -1,6 +1,6 @@
-"""Namespaces and network (issue 23): the privileged agent runs apart, the operator's and the
-bridge's pods pass the restricted Pod Security Standard, NetworkPolicies say who may reach
-them, and plain HTTP to the bridge stays inside the cluster.
+"""Namespaces and network (issue 23): the privileged agent runs apart by default, the
+operator's and the bridge's pods pass the restricted Pod Security Standard, NetworkPolicies
+say who may reach them, and plain HTTP to the bridge stays inside the cluster.
 
 The Pod Security check is the API server's own (the PodSecurity admission plugin, on by
 default): each pod template the chart puts in the release namespace is created with a
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import uuid
 from collections.abc import Iterator
@@ -28,13 +29,9 @@ pytestmark = pytest.mark.integration
 CHART = Path(__file__).resolve().parents[2] / "deploy" / "helm" / "gpuheal"
 BRIDGE_VALUES = CHART / "ci" / "bridge-values.yaml"
 RELEASE_NS = "gpuheal"
-AGENT_NS = "gpuheal-agent"
-#: the agent apart; the signal-trust policy still names the agent in the release namespace
-#: (values.yaml, agent.namespace.name), so it is off here
-APART = (
-    f"--set=agent.namespace.name={AGENT_NS}",
-    "--set=signalTrust.admissionPolicy.enabled=false",
-)
+#: the agent's namespace by default: <release>-agent (values.yaml, agent.namespace.name)
+AGENT_NS = "r-agent"
+AGENT_USER = f"system:serviceaccount:{AGENT_NS}:r-gpuheal-agent"
 
 
 def _helm(*args: str, tmp: Path) -> subprocess.CompletedProcess[str]:
@@ -98,16 +95,58 @@ def _dry_run_pod(sandbox: Sandbox, namespace: str, name: str, spec: dict[str, An
     return "" if out.returncode == 0 else out.stderr.strip()
 
 
+def agent_placement(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Where the chart puts the agent: its DaemonSet's and ServiceAccount's namespaces, the
+    namespaces its bindings name it in, the users the admission policies name as the agent,
+    and the Namespaces the chart creates (name -> enforced Pod Security level)."""
+    (ds,) = [d for d in docs if d["kind"] == "DaemonSet"]
+    (account,) = [
+        d
+        for d in docs
+        if d["kind"] == "ServiceAccount" and d["metadata"]["name"] == "r-gpuheal-agent"
+    ]
+    subjects = [
+        s
+        for d in docs
+        if d["kind"] in ("RoleBinding", "ClusterRoleBinding")
+        for s in d.get("subjects") or []
+        if s["name"] == account["metadata"]["name"]
+    ]
+    policies = {
+        d["metadata"]["name"]: json.dumps(d["spec"])
+        for d in docs
+        if d["kind"] == "ValidatingAdmissionPolicy"
+        and d["metadata"]["name"] in ("r-gpuheal-signal-trust", "r-gpuheal-agent-node")
+    }
+    return {
+        "daemonset": ds["metadata"].get("namespace"),
+        "serviceaccount": account["metadata"].get("namespace"),
+        "subjects": sorted({s["namespace"] for s in subjects}),
+        "bindings": len(subjects),
+        "policies name": {
+            name: sorted(set(re.findall(r"system:serviceaccount:[a-z0-9-]+:r-gpuheal-agent", t)))
+            for name, t in policies.items()
+        },
+        "namespaces": {
+            d["metadata"]["name"]: d["metadata"]["labels"].get("pod-security.kubernetes.io/enforce")
+            for d in docs
+            if d["kind"] == "Namespace"
+        },
+    }
+
+
 @pytest.mark.parametrize("values", ["defaults", "bridge"])
 def test_every_pod_in_the_release_namespace_passes_restricted(
     sandbox: Sandbox, restricted_ns: str, tmp_path: Path, values: str
 ) -> None:
-    """With the agent in a namespace of its own, every pod the chart runs in the release
-    namespace (operator, bridge, helm test pods) is admitted where `restricted` is enforced;
-    the agent's is refused there (the check is real), and goes to its own namespace, which
-    the chart creates labelled `privileged`."""
+    """With the chart's default values the agent runs in a namespace of its own, and every
+    pod the chart runs in the release namespace (operator, bridge, helm test pods) is
+    admitted where `restricted` is enforced; the agent's is refused there (the check is
+    real), and goes to <release>-agent, which the chart creates labelled `privileged`, with
+    its ServiceAccount, the subjects of its bindings and the user its admission policies
+    name."""
     extra = ["-f", str(BRIDGE_VALUES)] if values == "bridge" else []
-    docs = render(tmp_path, *APART, *extra)
+    docs = render(tmp_path, *extra)
     specs = list(pod_specs(docs))
     in_release = [(what, spec) for what, ns, spec in specs if ns == RELEASE_NS]
     assert any(what.startswith("Deployment/") for what, _ in in_release), specs
@@ -124,37 +163,46 @@ def test_every_pod_in_the_release_namespace_passes_restricted(
     (agent,) = [(what, ns, spec) for what, ns, spec in specs if what.startswith("DaemonSet/")]
     assert agent[1] == AGENT_NS, agent[:2]
     assert "violates PodSecurity" in _dry_run_pod(sandbox, restricted_ns, "agent", agent[2])
-    (namespace,) = [d for d in docs if d["kind"] == "Namespace"]
-    assert namespace["metadata"]["name"] == AGENT_NS
-    assert namespace["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "privileged"
-    # The agent's ServiceAccount and the bindings' subjects follow it.
-    (account,) = [
-        d
-        for d in docs
-        if d["kind"] == "ServiceAccount" and d["metadata"]["name"].endswith("-agent")
-    ]
-    assert account["metadata"]["namespace"] == AGENT_NS
-    agent_subjects = [
-        s
-        for d in docs
-        if d["kind"] in ("RoleBinding", "ClusterRoleBinding")
-        for s in d.get("subjects") or []
-        if s["name"] == account["metadata"]["name"]
-    ]
-    assert agent_subjects, "no binding for the agent"
-    assert {s["namespace"] for s in agent_subjects} == {AGENT_NS}
+    assert agent_placement(docs) == {
+        "daemonset": AGENT_NS,
+        "serviceaccount": AGENT_NS,
+        "subjects": [AGENT_NS],
+        "bindings": 2,  # the ClusterRoleBinding (Nodes) and the RoleBinding in `default` (Events)
+        "policies name": {
+            "r-gpuheal-signal-trust": [AGENT_USER],
+            "r-gpuheal-agent-node": [AGENT_USER],
+        },
+        "namespaces": {AGENT_NS: "privileged", "r-node-jobs": "privileged"},
+    }
 
 
-def test_the_agent_apart_is_refused_while_the_signal_trust_policy_names_it_in_place(
-    tmp_path: Path,
+@pytest.mark.parametrize(
+    ("name", "where", "created"),
+    [
+        ("gpu-agents", "gpu-agents", True),  # a name of the site's
+        (RELEASE_NS, RELEASE_NS, False),  # back in the release namespace, as before
+    ],
+)
+def test_agent_namespace_name_moves_the_agent_and_its_admission_user(
+    tmp_path: Path, name: str, where: str, created: bool
 ) -> None:
-    result = _helm(
-        "template", "r", str(CHART), "-n", RELEASE_NS, f"--set=agent.namespace.name={AGENT_NS}",
-        tmp=tmp_path,
-    )  # fmt: skip
-    assert result.returncode != 0
-    assert "agent.namespace.name=gpuheal-agent" in result.stderr, result.stderr
-    assert "signalTrust.admissionPolicy" in result.stderr, result.stderr
+    """agent.namespace.name overrides <release>-agent; the release namespace's own name puts
+    the agent back there (no namespace created for it), and the admission policies name its
+    ServiceAccount where it is, either way."""
+    user = f"system:serviceaccount:{where}:r-gpuheal-agent"
+    placement = agent_placement(render(tmp_path, f"--set=agent.namespace.name={name}"))
+    assert placement == {
+        "daemonset": where,
+        "serviceaccount": where,
+        "subjects": [where],
+        "bindings": 2,
+        "policies name": {"r-gpuheal-signal-trust": [user], "r-gpuheal-agent-node": [user]},
+        "namespaces": {"r-node-jobs": "privileged", **({where: "privileged"} if created else {})},
+    }
+    # agent.namespace.create=false: the namespace is the site's, the chart creates none.
+    assert agent_placement(
+        render(tmp_path, f"--set=agent.namespace.name={name}", "--set=agent.namespace.create=false")
+    )["namespaces"] == {"r-node-jobs": "privileged"}
 
 
 def _policies(docs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:

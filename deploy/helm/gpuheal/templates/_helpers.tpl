@@ -125,18 +125,21 @@ apply there (use bridge.token.existingSecret, as production should). Made once p
 {{- join "," $s -}}
 {{- end -}}
 
-{{/* Fail early on combinations that would deploy something broken. */}}
-{{/* The namespace of the node agent (privileged): agent.namespace.name, else the release
-namespace. */}}
+{{/* The namespace of the node agent (privileged): agent.namespace.name, else
+<release>-agent, apart from the operator and the bridge so that the release namespace can
+enforce the restricted Pod Security Standard. Naming the release namespace puts it back there. */}}
 {{- define "gpuheal.agent.namespace" -}}
-{{- default .Release.Namespace .Values.agent.namespace.name -}}
+{{- default (printf "%s-agent" .Release.Name) .Values.agent.namespace.name | trunc 63 | trimSuffix "-" -}}
 {{- end -}}
 
-{{- define "gpuheal.validate" -}}
-{{- $agentNs := include "gpuheal.agent.namespace" . -}}
-{{- if and .Values.agent.enabled (ne $agentNs .Release.Namespace) .Values.signalTrust.admissionPolicy.enabled -}}
-{{- fail (printf "agent.namespace.name=%s: the signal-trust admission policy (signalTrust.admissionPolicy) reserves gpuheal-agent for the agent's ServiceAccount in the release namespace %s, so the agent's Events would be refused; set signalTrust.admissionPolicy.enabled=false or leave agent.namespace.name empty" $agentNs .Release.Namespace) -}}
+{{/* The agent's user name at admission (request.userInfo.username): its ServiceAccount in
+its own namespace. */}}
+{{- define "gpuheal.agentUser" -}}
+{{- printf "system:serviceaccount:%s:%s" (include "gpuheal.agent.namespace" .) (include "gpuheal.agent.serviceAccountName" .) -}}
 {{- end -}}
+
+{{/* Fail early on combinations that would deploy something broken. */}}
+{{- define "gpuheal.validate" -}}
 {{- if and (gt (int .Values.operator.replicas) 1) (le (float64 .Values.operator.leaseDuration) 0.0) -}}
 {{- fail "operator.replicas > 1 needs the Lease (operator.leaseDuration > 0): kopf has no leader election, the Lease keeps all but one copy waiting" -}}
 {{- end -}}
