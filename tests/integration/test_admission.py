@@ -195,6 +195,12 @@ def test_the_agent_writes_its_own_nodes_condition_and_gpu_annotations_only(
     )
     assert "the node agent may patch the status of its own node only" in said, said
     assert f"token bound to a pod on node {own}), node {other}" in said, said
+    # A probe sent before the policy was in force went through: clear what it wrote, then
+    # the refusals below must leave the other node untouched.
+    sandbox.core_v1().patch_node_status(
+        other, {"status": {"conditions": [{"type": "GpuXid", "$patch": "delete"}]}}
+    )
+    assert _refusal(lambda: patch(other, _gpu_xid("True"))) is not None
 
     # Its own node: its condition and its GPU map, admitted (what the agent writes).
     gpus = {"metadata": {"annotations": {"gpuheal.io/gpus": "0000:18:00=GPU-0"}}}
@@ -262,6 +268,9 @@ def test_the_operators_node_writes_are_gpuheals_own(
     assert f"this request changes team on node {node}" in said, said
 
     # What the operator writes (a cordon and its mark, a claim, a gpuheal taint): admitted.
+    # The patch below sets the whole taint list: wait until the node controller's own
+    # (node.kubernetes.io/not-ready of a fresh node) are gone, else it would remove one.
+    wait_for(lambda: not sandbox.core_v1().read_node(node).spec.taints, "no taint on the node")
     cordon = {
         "metadata": {
             "annotations": {"gpuheal.io/cordoned-by": "nrem-x"},
