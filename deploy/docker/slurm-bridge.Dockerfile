@@ -18,7 +18,12 @@ ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     UV_NO_CACHE=1 \
     UV_PYTHON_DOWNLOADS=never
-RUN pip install "uv==${UV_VERSION}"
+# uv itself by hash (its manylinux wheels for amd64 and arm64; another UV_VERSION needs its
+# own: `pip download uv==X --no-deps --only-binary=:all: --platform ...` and sha256sum)
+ARG UV_SHA256="d7f459fe4fd247d830351c75686d3996ace3c6f3f728eb0e85a30b7ada0cef19 5435c5ce14a56431208ca0996416d310f1598e8c2c8ba707688985a16bb82dbe"
+RUN printf 'uv==%s' "${UV_VERSION}" > /tmp/uv.txt \
+    && for h in ${UV_SHA256}; do printf ' --hash=sha256:%s' "$h" >> /tmp/uv.txt; done \
+    && pip install --require-hashes -r /tmp/uv.txt
 WORKDIR /src
 # The workspace manifests (uv reads every member's pyproject.toml) and the bridge's code only:
 # no operator or tooling code, and neither kopf nor a Kubernetes client in the image.
