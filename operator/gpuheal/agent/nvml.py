@@ -13,6 +13,7 @@ import ctypes
 import dataclasses
 import datetime as dt
 import logging
+from collections.abc import Iterator
 from typing import Any
 
 from gpuheal.xid.identity import normalize_uuid
@@ -91,18 +92,23 @@ def _call(fn: Any, *args: Any) -> Any:
         return None
 
 
-def read_inventory(nvml: Any) -> Inventory:
-    """One pass over the GPUs NVML sees. Never raises for one GPU's missing feature."""
-    count = int(nvml.nvmlDeviceGetCount())
-    gpus: list[GpuInfo] = []
-    for i in range(count):
+def _devices(nvml: Any) -> Iterator[tuple[int, Any, str]]:
+    """(index, handle, PCI bus id as NVML prints it) of each GPU NVML can name; a GPU whose
+    handle or address NVML cannot give (lost, or going) is left out."""
+    for i in range(int(nvml.nvmlDeviceGetCount())):
         handle = _call(nvml.nvmlDeviceGetHandleByIndex, i)
         if handle is None:
             continue
         pci_info = _call(nvml.nvmlDeviceGetPciInfo, handle)
         bus = _text(getattr(pci_info, "busId", "")) if pci_info is not None else ""
-        if not bus:
-            continue
+        if bus:
+            yield i, handle, bus
+
+
+def read_inventory(nvml: Any) -> Inventory:
+    """One pass over the GPUs NVML sees. Never raises for one GPU's missing feature."""
+    gpus: list[GpuInfo] = []
+    for i, handle, bus in _devices(nvml):
         uuid = _call(nvml.nvmlDeviceGetUUID, handle)
         serial = _call(nvml.nvmlDeviceGetSerial, handle)
         ecc = _call(
@@ -308,12 +314,12 @@ class XidListener:
             log.info("NVML: cannot create an event set (%s); XIDs from the kernel log only", exc)
             return None
         gpus: dict[Any, tuple[str, str | None]] = {}
-        for i in range(int(_call(nvml.nvmlDeviceGetCount) or 0)):
-            handle = _call(nvml.nvmlDeviceGetHandleByIndex, i)
-            pci_info = _call(nvml.nvmlDeviceGetPciInfo, handle) if handle is not None else None
-            bus = _text(getattr(pci_info, "busId", "")) if pci_info is not None else ""
-            if not bus:
-                continue
+        try:
+            devices = list(_devices(nvml))
+        except Exception as exc:  # the count itself failed: no GPU to listen to
+            log.info("NVML: cannot list the GPUs (%s); XIDs from the kernel log only", exc)
+            devices = []
+        for _, handle, bus in devices:
             try:
                 nvml.nvmlDeviceRegisterEvents(handle, nvml.nvmlEventTypeXidCriticalError, event_set)
             except Exception as exc:  # NotSupported on some GPUs (and in vGPU guests)
