@@ -167,7 +167,9 @@ class Wedge:
         self.mountpoint.mkdir(parents=True, exist_ok=True)
         options = f"fd={fd},rootmode=40000,user_id=0,group_id=0,allow_other"
         done = subprocess.run(
-            ["mount", "-t", "fuse", "-o", options, "gpuheal-wedge", str(self.mountpoint)],
+            # -i: the kernel's own mount, not /sbin/mount.fuse (fuse3, which podman and
+            # buildah bring), which takes the source for a program to run
+            ["mount", "-i", "-t", "fuse", "-o", options, "gpuheal-wedge", str(self.mountpoint)],
             pass_fds=(fd,),
             capture_output=True,
             text=True,
