@@ -99,7 +99,7 @@ def release(
     try:
         yield name, namespace
     finally:
-        _helm(sandbox, home, "uninstall", name, "-n", namespace, "--wait", check=False)
+        _helm(sandbox, home, "uninstall", name, "-n", namespace, check=False)
         sandbox.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
 
 
