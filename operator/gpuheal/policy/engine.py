@@ -397,7 +397,10 @@ def _guarded_steps(steps: Sequence[Step], xid: int | None, gpu_count: int) -> tu
         return tuple(steps)
     first_sight = lookup(xid).first_sight
     if first_sight is FirstSight.ALERT_ONLY:
-        return (Step(action=Action.ALERT),)
+        # A first sight that only warns still lets the jobs checkpoint (nothing disruptive;
+        # the rung's own steps, in order, as `vet.ladder_of` expects of a guarded rung).
+        asked = tuple(s for s in steps if s.action is Action.CHECKPOINT)
+        return asked or (Step(action=Action.ALERT),)
     if first_sight is FirstSight.NO_REPLACE:
         kept = tuple(s for s in steps if s.action not in (Action.REPLACE, Action.RETIRE))
         return kept or (Step(action=Action.ALERT),)
