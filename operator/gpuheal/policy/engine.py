@@ -657,7 +657,8 @@ def _after_ladder(  # noqa: PLR0911, PLR0912 - one exit per documented outcome r
             )
         # Repaired after its replacement (a reset/reboot after `replace`): verify, then return.
     if not any(a in DISRUPTIVE_ACTIONS for a in actions):
-        return Act(Move.CLOSE, Reason.ALERT_ONLY, "alert raised; nothing to undo")
+        said = "jobs asked to checkpoint" if Action.CHECKPOINT in actions else "alert raised"
+        return Act(Move.CLOSE, Reason.ALERT_ONLY, f"{said}; nothing to undo")
     rts = policy.return_to_service
     if not rts.enabled:
         return Idle(Reason.RETURN_DISABLED, "returnToService is disabled: a person decides")
