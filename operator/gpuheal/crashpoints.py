@@ -34,6 +34,7 @@ EFFECTS = (
     "bridge-resume",
     "bridge-reboot",
     "bridge-reserve",
+    "bridge-signal",
 )
 POINTS = tuple(f"{effect}.{when}" for effect in EFFECTS for when in ("before", "after"))
 

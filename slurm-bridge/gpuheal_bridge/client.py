@@ -48,6 +48,8 @@ from gpuheal_bridge.api.models import (
     ErrorResponse,
     JobRequeueRequest,
     JobResult,
+    JobSignalRequest,
+    JobSignalResult,
     JobsResponse,
     JobState,
     NodeState,
@@ -60,6 +62,7 @@ from gpuheal_bridge.api.models import (
     ReserveResponse,
     ResumeRequest,
     ResumeResponse,
+    SignalTarget,
 )
 
 M = TypeVar("M", bound=BaseModel)
@@ -279,6 +282,21 @@ class BridgeClient:
         body = JobRequeueRequest(**opts.model_dump(), from_node=from_node)
         path = f"/v1/jobs/{int(job_id)}/requeue"
         return await self._post(path, JobResult, body, idempotency_key, _wait_budget(opts))
+
+    async def signal_job(
+        self,
+        job_id: int,
+        *,
+        from_node: str,
+        signal: str = "USR1",
+        target: SignalTarget = SignalTarget.FULL,
+        idempotency_key: str | None = None,
+    ) -> JobSignalResult:
+        """Signal one job running on ``from_node`` (checkpoint now); no requeue."""
+        body = JobSignalRequest(from_node=from_node, signal=signal, target=target)
+        return await self._post(
+            f"/v1/jobs/{int(job_id)}/signal", JobSignalResult, body, idempotency_key
+        )
 
     # ---- transport -----------------------------------------------------------------------------
     async def _post(

@@ -39,6 +39,9 @@ from gpuheal_bridge.api.models import (
     JobEnd,
     JobOutcome,
     JobResult,
+    JobSignalOutcome,
+    JobSignalRequest,
+    JobSignalResult,
     JobsResponse,
     JobState,
     NodeState,
@@ -330,6 +333,34 @@ class Operations:
         if lifted:
             log.info("%s back in service: no longer excluded from jobs %s", slurm_name, lifted)
         return lifted
+
+    # ---- signal only ---------------------------------------------------------------------
+    async def signal_job(
+        self, job_id: int, req: JobSignalRequest, from_node: str
+    ) -> JobSignalResult:
+        """Send a job running on ``from_node`` the signal, and nothing more: no requeue, no
+        hold, no grace to wait out (the job checkpoints and keeps running). Raises NotFound
+        (404) and Unavailable (503) before anything was sent, so a retry with the same
+        idempotency key sends it then; once sent, the answer says so."""
+        async with self.lock(f"job:{job_id}"):  # not beside a requeue of the same job
+            job = await self.backend.get_job(job_id)
+            base = {"job_id": job_id, "state": job.state}
+            if from_node not in job.nodes:
+                return JobSignalResult(
+                    **base,
+                    outcome=JobSignalOutcome.NOT_ON_NODE,
+                    detail=f"job runs on {','.join(job.nodes) or 'no node'}, not {from_node}",
+                )
+            if job.state != "RUNNING":
+                return JobSignalResult(
+                    **base,
+                    outcome=JobSignalOutcome.NOT_RUNNING,
+                    detail=f"job is {job.state}: nothing to checkpoint, not signalled",
+                )
+            await self.backend.signal(job_id, req.signal, req.target)
+            return JobSignalResult(
+                **base, outcome=JobSignalOutcome.SIGNALLED, signalled_at=self._wall()
+            )
 
     # ---- requeue -------------------------------------------------------------------------
     async def requeue_job(

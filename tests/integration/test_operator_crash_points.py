@@ -72,8 +72,9 @@ XID79_EFFECTS = (
     "event",
 )
 RETURN_EFFECTS = ("uncordon", "bridge-resume", "status")  # from the hysteresis on
-# Reached only by ladders these scenarios do not run (a Slurm reboot, a return to the pool).
-ELSEWHERE = ("bridge-reboot", "bridge-reserve")
+# Reached only by ladders these scenarios do not run (a Slurm reboot, a return to the pool,
+# a checkpoint step).
+ELSEWHERE = ("bridge-reboot", "bridge-reserve", "bridge-signal")
 XID79_STEPS = ("replace/cordon", "replace/slurmDrain", "replace/drain", "replace/replace")
 RETURN_STEPS = ("requeue/cordon", "requeue/slurmDrain", "requeue/reset")
 

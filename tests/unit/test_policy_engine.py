@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from gpuheal.api import Action, LabelSelector, RemediationPolicy, RemediationPolicySpec, Rule, Rung
 from gpuheal.api.names import Reason
+from gpuheal.api.remediationpolicy import DISRUPTIVE_ACTIONS
 from gpuheal.policy import allowed_unhealthy, decide, select_policy
 from gpuheal.policy.types import (
     Act,
@@ -876,3 +877,29 @@ def test_a_skipped_repair_after_a_replacement_leaves_the_node_out_for_repair() -
     repaired = after(frozenset())
     assert isinstance(repaired, Act)
     assert repaired.operation is Move.VERIFY
+
+
+def test_a_first_sight_that_only_warns_still_asks_the_jobs_to_checkpoint() -> None:
+    """XID 13 the first time only alerts; a checkpoint step of the rung runs instead
+    (it leaves the node and its jobs where they are), the cordon waits for a repeat. A
+    checkpoint is no disruption: it takes no slot of the safety limits."""
+    doc = live_example()
+    doc["spec"]["rules"] = [
+        {
+            "name": "warns",
+            "signals": {"xids": [13]},
+            "ladder": [
+                {"name": "fence", "steps": [{"action": "checkpoint"}, {"action": "cordon"}]}
+            ],
+        }
+    ]
+    spec = RemediationPolicy.model_validate(doc).spec
+    once = decide(spec, NODE, History(observations=[xid(13, T0)]), CALM, T0)
+    assert isinstance(once, Act)
+    assert once.trigger is not None
+    assert [s.action for s in once.trigger.steps] == [Action.CHECKPOINT]
+    twice = decide(spec, NODE, History(observations=[xid(13, T0 - MIN), xid(13, T0)]), CALM, T0)
+    assert isinstance(twice, Act)
+    assert twice.trigger is not None
+    assert [s.action for s in twice.trigger.steps] == [Action.CHECKPOINT, Action.CORDON]
+    assert Action.CHECKPOINT not in DISRUPTIVE_ACTIONS

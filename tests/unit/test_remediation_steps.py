@@ -14,8 +14,15 @@ from typing import Any, ClassVar
 import pytest
 
 from gpuheal.adapters.kube import ClaimResult
-from gpuheal.adapters.slurm import SlurmConflict, SlurmNotFound, SlurmUnavailable, UnknownCluster
-from gpuheal.api.remediationpolicy import Action, HookSpec, SlurmDrainOptions
+from gpuheal.adapters.slurm import (
+    SlurmConflict,
+    SlurmError,
+    SlurmNotFound,
+    SlurmUnavailable,
+    UnknownCluster,
+)
+from gpuheal.api.noderemediation import CheckpointedJob
+from gpuheal.api.remediationpolicy import Action, CheckpointOptions, HookSpec, SlurmDrainOptions
 from gpuheal.api.remediationpolicy import RequeueMode as PolicyRequeue
 from gpuheal.api.reservepool import ReservePool
 from gpuheal.policy import spare_candidates
@@ -24,6 +31,8 @@ from gpuheal.policy.types import NodeCondition, NodeView
 from gpuheal.remediation import steps
 from gpuheal.remediation.state import ClusterView
 from gpuheal_bridge.api.models import (
+    JobSignalOutcome,
+    JobSignalResult,
     JobsResponse,
     JobState,
     NodeState,
@@ -433,3 +442,84 @@ async def test_a_job_hook_without_a_namespace_runs_in_the_operators_node_jobs_na
         ("get_configmap", "r-node-jobs"),
         ("create_job", "r-node-jobs"),
     ]
+
+
+class _Signaller:
+    """The bridge as the checkpoint step sees it: the node's jobs, and a signal alone."""
+
+    def __init__(self, jobs: list[JobState], answers: dict[int, Any] | None = None) -> None:
+        self.node_jobs, self.answers = jobs, answers or {}
+        self.signalled: list[tuple[int, str, str, str]] = []
+
+    async def jobs(self, node: str) -> JobsResponse:
+        return JobsResponse(node=node, slurm_node=node, jobs=self.node_jobs)
+
+    async def signal_job(
+        self, job_id: int, *, from_node: str, signal: str, idempotency_key: str
+    ) -> JobSignalResult:
+        answer = self.answers.get(job_id, JobSignalOutcome.SIGNALLED)
+        if isinstance(answer, Exception):
+            raise answer
+        self.signalled.append((job_id, from_node, signal, idempotency_key))
+        at = NOW if answer is JobSignalOutcome.SIGNALLED else None
+        return JobSignalResult(job_id=job_id, outcome=answer, signalled_at=at)
+
+
+def _job(job_id: int, state: str = "RUNNING") -> JobState:
+    return JobState(job_id=job_id, state=state, batch=True, requeue=True, nodes=["n1"])
+
+
+async def test_a_checkpoint_signals_each_running_job_once_and_requeues_nothing() -> None:
+    """Running jobs only, each with its own idempotency key, each recorded as it is
+    signalled; a job the status already holds (a restart) is not signalled again."""
+    bridge = _Signaller([_job(5), _job(6, "PENDING"), _job(7)])
+    seen: list[list[str]] = []
+
+    async def record(done: list[CheckpointedJob]) -> None:
+        seen.append([j.job_id for j in done])
+
+    result = await steps.checkpoint(
+        bridge,  # type: ignore[arg-type]
+        "n1", "nrem-1", CheckpointOptions(signal="USR2"), attempt=0, record=record,
+    )  # fmt: skip
+    assert (result.kind, result.condition, result.reason) == (
+        "done", "Checkpointed", "CheckpointRequested",
+    )  # fmt: skip
+    assert bridge.signalled == [
+        (5, "n1", "USR2", "nrem-1-checkpoint-5"),
+        (7, "n1", "USR2", "nrem-1-checkpoint-7"),
+    ]
+    assert seen == [["5"], ["5", "7"]]
+    assert [j["jobId"] for j in result.status["checkpointedJobs"]] == ["5", "7"]
+    assert "not requeued" in result.message
+    assert result.at == NOW
+
+    again = _Signaller([_job(5), _job(7)])
+    recorded = [CheckpointedJob(job_id="5", signal="USR2", signalled_at=NOW)]
+    result = await steps.checkpoint(
+        again,  # type: ignore[arg-type]
+        "n1", "nrem-1", CheckpointOptions(signal="USR2"), attempt=0, recorded=recorded,
+    )  # fmt: skip
+    assert [s[0] for s in again.signalled] == [7]
+    assert [j["jobId"] for j in result.status["checkpointedJobs"]] == ["5", "7"]
+
+
+@pytest.mark.parametrize(
+    ("bridge", "verdict"),
+    [
+        (None, ("skipped", "SlurmNotConfigured")),
+        (_Signaller([]), ("skipped", "NoRunningJobs")),
+        (_Signaller([_job(5)], {5: JobSignalOutcome.NOT_RUNNING}), ("skipped", "NoRunningJobs")),
+        (_Signaller([_job(5)], {5: SlurmUnavailable("down")}), ("wait", "BridgeUnavailable")),
+        (_Signaller([_job(5)], {5: SlurmError("403: lacks the scope signal")}),
+         ("failed", "BridgeError")),
+    ],
+)  # fmt: skip
+async def test_a_checkpoint_with_nothing_signalled_says_why(
+    bridge: _Signaller | None, verdict: tuple[str, str]
+) -> None:
+    result = await steps.checkpoint(
+        bridge,  # type: ignore[arg-type]
+        "n1", "nrem-1", CheckpointOptions(), attempt=0,
+    )  # fmt: skip
+    assert (result.kind, result.reason) == verdict

@@ -18,6 +18,7 @@ from gpuheal import crashpoints
 from gpuheal_bridge.api.models import (
     DrainResponse,
     JobResult,
+    JobSignalResult,
     JobsResponse,
     NodeState,
     RebootResponse,
@@ -181,6 +182,17 @@ class BridgeSlurm:
             "requeue",
             self.client.requeue_job(
                 job_id, options, from_node=from_node, idempotency_key=idempotency_key
+            ),
+        )
+
+    async def signal_job(
+        self, job_id: int, *, from_node: str, signal: str, idempotency_key: str
+    ) -> JobSignalResult:
+        """Send one job running on ``from_node`` the signal alone (checkpoint now): no requeue."""
+        return await self._guard(
+            "signal",
+            self.client.signal_job(
+                job_id, from_node=from_node, signal=signal, idempotency_key=idempotency_key
             ),
         )
 

@@ -58,6 +58,7 @@ class NremCondition(enum.StrEnum):
     CORDONED = "Cordoned"
     SLURM_DRAINED = "SlurmDrained"
     JOBS_REQUEUED = "JobsRequeued"
+    CHECKPOINTED = "Checkpointed"
     DRAINED = "Drained"
     RESET = "Reset"
     REBOOTED = "Rebooted"
@@ -188,6 +189,7 @@ class EventReason(enum.StrEnum):
     # a step done (named as the step's condition)
     CORDONED = "Cordoned"
     SLURM_DRAINED = "SlurmDrained"
+    CHECKPOINTED = "Checkpointed"
     DRAINED = "Drained"
     RESET = "Reset"
     REBOOTED = "Rebooted"

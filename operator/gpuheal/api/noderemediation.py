@@ -141,6 +141,17 @@ class RequeuedJob(Model):
     requeued_at: dt.datetime | None = Field(default=None, description="When it was requeued.")
 
 
+class CheckpointedJob(Model):
+    """A Slurm job this incident asked to checkpoint now (a checkpoint step): signalled
+    once, not requeued."""
+
+    job_id: str = Field(max_length=64, description="The Slurm job id.")
+    signal: str = Field(max_length=16, description="The signal sent (e.g. USR1).")
+    signalled_at: dt.datetime | None = Field(
+        default=None, description="When Slurm accepted the signal (the bridge's clock)."
+    )
+
+
 class JobRecord(Model):
     """A Slurm job of the faulty node: what gpuheal did with it, and why."""
 
@@ -251,6 +262,9 @@ class NodeRemediationStatus(Status):
     rung: int = Field(default=0, ge=0, description="Index into spec.ladder being executed.")
     next_step: int = Field(default=0, ge=0, description="Index of the next step in the rung.")
     requeued_jobs: list[RequeuedJob] = list_of(1024, "Slurm jobs requeued by this incident.")
+    checkpointed_jobs: list[CheckpointedJob] = list_of(
+        256, "Slurm jobs a checkpoint step signalled (each once), left running on the node."
+    )
     jobs: list[JobRecord] = list_of(
         256,
         "Every Slurm job of the node at the fault (running, or ended there within the "

@@ -58,6 +58,7 @@ class Action(enum.StrEnum):
     ALERT = "alert"  # Event + condition only, nothing disruptive
     CORDON = "cordon"
     SLURM_DRAIN = "slurmDrain"
+    CHECKPOINT = "checkpoint"  # ask the node's Slurm jobs to checkpoint now; they keep running
     DRAIN = "drain"
     RESET = "reset"
     REBOOT = "reboot"
@@ -65,7 +66,9 @@ class Action(enum.StrEnum):
     RETIRE = "retire"  # keep the node out for good (hardware inspection / RMA)
 
 
-DISRUPTIVE_ACTIONS = frozenset(a for a in Action if a is not Action.ALERT)
+# A checkpoint signal leaves the node and its jobs where they are: like an alert, it takes
+# no slot of the safety limits and leaves nothing to undo.
+DISRUPTIVE_ACTIONS = frozenset(a for a in Action if a not in (Action.ALERT, Action.CHECKPOINT))
 
 
 class RequeueMode(enum.StrEnum):
@@ -504,6 +507,51 @@ class SlurmDrainOptions(Model):
         return self
 
 
+_CHECKPOINT_RULES = (
+    check(
+        f"!(self.signal in {list(_UNCATCHABLE)})",
+        message_expression=cel_str("signal ")
+        + " + self.signal + "
+        + cel_str(UNCATCHABLE_MESSAGE.removeprefix("checkpointSignal {signal}")),
+        field_path=".signal",
+    ),
+    check(
+        f"self.signal in {list(_UNCATCHABLE)} || self.signal.matches('{_CHECKPOINT_PATTERN}')",
+        CHECKPOINT_SIGNAL_MESSAGE.replace("checkpointSignal", "signal", 1),
+        field_path=".signal",
+    ),
+)
+
+
+class CheckpointOptions(Model):
+    """Ask the node's running Slurm jobs to checkpoint now: the signal alone, through the
+    bridge (its signal scope), no requeue and no drain. Each job is signalled once per
+    incident; the jobs keep running on the node."""
+
+    model_config = ConfigDict(json_schema_extra=cel(*_CHECKPOINT_RULES))
+
+    signal: str = Field(
+        default="USR1",
+        max_length=16,
+        description="The signal the jobs checkpoint on (one they can catch: USR1, USR2, TERM, "
+        "INT, HUP, QUIT, CONT, URG, ALRM, PWR or XCPU, SIG prefix optional). A job that does "
+        "not catch it dies of it (USR1's default action ends the process): name the one your "
+        "jobs trap.",
+    )
+
+    @model_validator(mode="after")
+    def _mirror_cel(self) -> CheckpointOptions:
+        if self.signal in _UNCATCHABLE:
+            raise ValueError(
+                UNCATCHABLE_MESSAGE.format(signal=self.signal).replace(
+                    "checkpointSignal", "signal", 1
+                )
+            )
+        if not re.match(_CHECKPOINT_PATTERN, self.signal):
+            raise ValueError(CHECKPOINT_SIGNAL_MESSAGE.replace("checkpointSignal", "signal", 1))
+        return self
+
+
 _DRAIN_RANGES = (
     DurationRange("timeout", "24h", "a drain still blocked after a day needs a person"),
     DurationRange("gracePeriod", "1h", "pods that need longer to stop should say so themselves"),
@@ -838,6 +886,7 @@ _STEP_RULES = (
     (
         "(!has(self.cordon) || self.action == 'cordon') && "
         "(!has(self.slurmDrain) || self.action == 'slurmDrain') && "
+        "(!has(self.checkpoint) || self.action == 'checkpoint') && "
         "(!has(self.drain) || self.action == 'drain') && "
         "(!has(self.reset) || self.action == 'reset') && "
         "(!has(self.reboot) || self.action == 'reboot') && "
@@ -881,7 +930,9 @@ class Step(Model):
 
     action: Action = Field(
         description="alert (Event and condition only), cordon, slurmDrain (drain the Slurm "
-        "node and requeue its jobs through the bridge), drain (evict the pods), reset (GPU "
+        "node and requeue its jobs through the bridge), checkpoint (signal the node's running "
+        "Slurm jobs to checkpoint now, through the bridge: no requeue, no drain, the jobs "
+        "keep running), drain (evict the pods), reset (GPU "
         "reset), reboot, replace (take a spare from a ReservePool), or retire (keep the "
         "node out for good: label gpuheal.io/retired, never returned or put in a pool)."
     )
@@ -890,6 +941,9 @@ class Step(Model):
     )
     slurm_drain: SlurmDrainOptions | None = Field(
         default=None, description="Options of a slurmDrain step (defaults when omitted)."
+    )
+    checkpoint: CheckpointOptions | None = Field(
+        default=None, description="Options of a checkpoint step (USR1 when omitted)."
     )
     drain: DrainOptions | None = Field(
         default=None, description="Options of a drain step (defaults when omitted)."
@@ -909,6 +963,7 @@ class Step(Model):
         blocks = {
             Action.CORDON: self.cordon,
             Action.SLURM_DRAIN: self.slurm_drain,
+            Action.CHECKPOINT: self.checkpoint,
             Action.DRAIN: self.drain,
             Action.RESET: self.reset,
             Action.REBOOT: self.reboot,
@@ -927,6 +982,9 @@ class Step(Model):
 
     def drain_options(self) -> DrainOptions:
         return self.drain or DrainOptions()
+
+    def checkpoint_options(self) -> CheckpointOptions:
+        return self.checkpoint or CheckpointOptions()
 
 
 _ACTION_TWICE = (

@@ -397,7 +397,10 @@ def _guarded_steps(steps: Sequence[Step], xid: int | None, gpu_count: int) -> tu
         return tuple(steps)
     first_sight = lookup(xid).first_sight
     if first_sight is FirstSight.ALERT_ONLY:
-        return (Step(action=Action.ALERT),)
+        # A first sight that only warns still lets the jobs checkpoint (nothing disruptive;
+        # the rung's own steps, in order, as `vet.ladder_of` expects of a guarded rung).
+        asked = tuple(s for s in steps if s.action is Action.CHECKPOINT)
+        return asked or (Step(action=Action.ALERT),)
     if first_sight is FirstSight.NO_REPLACE:
         kept = tuple(s for s in steps if s.action not in (Action.REPLACE, Action.RETIRE))
         return kept or (Step(action=Action.ALERT),)
@@ -654,7 +657,8 @@ def _after_ladder(  # noqa: PLR0911, PLR0912 - one exit per documented outcome r
             )
         # Repaired after its replacement (a reset/reboot after `replace`): verify, then return.
     if not any(a in DISRUPTIVE_ACTIONS for a in actions):
-        return Act(Move.CLOSE, Reason.ALERT_ONLY, "alert raised; nothing to undo")
+        said = "jobs asked to checkpoint" if Action.CHECKPOINT in actions else "alert raised"
+        return Act(Move.CLOSE, Reason.ALERT_ONLY, f"{said}; nothing to undo")
     rts = policy.return_to_service
     if not rts.enabled:
         return Idle(Reason.RETURN_DISABLED, "returnToService is disabled: a person decides")

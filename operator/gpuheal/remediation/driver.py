@@ -56,6 +56,7 @@ log = logging.getLogger("gpuheal.remediation")
 CONDITION_OF = {
     Action.CORDON: NremCondition.CORDONED,
     Action.SLURM_DRAIN: NremCondition.SLURM_DRAINED,
+    Action.CHECKPOINT: NremCondition.CHECKPOINTED,
     Action.DRAIN: NremCondition.DRAINED,
     Action.RESET: NremCondition.RESET,
     Action.REBOOT: NremCondition.REBOOTED,
@@ -66,6 +67,7 @@ CONDITION_OF = {
 EVENT_OF = {
     Action.CORDON: EventReason.CORDONED,
     Action.SLURM_DRAIN: EventReason.SLURM_DRAINED,
+    Action.CHECKPOINT: EventReason.CHECKPOINTED,
     Action.DRAIN: EventReason.DRAINED,
     Action.RESET: EventReason.RESET,
     Action.REBOOT: EventReason.REBOOTED,

@@ -12,7 +12,7 @@ import copy
 import datetime as dt
 import hashlib
 import logging
-from collections.abc import Callable, Mapping, MutableMapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -44,6 +44,7 @@ from gpuheal.api.names import (
 )
 from gpuheal.api.names import NremCondition as C
 from gpuheal.api.noderemediation import (
+    CheckpointedJob,
     JobRecord,
     NodeRemediation,
     RepairRecord,
@@ -51,6 +52,7 @@ from gpuheal.api.noderemediation import (
 )
 from gpuheal.api.remediationpolicy import (
     Action,
+    CheckpointOptions,
     CheckType,
     CordonTaint,
     DrainOptions,
@@ -85,6 +87,7 @@ from gpuheal.xid.identity import (
 from gpuheal_bridge.api.models import (
     DrainOutcome,
     DrainResponse,
+    JobSignalOutcome,
     JobState,
     RequeueOptions,
     ResumeOutcome,
@@ -256,6 +259,92 @@ async def slurm_drain(  # noqa: PLR0911 - one return per outcome
             ]
     result.status["jobs"] = jobs_status
     result.extra_conditions.append((C.JOBS_REQUEUED, *victims.condition))
+    return result
+
+
+async def checkpoint(  # noqa: PLR0911 - one return per outcome
+    slurm: BridgeSlurm | None,
+    node: str,
+    incident: str,
+    opts: CheckpointOptions,
+    *,
+    attempt: int,
+    recorded: Sequence[CheckpointedJob] = (),
+    record: Callable[[list[CheckpointedJob]], Awaitable[None]] | None = None,
+) -> StepResult:
+    """Ask the node's running Slurm jobs to checkpoint now: the bridge's signal alone, no
+    requeue, no drain. Each job is signalled once per incident: those in ``recorded`` (the
+    status, kept across restarts) are not signalled again, and each signal is recorded
+    (``record``) before the next; the bridge's idempotency key (one per incident and job)
+    answers a call repeated after a crash from its first answer, without a second signal."""
+    if slurm is None:
+        return StepResult.skipped(
+            C.CHECKPOINTED,
+            "SlurmNotConfigured",
+            "no job asked to checkpoint: no Slurm bridge configured (--bridge-url)",
+        )
+    try:
+        jobs = (await slurm.jobs(node)).jobs
+    except SlurmNotFound:
+        return StepResult.skipped(
+            C.CHECKPOINTED,
+            "NotASlurmNode",
+            f"no job asked to checkpoint: Slurm does not know {node}",
+        )
+    except SlurmUnavailable as exc:
+        delay = exc.retry_after or min(60.0, 2.0 ** min(attempt, 6))
+        return StepResult.wait(C.CHECKPOINTED, "BridgeUnavailable", str(exc), delay)
+    except SlurmError as exc:
+        return StepResult.failed(C.CHECKPOINTED, "BridgeError", str(exc))
+    done = list(recorded)
+    asked = {j.job_id for j in done}
+    left: list[str] = []
+    for job in jobs:
+        jid = str(job.job_id)
+        if job.state != "RUNNING" or jid in asked:
+            continue
+        try:
+            answer = await slurm.signal_job(
+                job.job_id,
+                from_node=node,
+                signal=opts.signal,
+                idempotency_key=f"{incident}-checkpoint-{jid}",
+            )
+        except SlurmNotFound:
+            left.append(f"{jid} (gone)")
+            continue
+        except SlurmUnavailable as exc:
+            delay = exc.retry_after or min(60.0, 2.0 ** min(attempt, 6))
+            return StepResult.wait(C.CHECKPOINTED, "BridgeUnavailable", str(exc), delay)
+        except SlurmError as exc:
+            return StepResult.failed(C.CHECKPOINTED, "BridgeError", f"job {jid}: {exc}")
+        if answer.outcome is not JobSignalOutcome.SIGNALLED:
+            left.append(f"{jid} ({answer.outcome.value})")
+            continue
+        done.append(
+            CheckpointedJob(job_id=jid, signal=opts.signal, signalled_at=answer.signalled_at)
+        )
+        asked.add(jid)
+        if record is not None:
+            await record(done)
+    status = {"checkpointedJobs": [j.to_k8s() for j in done]}
+    not_asked = f"; not signalled: {', '.join(left)}" if left else ""
+    if not done:
+        return StepResult.skipped(
+            C.CHECKPOINTED,
+            "NoRunningJobs",
+            f"no job asked to checkpoint: none runs on {node}{not_asked}",
+            **status,
+        )
+    ids = ", ".join(j.job_id for j in done)
+    result = StepResult.done(
+        C.CHECKPOINTED,
+        "CheckpointRequested",
+        f"asked {len(done)} job(s) to checkpoint now ({opts.signal}): {ids}; left running "
+        f"on {node}, not requeued{not_asked}",
+        **status,
+    )
+    result.at = _acted_at(*(j.signalled_at for j in done))
     return result
 
 
@@ -1166,7 +1255,7 @@ def _started(rec: Recorder, condition: str) -> dt.datetime:
     return since if since is not None and not rec.holds(condition) else rec.now
 
 
-async def execute(  # noqa: PLR0911
+async def execute(  # noqa: PLR0911, PLR0912 - one branch per action
     ports: Ports,
     cluster: ClusterView,
     nrem: NodeRemediation,
@@ -1192,6 +1281,12 @@ async def execute(  # noqa: PLR0911
         except UnknownCluster as exc:
             return StepResult.wait(C.SLURM_DRAINED, "SlurmClusterUnknown", str(exc), retry)
         return await _slurm_drain_step(ports, slurm, nrem, rec, step, xid=xid, attempt=attempt)
+    if action is Action.CHECKPOINT:
+        try:
+            slurm = ports.slurm_for(cluster, node)
+        except UnknownCluster as exc:
+            return StepResult.wait(C.CHECKPOINTED, "SlurmClusterUnknown", str(exc), retry)
+        return await _checkpoint_step(ports, slurm, nrem, rec, step, attempt=attempt)
     if action is Action.DRAIN:
         result, counts = await drain_pods(
             kube,
@@ -1332,6 +1427,33 @@ async def _slurm_drain_step(
         recorded=rec.status.jobs,
         record_plan=record_plan,
         post_event=post_event,
+    )
+
+
+async def _checkpoint_step(
+    ports: Ports,
+    slurm: BridgeSlurm | None,
+    nrem: NodeRemediation,
+    rec: Recorder,
+    step: Step,
+    *,
+    attempt: int,
+) -> StepResult:
+    """`checkpoint` with the jobs this incident already signalled, each new one written to
+    the status as soon as it is signalled."""
+
+    async def record(done: list[CheckpointedJob]) -> None:
+        rec.merge({"checkpointedJobs": [j.to_k8s() for j in done]})
+        await rec.write(ports.require_kube())
+
+    return await checkpoint(
+        slurm,
+        nrem.spec.node_name,
+        nrem.metadata.name,
+        step.checkpoint_options(),
+        attempt=attempt,
+        recorded=rec.status.checkpointed_jobs,
+        record=record,
     )
 
 

@@ -399,6 +399,46 @@ class JobRequeueRequest(RequeueOptions):
     )
 
 
+class JobSignalRequest(_Model):
+    """Send one running job a signal it can catch (ask it to checkpoint now), and nothing
+    else: the job is neither requeued nor held and keeps running on its node."""
+
+    # Required, as for a requeue: a token acts on the jobs of the nodes it may name.
+    from_node: Annotated[
+        str, Field(min_length=1, max_length=NODE_NAME_MAX, pattern=NODE_NAME_PATTERN)
+    ] = Field(
+        description="Node (Kubernetes name) the job must still run on (required: the job is "
+        "signalled only if it runs there)."
+    )
+    signal: Annotated[str, Field(pattern=SIGNAL_PATTERN)] = Field(
+        default="USR1",
+        description="A signal the job can catch, as for a checkpoint before a requeue "
+        "(KILL and STOP are refused).",
+    )
+    target: SignalTarget = SignalTarget.FULL
+
+
+class JobSignalOutcome(StrEnum):
+    SIGNALLED = "signalled"
+    NOT_RUNNING = "not_running"  # pending or finished: nothing to checkpoint
+    NOT_ON_NODE = "not_on_node"  # the job no longer runs on the node named in the request
+    GONE = "gone"  # Slurm no longer knows the job
+
+
+class JobSignalResult(_Model):
+    """What a signal-only call did to one job."""
+
+    job_id: int
+    outcome: JobSignalOutcome
+    state: str | None = Field(default=None, description="The job's state when it was looked at.")
+    detail: str | None = None
+    signalled_at: dt.datetime | None = Field(
+        default=None,
+        description="When Slurm accepted the signal, by the bridge's clock, UTC (a replayed "
+        "answer keeps it).",
+    )
+
+
 class RebootNextState(StrEnum):
     """What the node is after the reboot (measured on Slurm 22.05, see docs/slurm-bridge.md)."""
 

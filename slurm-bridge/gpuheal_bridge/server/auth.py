@@ -39,7 +39,7 @@ class Scope(StrEnum):
     DRAIN = "drain"  # drain a node; hand gpuheal's drain to the reserve pool
     RESUME = "resume"  # lift gpuheal's own drain (its incident), or a reserve pool's spare
     REQUEUE = "requeue"  # requeue (or requeuehold) jobs, alone or with a drain
-    SIGNAL = "signal"  # send a job the checkpoint signal before its requeue
+    SIGNAL = "signal"  # send a job the checkpoint signal (before its requeue, or alone)
     REBOOT = "reboot"  # reboot a node through Slurm
     ADMIN = "admin"  # everything, and force: resume a drain gpuheal did not set
 
@@ -192,6 +192,7 @@ ROUTE_SCOPES: dict[str, Scope] = {
     "resume_node": Scope.RESUME,
     "reboot_node": Scope.REBOOT,
     "requeue_job": Scope.REQUEUE,
+    "signal_job": Scope.SIGNAL,
 }
 
 

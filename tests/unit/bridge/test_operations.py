@@ -14,6 +14,8 @@ from gpuheal_bridge.api.models import (
     DrainRequest,
     JobEnd,
     JobOutcome,
+    JobSignalOutcome,
+    JobSignalRequest,
     Owner,
     RequeueMode,
     RequeueOptions,
@@ -592,3 +594,41 @@ async def test_a_multi_node_job_is_not_expedited_onto_its_own_healthy_nodes(
     slurm.add_job(single)
     await ops.requeue_job(9, RequeueOptions(expedite=True, requeue_ended=True), from_node="node3")
     assert "start_now" in slurm.mutating_calls()  # nothing of its last allocation is reused
+
+
+async def test_a_signal_alone_reaches_the_running_job_and_requeues_nothing(
+    ops: Operations, slurm: FakeSlurm
+) -> None:
+    slurm.add_job(FakeJob(7, ["node1"]))
+    req = JobSignalRequest(from_node="node1", signal="USR2", target=SignalTarget.BATCH)
+    result = await ops.signal_job(7, req, "node1")
+    assert result.outcome is JobSignalOutcome.SIGNALLED
+    assert result.signalled_at is not None
+    assert slurm.mutating_calls() == ["signal"]  # no requeue, no exclusion, no hold
+    assert slurm.calls[[c for c, _ in slurm.calls].index("signal")][1][1:] == (
+        "USR2",
+        SignalTarget.BATCH,
+    )
+    assert (await slurm.get_job(7)).state == "RUNNING"
+
+
+@pytest.mark.parametrize(
+    ("nodes", "state", "outcome"),
+    [
+        (["node3"], "RUNNING", JobSignalOutcome.NOT_ON_NODE),
+        (["node1"], "PENDING", JobSignalOutcome.NOT_RUNNING),
+        (["node1"], "COMPLETED", JobSignalOutcome.NOT_RUNNING),
+    ],
+)
+async def test_a_signal_alone_only_for_a_job_running_on_the_node(
+    ops: Operations, slurm: FakeSlurm, nodes: list[str], state: str, outcome: JobSignalOutcome
+) -> None:
+    slurm.add_job(FakeJob(9, nodes, state=state))
+    result = await ops.signal_job(9, JobSignalRequest(from_node="node1"), "node1")
+    assert result.outcome is outcome
+    assert slurm.mutating_calls() == []
+
+
+async def test_a_signal_alone_to_an_unknown_job_is_not_found(ops: Operations) -> None:
+    with pytest.raises(NotFound):
+        await ops.signal_job(404, JobSignalRequest(from_node="node1"), "node1")

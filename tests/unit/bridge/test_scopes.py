@@ -73,6 +73,7 @@ def test_what_each_request_needs() -> None:
     assert route_scope("capabilities") is Scope.READ
     assert route_scope("resume_node") is Scope.RESUME
     assert route_scope("reserve_node") is Scope.DRAIN
+    assert route_scope("signal_job") is Scope.SIGNAL  # a signal alone: no requeue scope
     assert route_scope("a_route_added_later") is Scope.ADMIN  # closed until listed
     drain = DrainRequest(incident="nrem-a")
     assert body_scopes(drain) == set()
@@ -240,3 +241,34 @@ def test_a_path_with_no_route_is_not_found_whatever_the_scopes(client: TestClien
     """No route, nothing runs: 404/405 as before scopes, not a 403 asking for admin."""
     assert client.get("/v1/nodes/node1/nothing", headers=auth(READER)).status_code == 404
     assert client.delete("/v1/nodes/node1", headers=auth(READER)).status_code == 405
+
+
+def test_a_signal_alone_needs_the_signal_scope_and_from_node(
+    slurm: FakeSlurm, tmp_path: Path
+) -> None:
+    """``POST /v1/jobs/{id}/signal``: the signal scope (requeue is not enough), from_node
+    required; the job is signalled and stays RUNNING, a replay signals it no second time."""
+    requeuer = "requeuer-token-0123456789abcdef"
+    signaller = "signaller-token-0123456789abcdef"
+    tokens = {
+        "requeuer": Token(requeuer, frozenset({Scope.REQUEUE})),
+        "signaller": Token(signaller, frozenset({Scope.SIGNAL})),
+    }
+    slurm.add_job(FakeJob(7, ["node1"]))
+    body = {"from_node": "node1", "signal": "USR1"}
+    with make_client(slurm, tmp_path) as c:
+        c.app.state.services.auth.replace(tokens)  # type: ignore[attr-defined]
+        resp = c.post("/v1/jobs/7/signal", headers=auth(requeuer), json=body)
+        assert resp.status_code == 403
+        assert "lacks the scope signal" in resp.json()["message"]
+        missing = c.post("/v1/jobs/7/signal", headers=auth(signaller), json={"signal": "USR1"})
+        assert missing.status_code == 422
+        assert "from_node" in missing.text
+        assert slurm.mutating_calls() == []
+        headers = {**auth(signaller), "Idempotency-Key": "nrem-a-checkpoint-7"}
+        first = c.post("/v1/jobs/7/signal", headers=headers, json=body)
+        assert first.status_code == 200
+        assert first.json()["outcome"] == "signalled"
+        again = c.post("/v1/jobs/7/signal", headers=headers, json=body)
+        assert again.json() == first.json()
+    assert slurm.mutating_calls() == ["signal"]

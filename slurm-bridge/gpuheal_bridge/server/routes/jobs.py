@@ -1,4 +1,5 @@
-"""``/v1/jobs``: one job's state, and its requeue (:meth:`Operations.requeue_job`)."""
+"""``/v1/jobs``: one job's state, its requeue (:meth:`Operations.requeue_job`) and a signal
+alone (:meth:`Operations.signal_job`)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,13 @@ from typing import Annotated
 from fastapi import APIRouter, Path
 from fastapi.responses import JSONResponse
 
-from gpuheal_bridge.api.models import JobRequeueRequest, JobResult, JobState
+from gpuheal_bridge.api.models import (
+    JobRequeueRequest,
+    JobResult,
+    JobSignalRequest,
+    JobSignalResult,
+    JobState,
+)
 from gpuheal_bridge.api.names import JOB_ID_PATTERN, InvalidName, validate_job_id
 from gpuheal_bridge.nodemap import NotAllowed, NotMapped
 from gpuheal_bridge.server.errors import ERRORS
@@ -43,4 +50,19 @@ async def requeue_job(job_id: JobId, body: JobRequeueRequest, mutation: Mutate) 
         return mutation.refuse(exc, body)
     return await mutation.run(
         target=str(jid), body=body, action=lambda: services.ops.requeue_job(jid, body, from_node)
+    )
+
+
+@router.post("/{job_id}/signal", response_model=JobSignalResult)
+async def signal_job(job_id: JobId, body: JobSignalRequest, mutation: Mutate) -> JSONResponse:
+    """Send one running job a signal (ask it to checkpoint now) without requeueing it: it
+    keeps running on ``from_node`` (required, inside the allowed nodes)."""
+    services = mutation.services
+    try:
+        jid = validate_job_id(job_id)
+        from_node = services.mapper.to_slurm(body.from_node)
+    except (InvalidName, NotMapped, NotAllowed) as exc:
+        return mutation.refuse(exc, body)
+    return await mutation.run(
+        target=str(jid), body=body, action=lambda: services.ops.signal_job(jid, body, from_node)
     )
