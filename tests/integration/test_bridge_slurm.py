@@ -525,7 +525,7 @@ async def test_rest_backend_reads_and_capabilities(
         with pytest.raises(Unsupported):
             await rest.drain(NODES[2], "gpuheal: x")
         with pytest.raises(Unsupported):
-            await rest.requeue(jid, hold=False)
+            await rest.reboot(NODES[1], "gpuheal: nrem-r26", asap=True, resume=True)
         # with the CLI as write fallback the same backend can do everything
         hybrid = RestBackend(cluster.restd_url, fallback=cli)
         await hybrid.ping()
@@ -650,7 +650,8 @@ async def test_rest_backend_on_26_05_reads_drains_and_resumes_with_jwt(
     make_slurm_cluster: Callable[..., SlurmCluster], job_script: Path
 ) -> None:
     """26.05's slurmrestd (v0.0.45, JWT): the rest backend's reads equal the CLI's, its drain
-    and resume go through ``POST /slurm/v0.0.45/node/{name}``; requeue is not its own yet."""
+    and resume go through ``POST /slurm/v0.0.45/node/{name}``; reboot is not its own (no
+    endpoint); its requeue: test_bridge_rest_only.py."""
     cluster = make_slurm_cluster(NODES, name="restd26", restd=True, slurm="26.05")
     assert cluster.restd_url is not None
     assert cluster.restd_token_file is not None
@@ -673,7 +674,7 @@ async def test_rest_backend_on_26_05_reads_drains_and_resumes_with_jwt(
         await rest.resume(NODES[1])
         assert not (await cli.get_node(NODES[1])).drain
         with pytest.raises(Unsupported):
-            await rest.requeue(jid, hold=False)
+            await rest.reboot(NODES[1], "gpuheal: nrem-r26", asap=True, resume=True)
     finally:
         await rest.aclose()
         cluster.run("scancel", str(jid))
