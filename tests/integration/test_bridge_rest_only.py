@@ -1,0 +1,105 @@
+"""The bridge with slurmrestd alone on Slurm 26.05: no scontrol, squeue or sbatch in its PATH,
+no CLI fallback (what the chart's in-cluster bridge is). It drains a node and moves the job
+that ran there over slurmrestd v0.0.45 (requeue, ExcNodeList, StartTime), and the job resumes
+from its checkpoint on another node (real bridge process, real 26.05 sandbox with JWT)."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import time
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from gpuheal_dev.sandbox.slurm import SlurmCluster
+from tests.integration.bridge_harness import BridgeProcess
+
+pytestmark = pytest.mark.integration
+
+TOKEN = "rest-only-token-0123456789abcdef"
+NODES = ("gpu-node-0", "gpu-node-1")
+
+
+def post(bridge: BridgeProcess, path: str, body: dict[str, object]) -> dict[str, object]:
+    request = urllib.request.Request(
+        f"{bridge.url}{path}",
+        data=json.dumps(body).encode(),
+        headers={"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"},
+        method="POST",
+    )
+    with urllib.request.urlopen(request, timeout=60) as resp:
+        answer: dict[str, object] = json.loads(resp.read())
+    return answer
+
+
+def wait_for(pred: Callable[[], bool], what: str, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while not pred():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.1)
+
+
+def job_field(cluster: SlurmCluster, job_id: int, fmt: str) -> str:
+    return cluster.run("squeue", "-h", "-t", "all", "-j", str(job_id), "-o", fmt).stdout.strip()
+
+
+def test_a_rest_only_bridge_on_26_05_drains_and_moves_the_job_off_the_node(
+    make_slurm_cluster: Callable[..., SlurmCluster],
+    run_bridge: Callable[..., BridgeProcess],
+    checkpoint_job: Path,
+    tmp_path: Path,
+) -> None:
+    cluster = make_slurm_cluster(NODES, name="restonly", restd=True, slurm="26.05")
+    assert cluster.restd_url is not None
+    assert cluster.restd_token_file is not None
+    no_slurm = tmp_path / "no-slurm-bin"  # the bridge's whole PATH: Slurm's clients are not there
+    no_slurm.mkdir()
+    assert shutil.which("scontrol", path=str(no_slurm)) is None
+    bridge = run_bridge(
+        cluster,
+        "--backend", "rest", "--rest-url", cluster.restd_url,
+        "--rest-token-file", str(cluster.restd_token_file),
+        token=TOKEN, path=str(no_slurm),
+    )  # fmt: skip
+
+    ckpt, out = tmp_path / "job.state", tmp_path / "job.out"
+    submitted = cluster.run("sbatch", "--parsable", "-o", str(out), str(checkpoint_job), str(ckpt))
+    jid = int(submitted.stdout.strip().split(";")[0])
+    wait_for(lambda: job_field(cluster, jid, "%T") == "RUNNING", f"job {jid} running")
+    node = job_field(cluster, jid, "%N")
+    wait_for(lambda: ckpt.exists() and int(ckpt.read_text()) >= 2, "two steps checkpointed")
+
+    body = {
+        "incident": "nrem-rest1",
+        "xid": 79,
+        "requeue": {"expedite": True, "wait_running_seconds": 30},
+    }
+    answer = post(bridge, f"/v1/nodes/{node}/drain", body)
+    assert answer["outcome"] == "drained", answer
+    [job] = answer["jobs"]  # type: ignore[misc]
+    assert job["job_id"] == jid
+    assert job["outcome"] == "requeued", job
+    assert job["excluded_nodes"] == [node], job
+    assert job["expedited"] is True, job
+    assert job["state_after"] == "RUNNING", job
+    assert node not in job["nodes_after"], job
+    assert job["restart_count"] == 1, job
+
+    shown = cluster.run("scontrol", "show", "node", "-o", node).stdout
+    assert "DRAIN" in shown, shown
+    assert "Reason=gpuheal: nrem-rest1 xid=79" in shown, shown
+    assert re.search(
+        rf"\bExcNodeList={node}\b", cluster.run("scontrol", "show", "job", str(jid)).stdout
+    )
+    wait_for(lambda: out.read_text().count("START") == 2, "the job's second start")
+    starts = re.findall(r"START host=(\S+) restart_count=(\d+) resume_step=(\d+)", out.read_text())
+    assert starts[0][0] == node
+    assert starts[1][0] != node
+    assert starts[1][1] == "1"
+    assert int(starts[1][2]) >= 2  # resumed from its checkpoint, not from step 0
+    cluster.run("scancel", str(jid))
