@@ -1,7 +1,8 @@
 """The bridge with slurmrestd alone on Slurm 26.05: no scontrol, squeue or sbatch in its PATH,
 no CLI fallback (what the chart's in-cluster bridge is). It drains a node and moves the job
-that ran there over slurmrestd v0.0.45 (requeue, ExcNodeList, StartTime), and the job resumes
-from its checkpoint on another node (real bridge process, real 26.05 sandbox with JWT)."""
+that ran there over slurmrestd v0.0.45 (checkpoint signal, requeue, ExcNodeList, StartTime), and
+the job resumes from the checkpoint it saved on the signal, on another node (real bridge
+process, real 26.05 sandbox with JWT)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import pytest
 
 from gpuheal_dev.sandbox.slurm import SlurmCluster
 from tests.integration.bridge_harness import BridgeProcess
+from tests.integration.test_bridge_slurm import JOB
 
 pytestmark = pytest.mark.integration
 
@@ -51,7 +53,6 @@ def job_field(cluster: SlurmCluster, job_id: int, fmt: str) -> str:
 def test_a_rest_only_bridge_on_26_05_drains_and_moves_the_job_off_the_node(
     make_slurm_cluster: Callable[..., SlurmCluster],
     run_bridge: Callable[..., BridgeProcess],
-    checkpoint_job: Path,
     tmp_path: Path,
 ) -> None:
     cluster = make_slurm_cluster(NODES, name="restonly", restd=True, slurm="26.05")
@@ -67,23 +68,28 @@ def test_a_rest_only_bridge_on_26_05_drains_and_moves_the_job_off_the_node(
         token=TOKEN, path=str(no_slurm),
     )  # fmt: skip
 
-    ckpt, out = tmp_path / "job.state", tmp_path / "job.out"
-    submitted = cluster.run("sbatch", "--parsable", "-o", str(out), str(checkpoint_job), str(ckpt))
+    # the checkpointing job of test_bridge_slurm: a checkpoint every 10 steps and on USR1
+    script, ckpt, out = tmp_path / "ckpt.sh", tmp_path / "job.state", tmp_path / "job.out"
+    script.write_text(JOB)
+    script.chmod(0o755)
+    submitted = cluster.run("sbatch", "--parsable", "-o", str(out), str(script), str(ckpt), "0.2")
     jid = int(submitted.stdout.strip().split(";")[0])
     wait_for(lambda: job_field(cluster, jid, "%T") == "RUNNING", f"job {jid} running")
     node = job_field(cluster, jid, "%N")
-    wait_for(lambda: ckpt.exists() and int(ckpt.read_text()) >= 2, "two steps checkpointed")
+    wait_for(lambda: ckpt.exists() and int(ckpt.read_text()) >= 10, "its first checkpoint")
 
-    body = {
-        "incident": "nrem-rest1",
-        "xid": 79,
-        "requeue": {"expedite": True, "wait_running_seconds": 30},
+    requeue = {
+        "checkpoint": {"signal": "USR1", "grace_seconds": 1.5},
+        "expedite": True,
+        "wait_running_seconds": 30,
     }
+    body = {"incident": "nrem-rest1", "xid": 79, "requeue": requeue}
     answer = post(bridge, f"/v1/nodes/{node}/drain", body)
     assert answer["outcome"] == "drained", answer
     [job] = answer["jobs"]  # type: ignore[misc]
     assert job["job_id"] == jid
     assert job["outcome"] == "requeued", job
+    assert job["signalled"] is True, job
     assert job["excluded_nodes"] == [node], job
     assert job["expedited"] is True, job
     assert job["state_after"] == "RUNNING", job
@@ -97,9 +103,12 @@ def test_a_rest_only_bridge_on_26_05_drains_and_moves_the_job_off_the_node(
         rf"\bExcNodeList={node}\b", cluster.run("scontrol", "show", "job", str(jid)).stdout
     )
     wait_for(lambda: out.read_text().count("START") == 2, "the job's second start")
-    starts = re.findall(r"START host=(\S+) restart_count=(\d+) resume_step=(\d+)", out.read_text())
+    text = out.read_text()
+    usr1 = [int(x) for x in re.findall(rf"USR1 checkpoint step=(\d+) host={node}", text)]
+    starts = re.findall(r"START host=(\S+) restart=(\d+) resume_step=(\d+)", text)
+    assert usr1, text  # the checkpoint signal came over slurmrestd before the requeue
     assert starts[0][0] == node
     assert starts[1][0] != node
     assert starts[1][1] == "1"
-    assert int(starts[1][2]) >= 2  # resumed from its checkpoint, not from step 0
+    assert int(starts[1][2]) >= usr1[0]  # resumed from the signal's checkpoint
     cluster.run("scancel", str(jid))
