@@ -526,6 +526,15 @@ async def test_rest_backend_reads_and_capabilities(
             await rest.drain(NODES[2], "gpuheal: x")
         with pytest.raises(Unsupported):
             await rest.reboot(NODES[1], "gpuheal: nrem-r26", asap=True, resume=True)
+        # its job updates set and clear a pending job's node lists (a held job stays pending)
+        held = submit(cluster, job_script, "x", sbatch=("-H", "-w", NODES[1], "-x", NODES[0]))
+        await rest.set_excluded_nodes(held, [NODES[2]])
+        got = await cli.get_job(held)
+        assert (got.excluded_nodes, got.required_nodes) == ([NODES[2]], [NODES[1]])
+        await rest.set_excluded_nodes(held, [], required_nodes=[])
+        got = await cli.get_job(held)
+        assert (got.excluded_nodes, got.required_nodes) == ([], [])
+        cluster.run("scancel", str(held))
         # with the CLI as write fallback the same backend can do everything
         hybrid = RestBackend(cluster.restd_url, fallback=cli)
         await hybrid.ping()
@@ -650,8 +659,9 @@ async def test_rest_backend_on_26_05_reads_drains_and_resumes_with_jwt(
     make_slurm_cluster: Callable[..., SlurmCluster], job_script: Path
 ) -> None:
     """26.05's slurmrestd (v0.0.45, JWT): the rest backend's reads equal the CLI's, its drain
-    and resume go through ``POST /slurm/v0.0.45/node/{name}``; reboot is not its own (no
-    endpoint); its requeue: test_bridge_rest_only.py."""
+    and resume go through ``POST /slurm/v0.0.45/node/{name}``, its job updates set and clear
+    ExcNodeList/ReqNodeList; reboot is not its own (no endpoint); its requeue:
+    test_bridge_rest_only.py."""
     cluster = make_slurm_cluster(NODES, name="restd26", restd=True, slurm="26.05")
     assert cluster.restd_url is not None
     assert cluster.restd_token_file is not None
@@ -675,6 +685,15 @@ async def test_rest_backend_on_26_05_reads_drains_and_resumes_with_jwt(
         assert not (await cli.get_node(NODES[1])).drain
         with pytest.raises(Unsupported):
             await rest.reboot(NODES[1], "gpuheal: nrem-r26", asap=True, resume=True)
+        # its job updates set and clear a pending job's node lists (a held job stays pending)
+        held = submit(cluster, job_script, "x", sbatch=("-H", "-w", NODES[1], "-x", NODES[0]))
+        await rest.set_excluded_nodes(held, [NODES[2]])
+        got = await cli.get_job(held)
+        assert (got.excluded_nodes, got.required_nodes) == ([NODES[2]], [NODES[1]])
+        await rest.set_excluded_nodes(held, [], required_nodes=[])
+        got = await cli.get_job(held)
+        assert (got.excluded_nodes, got.required_nodes) == ([], [])
+        cluster.run("scancel", str(held))
     finally:
         await rest.aclose()
         cluster.run("scancel", str(jid))

@@ -77,13 +77,14 @@ def node_update_body(minor_version: int, state: str, reason: str | None) -> dict
 
 def job_update_body(excluded: Nodes, required: Nodes) -> dict[str, Any]:
     """Body of ``POST /slurm/v0.0.45/job/{id}``: ``excluded_nodes`` when ``excluded`` is given,
-    ``required_nodes`` when ``required`` is given (``[]`` clears either list, as
-    ``ExcNodeList=`` does with scontrol)."""
+    ``required_nodes`` when ``required`` is given; ``[]`` clears that list, as ``ExcNodeList=``
+    does with scontrol. Seen on 26.05.5: an empty array leaves the list as it was, an empty
+    string clears it, so an empty list is sent as ``""``."""
     body: dict[str, Any] = {}
     if excluded is not None:
-        body["excluded_nodes"] = excluded
+        body["excluded_nodes"] = excluded or ""
     if required is not None:
-        body["required_nodes"] = required
+        body["required_nodes"] = required or ""
     return body
 
 

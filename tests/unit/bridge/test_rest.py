@@ -134,7 +134,7 @@ async def test_v0045_requeues_and_updates_jobs_itself() -> None:
     assert "Hold" not in seen[0].url.params
     assert seen[1].url.params["Hold"] == ""
     assert json.loads(seen[2].content) == {"excluded_nodes": ["node1"]}
-    assert json.loads(seen[3].content) == {"excluded_nodes": [], "required_nodes": []}
+    assert json.loads(seen[3].content) == {"excluded_nodes": "", "required_nodes": ""}
     expedite = json.loads(seen[4].content)
     assert expedite["excluded_nodes"] == ["node1"]
     assert expedite["begin_time"]["set"] is True
@@ -166,7 +166,7 @@ async def test_before_v0045_requeue_and_job_updates_go_to_the_fallback() -> None
 
 def test_body_helpers() -> None:
     assert job_update_body(["a", "b"], None) == {"excluded_nodes": ["a", "b"]}
-    assert job_update_body(None, []) == {"required_nodes": []}
+    assert job_update_body(None, []) == {"required_nodes": ""}  # [] would change nothing
     assert node_update_body(41, "DRAIN", "r") == {"state": ["DRAIN"], "reason": "r"}
     with pytest.raises(Unsupported):
         node_update_body(38, "DRAIN", "r")
