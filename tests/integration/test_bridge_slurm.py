@@ -535,6 +535,12 @@ async def test_rest_backend_reads_and_capabilities(
         got = await cli.get_job(held)
         assert (got.excluded_nodes, got.required_nodes) == ([], [])
         cluster.run("scancel", str(held))
+        # requeuehold over GET .../job/{id}/requeue?Hold
+        await rest.requeue(jid, hold=True)
+        wait_for(
+            lambda: job_field(cluster, jid, "%T|%r") == "PENDING|job requeued in held state",
+            f"job {jid} requeued held",
+        )
         # with the CLI as write fallback the same backend can do everything
         hybrid = RestBackend(cluster.restd_url, fallback=cli)
         await hybrid.ping()
@@ -660,8 +666,8 @@ async def test_rest_backend_on_26_05_reads_drains_and_resumes_with_jwt(
 ) -> None:
     """26.05's slurmrestd (v0.0.45, JWT): the rest backend's reads equal the CLI's, its drain
     and resume go through ``POST /slurm/v0.0.45/node/{name}``, its job updates set and clear
-    ExcNodeList/ReqNodeList; reboot is not its own (no endpoint); its requeue:
-    test_bridge_rest_only.py."""
+    ExcNodeList/ReqNodeList, its requeuehold holds the job; reboot is not its own (no
+    endpoint); its requeue of a running job: test_bridge_rest_only.py."""
     cluster = make_slurm_cluster(NODES, name="restd26", restd=True, slurm="26.05")
     assert cluster.restd_url is not None
     assert cluster.restd_token_file is not None
@@ -694,6 +700,12 @@ async def test_rest_backend_on_26_05_reads_drains_and_resumes_with_jwt(
         got = await cli.get_job(held)
         assert (got.excluded_nodes, got.required_nodes) == ([], [])
         cluster.run("scancel", str(held))
+        # requeuehold over GET .../job/{id}/requeue?Hold
+        await rest.requeue(jid, hold=True)
+        wait_for(
+            lambda: job_field(cluster, jid, "%T|%r") == "PENDING|job requeued in held state",
+            f"job {jid} requeued held",
+        )
     finally:
         await rest.aclose()
         cluster.run("scancel", str(jid))

@@ -8,7 +8,7 @@ version (the newest the connected slurmrestd offers):
   ``{"state": ["DRAIN"], "reason": ...}``; 22.05's v0.0.38 answers 405.
 - signal: the steps on every version; the batch step or the whole job (``flags``) from v0.0.40.
 - requeue / requeuehold: v0.0.45 (26.05) only, ``GET /slurm/v0.0.45/job/{id}/requeue``
-  (``?Hold`` for requeuehold).
+  (``?Hold=true`` for requeuehold).
 - ExcNodeList, ReqNodeList, StartTime: v0.0.45, ``POST /slurm/v0.0.45/job/{id}`` with
   ``excluded_nodes``, ``required_nodes``, ``begin_time`` (earlier versions: the fallback).
 - reboot: none (no REST endpoint in any version).
@@ -282,8 +282,9 @@ class RestBackend:
             why = f"slurmrestd {api} has no requeue operation; use --rest-write-fallback cli"
             await self._scontrol(why).requeue(job_id, hold)
             return
-        # ``Hold`` is a flag without a value (allowEmptyValue): its presence asks requeuehold.
-        params = {"Hold": ""} if hold else None
+        # Seen on 26.05.5: ``?Hold``, ``?Hold=true`` and ``?Hold=1`` hold the job, ``?Hold=``
+        # (an empty value, what {"Hold": ""} sends) is a plain requeue.
+        params = {"Hold": "true"} if hold else None
         resp = await self._request("GET", f"/slurm/{api}/job/{job_id}/requeue", params=params)
         _job_results(_checked(resp, True), "status")
 

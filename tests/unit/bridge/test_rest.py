@@ -111,7 +111,7 @@ async def test_v0040_node_update_and_signal_shapes() -> None:
 
 
 async def test_v0045_requeues_and_updates_jobs_itself() -> None:
-    """26.05: requeue is ``GET .../job/{id}/requeue`` (``Hold`` present for requeuehold), the
+    """26.05: requeue is ``GET .../job/{id}/requeue`` (``Hold=true`` for requeuehold), the
     job updates are ``POST .../job/{id}`` (shapes from its slurmrestd's OpenAPI document)."""
     seen: list[httpx.Request] = []
 
@@ -132,7 +132,7 @@ async def test_v0045_requeues_and_updates_jobs_itself() -> None:
         *[("POST", "/slurm/v0.0.45/job/7")] * 3,
     ]
     assert "Hold" not in seen[0].url.params
-    assert seen[1].url.params["Hold"] == ""
+    assert seen[1].url.params["Hold"] == "true"  # 26.05.5: "?Hold=" is a plain requeue
     assert json.loads(seen[2].content) == {"excluded_nodes": ["node1"]}
     assert json.loads(seen[3].content) == {"excluded_nodes": "", "required_nodes": ""}
     expedite = json.loads(seen[4].content)
