@@ -1,14 +1,17 @@
 """The bridge with slurmrestd alone on Slurm 26.05: no scontrol, squeue or sbatch in its PATH,
-no CLI fallback (what the chart's in-cluster bridge is). It drains a node and moves the job
-that ran there over slurmrestd v0.0.45 (checkpoint signal, requeue, ExcNodeList, StartTime), and
-the job resumes from the checkpoint it saved on the signal, on another node (real bridge
-process, real 26.05 sandbox with JWT)."""
+no CLI fallback (what the chart's in-cluster bridge is). Over slurmrestd v0.0.45 (checkpoint
+signal, requeue, ExcNodeList, StartTime) it drains a node and moves the job that runs there,
+or requeues the job that died there with its GPU, and the job resumes from its checkpoint on
+another node (real bridge process, real 26.05 sandbox with JWT)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import re
 import shutil
+import signal
 import time
 import urllib.request
 from collections.abc import Callable
@@ -18,7 +21,7 @@ import pytest
 
 from gpuheal_dev.sandbox.slurm import SlurmCluster
 from tests.integration.bridge_harness import BridgeProcess
-from tests.integration.test_bridge_slurm import JOB
+from tests.integration.test_bridge_slurm import JOB, job_pids
 
 pytestmark = pytest.mark.integration
 
@@ -50,11 +53,11 @@ def job_field(cluster: SlurmCluster, job_id: int, fmt: str) -> str:
     return cluster.run("squeue", "-h", "-t", "all", "-j", str(job_id), "-o", fmt).stdout.strip()
 
 
-def test_a_rest_only_bridge_on_26_05_drains_and_moves_the_job_off_the_node(
+def rest_only_bridge(
     make_slurm_cluster: Callable[..., SlurmCluster],
     run_bridge: Callable[..., BridgeProcess],
     tmp_path: Path,
-) -> None:
+) -> tuple[SlurmCluster, BridgeProcess]:
     cluster = make_slurm_cluster(NODES, name="restonly", restd=True, slurm="26.05")
     assert cluster.restd_url is not None
     assert cluster.restd_token_file is not None
@@ -67,16 +70,29 @@ def test_a_rest_only_bridge_on_26_05_drains_and_moves_the_job_off_the_node(
         "--rest-token-file", str(cluster.restd_token_file),
         token=TOKEN, path=str(no_slurm),
     )  # fmt: skip
+    return cluster, bridge
 
-    # the checkpointing job of test_bridge_slurm: a checkpoint every 10 steps and on USR1
+
+def start_job(cluster: SlurmCluster, tmp_path: Path) -> tuple[int, str, Path]:
+    """test_bridge_slurm's checkpointing job (a checkpoint every 10 steps and on USR1), running
+    and checkpointed once: (job id, its node, its output file)."""
     script, ckpt, out = tmp_path / "ckpt.sh", tmp_path / "job.state", tmp_path / "job.out"
     script.write_text(JOB)
     script.chmod(0o755)
     submitted = cluster.run("sbatch", "--parsable", "-o", str(out), str(script), str(ckpt), "0.2")
     jid = int(submitted.stdout.strip().split(";")[0])
     wait_for(lambda: job_field(cluster, jid, "%T") == "RUNNING", f"job {jid} running")
-    node = job_field(cluster, jid, "%N")
     wait_for(lambda: ckpt.exists() and int(ckpt.read_text()) >= 10, "its first checkpoint")
+    return jid, job_field(cluster, jid, "%N"), out
+
+
+def test_a_rest_only_bridge_on_26_05_drains_and_moves_the_job_off_the_node(
+    make_slurm_cluster: Callable[..., SlurmCluster],
+    run_bridge: Callable[..., BridgeProcess],
+    tmp_path: Path,
+) -> None:
+    cluster, bridge = rest_only_bridge(make_slurm_cluster, run_bridge, tmp_path)
+    jid, node, out = start_job(cluster, tmp_path)
 
     requeue = {
         "checkpoint": {"signal": "USR1", "grace_seconds": 1.5},
@@ -111,4 +127,52 @@ def test_a_rest_only_bridge_on_26_05_drains_and_moves_the_job_off_the_node(
     assert starts[1][0] != node
     assert starts[1][1] == "1"
     assert int(starts[1][2]) >= usr1[0]  # resumed from the signal's checkpoint
+    cluster.run("scancel", str(jid))
+
+
+def test_a_rest_only_bridge_on_26_05_requeues_a_job_that_died_with_its_gpu(
+    make_slurm_cluster: Callable[..., SlurmCluster],
+    run_bridge: Callable[..., BridgeProcess],
+    tmp_path: Path,
+) -> None:
+    """The job killed on the node (as by a lost GPU) is FAILED: the bridge lists it among the
+    node's ended jobs and requeues it when asked (requeue_ended), excluded from the drained
+    node; it resumes from its last checkpoint on the other node."""
+    cluster, bridge = rest_only_bridge(make_slurm_cluster, run_bridge, tmp_path)
+    jid, node, out = start_job(cluster, tmp_path)
+    since = time.time() - 5
+    for pid in job_pids(cluster, jid):
+        with contextlib.suppress(ProcessLookupError):  # its short `sleep` may end first
+            os.kill(pid, signal.SIGKILL)
+    wait_for(lambda: job_field(cluster, jid, "%T") == "FAILED", "job FAILED")
+
+    assert (
+        post(bridge, f"/v1/nodes/{node}/drain", {"incident": "nrem-rest2", "xid": 79})["outcome"]
+        == "drained"
+    )
+    request = urllib.request.Request(
+        f"{bridge.url}/v1/nodes/{node}/jobs?ended_since={since}",
+        headers={"Authorization": f"Bearer {TOKEN}"},
+    )
+    with urllib.request.urlopen(request, timeout=30) as resp:
+        listed = json.loads(resp.read())
+    assert [(j["job_id"], j["ended"]) for j in listed["jobs"]] == [(jid, "failed")], listed
+    body = {
+        "from_node": node,
+        "requeue_ended": True,
+        "expedite": True,
+        "wait_running_seconds": 30,
+    }
+    answer = post(bridge, f"/v1/jobs/{jid}/requeue", body)
+    assert answer["outcome"] == "requeued", answer
+    assert answer["ended_before"] == "failed", answer
+    assert answer["excluded_nodes"] == [node], answer
+    assert answer["state_after"] == "RUNNING", answer
+    assert node not in answer["nodes_after"], answer
+
+    wait_for(lambda: out.read_text().count("START") == 2, "the job's second start")
+    starts = re.findall(r"START host=(\S+) restart=(\d+) resume_step=(\d+)", out.read_text())
+    assert starts[1][0] != node
+    assert starts[1][1] == "1"
+    assert int(starts[1][2]) >= 10  # from its last checkpoint, not from step 0
     cluster.run("scancel", str(jid))
