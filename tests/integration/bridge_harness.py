@@ -81,11 +81,13 @@ def start_bridge(
     port: int | None = None,
     tls: Tls | None = None,
     wait_ready: bool = True,
+    path: str | None = None,
 ) -> BridgeProcess:
     """The bridge process in front of ``cluster``, its files in ``workdir`` (named after
     ``name``: a restart on the same ``port`` keeps its idempotency store), ready
     (``/readyz`` says ready) unless ``wait_ready`` is False. The caller stops it. Its token
-    file holds ``operator:<token>``, or ``tokens`` (lines of its own) when given."""
+    file holds ``operator:<token>``, or ``tokens`` (lines of its own) when given. ``path``:
+    the bridge's PATH, and no ``--slurm-bin-dir`` (a bridge without Slurm's clients)."""
     port = port or free_port()
     token_lines = tokens if tokens is not None else f"operator:{token}\n"
     tokens_file = workdir / f"{name}-tokens"
@@ -100,7 +102,8 @@ def start_bridge(
         "--slurm-conf", str(cluster.conf_path), "--state-dir", str(state),
         "--expedite-timeout", "15", "--log-level", "warning",
     ]  # fmt: skip
-    if cluster.bin_dir is not None:  # that Slurm's own clients (26.05: wrappers into its root)
+    # that Slurm's own clients (26.05: wrappers into its root), unless the bridge goes without
+    if cluster.bin_dir is not None and path is None:
         argv += ["--slurm-bin-dir", str(cluster.bin_dir)]
     if tls is not None:
         argv += ["--tls-cert", str(tls.server.cert), "--tls-key", str(tls.server.key)]
@@ -109,6 +112,8 @@ def start_bridge(
         **cluster.subprocess_env(dict(os.environ)),
         "PYTHONPATH": f"{REPO / 'operator'}:{REPO / 'slurm-bridge'}",
     }
+    if path is not None:
+        env["PATH"] = path
     proc = subprocess.Popen(
         [sys.executable, "-c",
          "import sys; from gpuheal_bridge.cli import main; sys.exit(main())", *argv],

@@ -37,26 +37,38 @@ def rest_args(cluster: SlurmCluster) -> list[str]:
     return args
 
 
-@pytest.mark.parametrize("release", ["22.05", "26.05"])
 def test_a_rest_only_bridge_that_cannot_requeue_refuses_to_start_in_one_line(
     make_slurm_cluster: Callable[..., SlurmCluster],
     run_bridge: Callable[..., BridgeProcess],
-    release: str,
 ) -> None:
-    """22.05's slurmrestd (v0.0.38) has no requeue; 26.05's v0.0.45 has one, which the rest
-    backend does not use yet: both refused, naming what to configure instead."""
-    cluster = make_slurm_cluster(NODES, name=f"caprest{release[:2]}", restd=True, slurm=release)
+    """22.05's slurmrestd (v0.0.38) has no requeue: refused, naming what to configure instead."""
+    cluster = make_slurm_cluster(NODES, name="caprest22", restd=True, slurm="22.05")
     bridge = run_bridge(cluster, *rest_args(cluster), token=TOKEN, wait_ready=False)
     assert exited(bridge) == 1
     lines = [line for line in bridge.read_log().splitlines() if line.strip()]
-    api = "v0.0.38" if release == "22.05" else "v0.0.45"
     assert lines[-1].startswith(
-        f"gpuheal-slurm-bridge: the rest backend cannot requeue jobs on Slurm {release}."
+        "gpuheal-slurm-bridge: the rest backend cannot requeue jobs on Slurm 22.05."
     ), lines
-    assert f"(slurmrestd {api} has no requeue" in lines[-1]
+    assert "(slurmrestd v0.0.38 has no requeue" in lines[-1]
     assert "--backend cli" in lines[-1]
     assert "--rest-write-fallback cli" in lines[-1]
     assert not [line for line in lines if "Traceback" in line]
+
+
+def test_a_rest_only_bridge_on_26_05_starts_and_requeues_with_slurmrestd_alone(
+    make_slurm_cluster: Callable[..., SlurmCluster],
+    run_bridge: Callable[..., BridgeProcess],
+) -> None:
+    """26.05's slurmrestd (v0.0.45) requeues and updates jobs: the rest backend alone can do
+    everything but reboot (no REST endpoint), and the bridge starts."""
+    cluster = make_slurm_cluster(NODES, name="caprest26", restd=True, slurm="26.05")
+    bridge = run_bridge(cluster, *rest_args(cluster), token=TOKEN)
+    got = capabilities(bridge)
+    assert (got["backend"], got["rest_api_version"]) == ("rest", "v0.0.45")
+    assert str(got["slurm_version"]).startswith("26.05.")
+    assert got["missing"] == ["reboot"]
+    assert got["backends"] == {"rest": got["capabilities"]}
+    assert {"requeue", "update_job"} <= set(got["capabilities"])  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("release", ["22.05", "26.05"])
@@ -93,4 +105,6 @@ def test_the_bridge_reads_its_slurm_logs_it_and_serves_it(
         assert backends["rest"] == ["read_jobs", "read_nodes"]
     else:
         assert got["rest_api_version"] == "v0.0.45"
-        assert backends["rest"] == ["drain", "read_jobs", "read_nodes", "resume", "signal"]
+        assert backends["rest"] == [
+            "drain", "read_jobs", "read_nodes", "requeue", "resume", "signal", "update_job",
+        ]  # fmt: skip

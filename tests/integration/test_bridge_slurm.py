@@ -650,7 +650,9 @@ async def test_rest_backend_on_26_05_reads_drains_and_resumes_with_jwt(
     make_slurm_cluster: Callable[..., SlurmCluster], job_script: Path
 ) -> None:
     """26.05's slurmrestd (v0.0.45, JWT): the rest backend's reads equal the CLI's, its drain
-    and resume go through ``POST /slurm/v0.0.45/node/{name}``; requeue is not its own yet."""
+    and resume go through ``POST /slurm/v0.0.45/node/{name}``, its job updates set and clear
+    ExcNodeList/ReqNodeList, its requeuehold holds the job; reboot is not its own (no
+    endpoint); its requeue of a running job: test_bridge_rest_only.py."""
     cluster = make_slurm_cluster(NODES, name="restd26", restd=True, slurm="26.05")
     assert cluster.restd_url is not None
     assert cluster.restd_token_file is not None
@@ -673,7 +675,22 @@ async def test_rest_backend_on_26_05_reads_drains_and_resumes_with_jwt(
         await rest.resume(NODES[1])
         assert not (await cli.get_node(NODES[1])).drain
         with pytest.raises(Unsupported):
-            await rest.requeue(jid, hold=False)
+            await rest.reboot(NODES[1], "gpuheal: nrem-r26", asap=True, resume=True)
+        # its job updates set and clear a pending job's node lists (a held job stays pending)
+        held = submit(cluster, job_script, "x", sbatch=("-H", "-w", NODES[1], "-x", NODES[0]))
+        await rest.set_excluded_nodes(held, [NODES[2]])
+        got = await cli.get_job(held)
+        assert (got.excluded_nodes, got.required_nodes) == ([NODES[2]], [NODES[1]])
+        await rest.set_excluded_nodes(held, [], required_nodes=[])
+        got = await cli.get_job(held)
+        assert (got.excluded_nodes, got.required_nodes) == ([], [])
+        cluster.run("scancel", str(held))
+        # requeuehold over GET .../job/{id}/requeue?Hold=true
+        await rest.requeue(jid, hold=True)
+        wait_for(
+            lambda: job_field(cluster, jid, "%T|%r") == "PENDING|job requeued in held state",
+            f"job {jid} requeued held",
+        )
     finally:
         await rest.aclose()
         cluster.run("scancel", str(jid))

@@ -1,17 +1,17 @@
 """slurmrestd backend: reads on every version, writes only where the API has them.
 
-What the connected slurmrestd can do decides :meth:`RestBackend.capabilities`:
+What the connected slurmrestd can do decides :meth:`RestBackend.capabilities`, per API
+version (the newest the connected slurmrestd offers):
 
-=====================  ==============================  ==========================================
-operation              openapi v0.0.36-38 (22.05)      v0.0.39+ (23.02+), v0.0.40-43 (23.11-25.x)
-=====================  ==============================  ==========================================
-read nodes/jobs/ping   yes                             yes
-drain / resume         no (``POST node`` -> 405)       ``POST /slurm/vX/node/{name}``
-                                                       ``{"state": ["DRAIN"], "reason": ...}``
-signal                 steps only (no --full/--batch)  ``DELETE /slurm/vX/job/{id}?signal=&flags=``
-requeue / requeuehold  no                              no (no REST endpoint in any version)
-ExcNodeList/StartTime  not offered here                not offered here
-=====================  ==============================  ==========================================
+- read nodes, jobs, ping: every version.
+- drain / resume: v0.0.39+ (23.02+), ``POST /slurm/vX/node/{name}``
+  ``{"state": ["DRAIN"], "reason": ...}``; 22.05's v0.0.38 answers 405.
+- signal: the steps on every version; the batch step or the whole job (``flags``) from v0.0.40.
+- requeue / requeuehold: v0.0.45 (26.05) only, ``GET /slurm/v0.0.45/job/{id}/requeue``
+  (``?Hold=true`` for requeuehold).
+- ExcNodeList, ReqNodeList, StartTime: v0.0.45, ``POST /slurm/v0.0.45/job/{id}`` with
+  ``excluded_nodes``, ``required_nodes``, ``begin_time`` (earlier versions: the fallback).
+- reboot: none (no REST endpoint in any version).
 
 Operations the API lacks raise :class:`~gpuheal_bridge.backends.base.Unsupported` (HTTP 501
 from the bridge), or go to an optional ``fallback`` backend (the CLI backend next to
@@ -28,6 +28,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import re
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -54,6 +55,8 @@ _VERSION = re.compile(r"^/slurm/(v0\.0\.(\d+))/")
 _NOT_FOUND = re.compile(r"Invalid (node name|job id)|Unable to find|not found", re.I)
 _DOWN = re.compile(r"Unable to contact slurm controller|Unspecified error|connect failure", re.I)
 READ_CAPS = frozenset({Capability.READ_NODES, Capability.READ_JOBS})
+#: The first API with a requeue endpoint (26.05; checked against its slurmrestd's OpenAPI).
+REQUEUE_MINOR = 45
 log = logging.getLogger("gpuheal_bridge")
 
 
@@ -69,6 +72,19 @@ def node_update_body(minor_version: int, state: str, reason: str | None) -> dict
     body: dict[str, Any] = {"state": [state]}
     if reason is not None:
         body["reason"] = reason
+    return body
+
+
+def job_update_body(excluded: Nodes, required: Nodes) -> dict[str, Any]:
+    """Body of ``POST /slurm/v0.0.45/job/{id}``: ``excluded_nodes`` when ``excluded`` is given,
+    ``required_nodes`` when ``required`` is given; ``[]`` clears that list, as ``ExcNodeList=``
+    does with scontrol. Seen on 26.05.5: an empty array leaves the list as it was, an empty
+    string clears it, so an empty list is sent as ``""``."""
+    body: dict[str, Any] = {}
+    if excluded is not None:
+        body["excluded_nodes"] = excluded or ""
+    if required is not None:
+        body["required_nodes"] = required or ""
     return body
 
 
@@ -162,6 +178,8 @@ class RestBackend:
             caps |= {Capability.DRAIN, Capability.RESUME}
         if self.version is not None and minor(self.version) >= 40:
             caps.add(Capability.SIGNAL)
+        if self.version is not None and minor(self.version) >= REQUEUE_MINOR:
+            caps |= {Capability.REQUEUE, Capability.UPDATE_JOB}
         return frozenset(caps)
 
     def capabilities(self) -> frozenset[Capability]:
@@ -259,8 +277,16 @@ class RestBackend:
         await self._update_node(node, "DOWN", reason)
 
     async def requeue(self, job_id: int, hold: bool) -> None:
-        why = "slurmrestd has no requeue operation; use --rest-write-fallback cli"
-        await self._scontrol(why).requeue(job_id, hold)
+        api = await self._api()
+        if minor(api) < REQUEUE_MINOR:
+            why = f"slurmrestd {api} has no requeue operation; use --rest-write-fallback cli"
+            await self._scontrol(why).requeue(job_id, hold)
+            return
+        # Seen on 26.05.5: ``?Hold``, ``?Hold=true`` and ``?Hold=1`` hold the job, ``?Hold=``
+        # (an empty value, what {"Hold": ""} sends) is a plain requeue.
+        params = {"Hold": "true"} if hold else None
+        resp = await self._request("GET", f"/slurm/{api}/job/{job_id}/requeue", params=params)
+        _job_results(_checked(resp, True), "status")
 
     async def signal(self, job_id: int, signal: str, target: SignalTarget) -> None:
         api = await self._api()
@@ -276,14 +302,29 @@ class RestBackend:
     async def set_excluded_nodes(
         self, job_id: int, nodes: list[str], required_nodes: Nodes = None
     ) -> None:
-        why = "job updates (ExcNodeList) are done with scontrol: enable fallback"
-        await self._scontrol(why).set_excluded_nodes(job_id, nodes, required_nodes)
+        api = await self._api()
+        if minor(api) < REQUEUE_MINOR:
+            why = "job updates (ExcNodeList) are done with scontrol: enable fallback"
+            await self._scontrol(why).set_excluded_nodes(job_id, nodes, required_nodes)
+            return
+        await self._update_job(api, job_id, job_update_body(nodes, required_nodes))
 
     async def start_now(
         self, job_id: int, excluded_nodes: Nodes = None, required_nodes: Nodes = None
     ) -> None:
-        why = "job updates (StartTime) are done with scontrol: enable fallback"
-        await self._scontrol(why).start_now(job_id, excluded_nodes, required_nodes)
+        api = await self._api()
+        if minor(api) < REQUEUE_MINOR:
+            why = "job updates (StartTime) are done with scontrol: enable fallback"
+            await self._scontrol(why).start_now(job_id, excluded_nodes, required_nodes)
+            return
+        body = job_update_body(excluded_nodes or None, required_nodes)
+        # scontrol's StartTime=now is the client's clock too: the begin time is a timestamp.
+        body["begin_time"] = {"set": True, "number": int(time.time())}
+        await self._update_job(api, job_id, body)
+
+    async def _update_job(self, api: str, job_id: int, body: dict[str, Any]) -> None:
+        resp = await self._request("POST", f"/slurm/{api}/job/{job_id}", json=body)
+        _job_results(_checked(resp, True), "results")
 
     def _scontrol(self, why: str) -> Backend:
         """The CLI fallback, for what slurmrestd cannot do; none: Unsupported (501), ``why``."""
@@ -321,3 +362,15 @@ def _checked(resp: httpx.Response, allow_error: bool) -> dict[str, Any]:
     if resp.status_code >= 500:
         raise Unavailable(f"slurmrestd {resp.status_code}")
     return doc
+
+
+def _job_results(doc: dict[str, Any], key: str) -> None:
+    """A job request's per-job answer (``status`` of a requeue, ``results`` of an update):
+    slurmrestd can answer 200 with a Slurm error code in it (e.g. a job pending execution)."""
+    failed = [r for r in doc.get(key) or [] if isinstance(r, dict) and r.get("error_code")]
+    if failed:
+        text = "; ".join(str(r.get("why") or r.get("error") or r) for r in failed)
+        codes = " ".join(str(r.get("error") or "") for r in failed)
+        raise error_for(
+            f"slurmrestd: {text}", text=f"{text} {codes}", unavailable=_DOWN, not_found=_NOT_FOUND
+        )

@@ -10,8 +10,14 @@ import httpx
 import pytest
 
 from gpuheal_bridge.api.models import SignalTarget
-from gpuheal_bridge.backends.base import Capability, NotFound, Unsupported
-from gpuheal_bridge.backends.rest import JwtFile, RestBackend, node_update_body, signal_params
+from gpuheal_bridge.backends.base import Capability, NotFound, Rejected, Unsupported
+from gpuheal_bridge.backends.rest import (
+    JwtFile,
+    RestBackend,
+    job_update_body,
+    node_update_body,
+    signal_params,
+)
 from tests.unit.bridge.fakes import FakeSlurm
 
 DATA = Path(__file__).parent / "data"
@@ -104,7 +110,63 @@ async def test_v0040_node_update_and_signal_shapes() -> None:
     assert {Capability.DRAIN, Capability.RESUME, Capability.SIGNAL} <= b.capabilities()
 
 
+async def test_v0045_requeues_and_updates_jobs_itself() -> None:
+    """26.05: requeue is ``GET .../job/{id}/requeue`` (``Hold=true`` for requeuehold), the
+    job updates are ``POST .../job/{id}`` (shapes from its slurmrestd's OpenAPI document)."""
+    seen: list[httpx.Request] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        key = "status" if request.url.path.endswith("/requeue") else "results"
+        return httpx.Response(200, json={key: [{"job_id": 7, "error_code": 0}], "errors": []})
+
+    b = backend(handler, version="v0.0.45")
+    await b.requeue(7, hold=False)
+    await b.requeue(7, hold=True)
+    await b.set_excluded_nodes(7, ["node1"])
+    await b.set_excluded_nodes(7, [], required_nodes=[])
+    await b.start_now(7, excluded_nodes=["node1"])
+    assert [(r.method, r.url.path) for r in seen] == [
+        ("GET", "/slurm/v0.0.45/job/7/requeue"),
+        ("GET", "/slurm/v0.0.45/job/7/requeue"),
+        *[("POST", "/slurm/v0.0.45/job/7")] * 3,
+    ]
+    assert "Hold" not in seen[0].url.params
+    assert seen[1].url.params["Hold"] == "true"  # 26.05.5: "?Hold=" is a plain requeue
+    assert json.loads(seen[2].content) == {"excluded_nodes": ["node1"]}
+    assert json.loads(seen[3].content) == {"excluded_nodes": "", "required_nodes": ""}
+    expedite = json.loads(seen[4].content)
+    assert expedite["excluded_nodes"] == ["node1"]
+    assert expedite["begin_time"]["set"] is True
+    assert {Capability.REQUEUE, Capability.UPDATE_JOB} <= b.capabilities()
+    assert Capability.REBOOT not in b.capabilities()
+
+
+async def test_v0045_a_job_error_in_a_200_answer_is_raised() -> None:
+    """slurmrestd answers a refused requeue with 200 and the job's error code in ``status``."""
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        entry = {"job_id": 7, "error_code": 2021, "error": "Job is pending execution"}
+        return httpx.Response(200, json={"status": [entry], "errors": []})
+
+    with pytest.raises(Rejected, match="pending execution"):
+        await backend(handler, version="v0.0.45").requeue(7, hold=False)
+
+
+async def test_before_v0045_requeue_and_job_updates_go_to_the_fallback() -> None:
+    fake = FakeSlurm()
+    b = backend(v038, version="v0.0.44", fallback=fake)
+    assert Capability.REQUEUE not in b.own_capabilities()
+    with pytest.raises(NotFound):  # the fallback answered: it does not know job 1
+        await b.requeue(1, hold=False)
+    with pytest.raises(NotFound):
+        await b.set_excluded_nodes(1, ["node1"])
+    assert [op for op, _ in fake.calls] == ["requeue", "set_excluded_nodes"]
+
+
 def test_body_helpers() -> None:
+    assert job_update_body(["a", "b"], None) == {"excluded_nodes": ["a", "b"]}
+    assert job_update_body(None, []) == {"required_nodes": ""}  # [] would change nothing
     assert node_update_body(41, "DRAIN", "r") == {"state": ["DRAIN"], "reason": "r"}
     with pytest.raises(Unsupported):
         node_update_body(38, "DRAIN", "r")
