@@ -3,10 +3,12 @@ alone (:meth:`Operations.signal_job`)."""
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Annotated
 
 from fastapi import APIRouter, Path
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel
 
 from gpuheal_bridge.api.models import (
     JobRequeueRequest,
@@ -19,7 +21,7 @@ from gpuheal_bridge.api.names import JOB_ID_PATTERN, InvalidName, validate_job_i
 from gpuheal_bridge.nodemap import NotAllowed, NotMapped
 from gpuheal_bridge.server.errors import ERRORS
 from gpuheal_bridge.server.guard import BEARER
-from gpuheal_bridge.server.mutation import Mutate
+from gpuheal_bridge.server.mutation import Mutate, Mutation
 from gpuheal_bridge.server.services import Svc
 
 JobId = Annotated[
@@ -42,27 +44,29 @@ async def get_job(job_id: JobId, services: Svc) -> JobState:
 async def requeue_job(job_id: JobId, body: JobRequeueRequest, mutation: Mutate) -> JSONResponse:
     """Requeue one running batch job (see RequeueOptions) that runs on ``from_node``
     (required, inside the allowed nodes); never revives a finished job."""
-    services = mutation.services
-    try:
-        jid = validate_job_id(job_id)
-        from_node = services.mapper.to_slurm(body.from_node)
-    except (InvalidName, NotMapped, NotAllowed) as exc:
-        return mutation.refuse(exc, body)
-    return await mutation.run(
-        target=str(jid), body=body, action=lambda: services.ops.requeue_job(jid, body, from_node)
-    )
+    ops = mutation.services.ops
+    return await _on_node(job_id, body, mutation, lambda j, n: ops.requeue_job(j, body, n))
 
 
 @router.post("/{job_id}/signal", response_model=JobSignalResult)
 async def signal_job(job_id: JobId, body: JobSignalRequest, mutation: Mutate) -> JSONResponse:
     """Send one running job a signal (ask it to checkpoint now) without requeueing it: it
     keeps running on ``from_node`` (required, inside the allowed nodes)."""
-    services = mutation.services
+    ops = mutation.services.ops
+    return await _on_node(job_id, body, mutation, lambda j, n: ops.signal_job(j, body, n))
+
+
+async def _on_node(
+    job_id: str,
+    body: JobRequeueRequest | JobSignalRequest,
+    mutation: Mutation,
+    act: Callable[[int, str], Awaitable[BaseModel]],
+) -> JSONResponse:
+    """The job id and ``from_node`` checked (valid, mapped, allowed: else refused before
+    anything runs), then ``act(job, its Slurm node)`` once per idempotency key."""
     try:
         jid = validate_job_id(job_id)
-        from_node = services.mapper.to_slurm(body.from_node)
+        from_node = mutation.services.mapper.to_slurm(body.from_node)
     except (InvalidName, NotMapped, NotAllowed) as exc:
         return mutation.refuse(exc, body)
-    return await mutation.run(
-        target=str(jid), body=body, action=lambda: services.ops.signal_job(jid, body, from_node)
-    )
+    return await mutation.run(target=str(jid), body=body, action=lambda: act(jid, from_node))
