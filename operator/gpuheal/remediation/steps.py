@@ -169,6 +169,11 @@ async def uncordon(kube: Kube, node: str, incident: str) -> str:
 
 
 # ---- Slurm ---------------------------------------------------------------------------------
+def _bridge_delay(attempt: int, retry_after: float | None = None) -> float:
+    """When to call a bridge that did not answer again: its Retry-After, else 1, 2, 4 ... 60 s."""
+    return retry_after or min(60.0, 2.0 ** min(attempt, 6))
+
+
 def requeue_options(opts: SlurmDrainOptions) -> RequeueOptions | None:
     """How the policy wants the node's jobs requeued (None: leave them)."""
     if opts.requeue is PolicyRequeue.NONE:
@@ -211,7 +216,7 @@ async def slurm_drain(  # noqa: PLR0911 - one return per outcome
             C.SLURM_DRAINED, "NotASlurmNode", f"nothing drained: Slurm does not know {node}"
         )
     except SlurmUnavailable as exc:
-        delay = exc.retry_after or min(60.0, 2.0 ** min(attempt, 6))
+        delay = _bridge_delay(attempt, exc.retry_after)
         return StepResult.wait(C.SLURM_DRAINED, "BridgeUnavailable", str(exc), delay)
     except SlurmError as exc:
         return StepResult.failed(C.SLURM_DRAINED, "BridgeError", str(exc))
@@ -237,11 +242,11 @@ async def slurm_drain(  # noqa: PLR0911 - one return per outcome
             post_event=post_event or _no_event,
         )
     except SlurmUnavailable as exc:
-        delay = exc.retry_after or min(60.0, 2.0 ** min(attempt, 6))
+        delay = _bridge_delay(attempt, exc.retry_after)
         return StepResult.wait(C.SLURM_DRAINED, "BridgeUnavailable", f"{drained}; {exc}", delay)
     jobs_status = [r.to_k8s() for r in victims.records]
     if victims.retry is not None:
-        delay = min(60.0, 2.0 ** min(attempt, 6))
+        delay = _bridge_delay(attempt)
         result = StepResult.wait(
             C.SLURM_DRAINED, "BridgeUnavailable", f"{drained}; {victims.retry}", delay
         )
@@ -292,7 +297,7 @@ async def checkpoint(  # noqa: PLR0911 - one return per outcome
             f"no job asked to checkpoint: Slurm does not know {node}",
         )
     except SlurmUnavailable as exc:
-        delay = exc.retry_after or min(60.0, 2.0 ** min(attempt, 6))
+        delay = _bridge_delay(attempt, exc.retry_after)
         return StepResult.wait(C.CHECKPOINTED, "BridgeUnavailable", str(exc), delay)
     except SlurmError as exc:
         return StepResult.failed(C.CHECKPOINTED, "BridgeError", str(exc))
@@ -314,7 +319,7 @@ async def checkpoint(  # noqa: PLR0911 - one return per outcome
             left.append(f"{jid} (gone)")
             continue
         except SlurmUnavailable as exc:
-            delay = exc.retry_after or min(60.0, 2.0 ** min(attempt, 6))
+            delay = _bridge_delay(attempt, exc.retry_after)
             return StepResult.wait(C.CHECKPOINTED, "BridgeUnavailable", str(exc), delay)
         except SlurmError as exc:
             return StepResult.failed(C.CHECKPOINTED, "BridgeError", f"job {jid}: {exc}")
