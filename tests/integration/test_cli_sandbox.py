@@ -9,11 +9,11 @@ import os
 import signal
 import subprocess
 import sys
-import time
+import threading
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import pytest
 import yaml
@@ -154,28 +154,51 @@ def test_watch_prints_each_change_and_stops_quietly_on_ctrl_c(
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(sandbox),
         preexec_fn=_ctrl_c_default,  # noqa: PLW1509 - the test starts no threads of its own
     )  # fmt: skip
+    assert proc.stdout is not None
+    docs = _JsonDocs(proc.stdout)
     try:
-        time.sleep(3)  # the listing is printed and the watch is open
+        # the listing printed means the watch is about to open: what follows is a change
+        wait_for(lambda: len(docs.docs) >= 1, "the initial listing", timeout=30)
         made.append(f"nrem-{node}")
         objects.apply("noderemediations", incident(f"nrem-{node}", node))
+        wait_for(lambda: len(docs.docs) >= 2, "the ADDED change", timeout=30)
         objects.patch("noderemediations", f"nrem-{node}", {"metadata": {"labels": {"x": "y"}}})
-        time.sleep(3)
+        wait_for(lambda: len(docs.docs) >= 3, "the MODIFIED change", timeout=30)
     finally:
         # kubectl runs the plugin in the same process group: Ctrl-C reaches both
         proc.send_signal(signal.SIGINT)
         for child in _children(proc.pid):
             os.kill(child, signal.SIGINT)
-        out, err = proc.communicate(timeout=30)
+        _, err = proc.communicate(timeout=30)
+        docs.thread.join(timeout=10)
     assert "Traceback" not in err, err
-    decoder, docs, rest = json.JSONDecoder(), [], out.strip()
-    while rest:
-        doc, end = decoder.raw_decode(rest)
-        docs.append(doc)
-        rest = rest[end:].strip()
-    assert docs[0] == {"kind": "IncidentList", "items": []}
-    changes = [(d["change"], d["name"]) for d in docs[1:]]
+    assert not docs.rest.strip(), docs.rest
+    assert docs.docs[0] == {"kind": "IncidentList", "items": []}
+    changes = [(d["change"], d["name"]) for d in docs.docs[1:]]
     assert changes == [("ADDED", f"nrem-{node}"), ("MODIFIED", f"nrem-{node}")]
     wait_for(lambda: proc.poll() is not None, "the watch ended")
+
+
+class _JsonDocs:
+    """The JSON documents a process prints, parsed as they arrive (a reader thread)."""
+
+    def __init__(self, stream: IO[str]) -> None:
+        self.docs: list[Any] = []
+        self.rest = ""
+        self.thread = threading.Thread(target=self._read, args=(stream,), daemon=True)
+        self.thread.start()
+
+    def _read(self, stream: IO[str]) -> None:
+        decoder = json.JSONDecoder()
+        for line in stream:
+            self.rest += line
+            while self.rest.strip():
+                try:
+                    doc, end = decoder.raw_decode(self.rest.lstrip())
+                except json.JSONDecodeError:
+                    break  # a document still arriving
+                self.rest = self.rest.lstrip()[end:]
+                self.docs.append(doc)
 
 
 def _ctrl_c_default() -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -42,6 +43,11 @@ def test_up_status_down_across_processes() -> None:
         assert status.returncode == 0, status.stdout + status.stderr
         assert "kube-apiserver" in status.stdout
         assert "STOPPED" not in status.stdout
+        # the bring-up's own time, as `up` printed it, not a fresh object's 0.0 s
+        took = re.search(r"up in ([0-9.]+)s", up.stdout)
+        assert took is not None, up.stdout
+        assert f"(up in {took.group(1)}s)" in status.stdout
+        assert float(took.group(1)) > 0
 
         again = _gpuheal_dev("sandbox", "up", "--dir", str(root))
         assert again.returncode == 1

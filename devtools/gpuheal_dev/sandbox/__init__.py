@@ -167,6 +167,7 @@ class Sandbox:
         saved["real_node_images"] = tuple(map(Path, saved.get("real_node_images", ())))
         config = SandboxConfig(root=root, **saved)
         sandbox = cls(config=config, control_plane=cp, started_at=data.get("started_at", 0.0))
+        sandbox.timings.update(data.get("timings", {}))
         if config.real_node:
             from gpuheal_dev.sandbox.realnode import RealNode
 
