@@ -7,13 +7,13 @@ import argparse
 import logging
 import sys
 
-from gpuheal.agent.run import add_agent_parser
+from gpuheal.agent import run
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="gpuheal")
-    add_agent_parser(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(["agent", *(sys.argv[1:] if argv is None else argv)])
+    parser = argparse.ArgumentParser(prog="gpuheal agent", description=run.__doc__)
+    run.add_agent_arguments(parser)
+    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     rc: int = args.func(args)
     return rc

@@ -55,9 +55,10 @@ class Finding:
     position: int | None = None  # record position, for the Event name; None: use `time`
 
 
-def identity_line(pci: str, uuid: str) -> str:
-    """The driver's own PCI -> UUID line; `parse_event` reads the UUID back from it."""
-    return f"NVRM: GPU at PCI:{pci}: {uuid}"
+def with_identity(text: str, pci: str | None, uuid: str | None) -> str:
+    """``text``, then the driver's own PCI -> UUID line where both are known: `parse_event`
+    reads the UUID back from it."""
+    return f"{text}\nNVRM: GPU at PCI:{pci}: {uuid}" if pci and uuid else text
 
 
 def _from_driver_text(line: str) -> str:
@@ -107,7 +108,7 @@ class Detector:
         text = self._recent[-1]
         if ev.xid == FALLEN_OFF_BUS_XID and "Xid" not in text:
             text = self._fallen_off_text()
-        message = text if not (uuid and pci) else f"{text}\n{identity_line(pci, uuid)}"
+        message = with_identity(text, pci, uuid)
         key = f"xid/{ev.xid}/{pci}"
         if ev.recovery_action is not None:
             key += f"/{ev.recovery_action.value}"

@@ -19,7 +19,7 @@ from typing import Any
 from gpuheal.xid.identity import normalize_uuid
 from gpuheal.xid.parse import XID_EVENT_REASON, normalize_pci
 
-from .detect import Finding, identity_line
+from .detect import Finding, with_identity
 
 log = logging.getLogger("gpuheal.agent.nvml")
 
@@ -144,13 +144,10 @@ def read_inventory(nvml: Any) -> Inventory:
 
 def _gpu_finding(reason: str, gpu: GpuInfo, what: str, now: dt.datetime) -> Finding:
     name = f"{gpu.pci} ({gpu.uuid})" if gpu.uuid else gpu.pci
-    message = f"NVML: GPU {name}: {what}"
-    if gpu.uuid:
-        message += "\n" + identity_line(gpu.pci, gpu.uuid)
     return Finding(
         reason=reason,
         key=f"nvml/{reason}/{gpu.pci}",
-        message=message,
+        message=with_identity(f"NVML: GPU {name}: {what}", gpu.pci, gpu.uuid),
         pci=gpu.pci,
         uuid=gpu.uuid,
         time=now,
@@ -266,12 +263,10 @@ def xid_finding(event: NvmlXid, now: dt.datetime) -> Finding:
         if event.compute_instance is not None:
             mig += f" GPU-CI:{event.compute_instance}"
     message = f"NVML: Xid {event.xid} on {where}{mig} (nvmlEventTypeXidCriticalError)"
-    if event.pci and event.uuid:
-        message += "\n" + identity_line(event.pci, event.uuid)
     return Finding(
         reason=XID_EVENT_REASON,
         key=f"xid/{event.xid}/{event.pci}",
-        message=message,
+        message=with_identity(message, event.pci, event.uuid),
         xid=event.xid,
         pci=event.pci,
         uuid=event.uuid,

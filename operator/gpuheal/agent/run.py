@@ -602,15 +602,10 @@ def _run(args: argparse.Namespace) -> int:
     return asyncio.run(_main(_options(args)))
 
 
-def add_agent_parser(subparsers: Any) -> argparse.ArgumentParser:
+def add_agent_arguments(p: argparse.ArgumentParser) -> None:
     """`gpuheal agent ...` (every flag also from its environment variable where noted)."""
     env = os.environ.get
-    p: argparse.ArgumentParser = subparsers.add_parser(
-        "agent",
-        help="node agent: kernel log (and NVML) -> GPU fault Events and condition on this node",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    p.formatter_class = argparse.RawDescriptionHelpFormatter  # the module docstring's lists
     p.add_argument(
         "--node",
         default=env("NODE_NAME"),
@@ -687,4 +682,3 @@ def add_agent_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="print the writes as JSON lines instead of talking to a cluster",
     )
     p.set_defaults(func=_run)
-    return p

@@ -221,15 +221,11 @@ class FaultHistoryStatus(Status):
     )
 
 
-class FaultHistory(Resource):
+class FaultHistory(Resource[FaultHistorySpec, FaultHistoryStatus]):
     """One node's GPU faults, incidents, actions and outcomes, kept for the policy's
     retention: what escalation windows and repeat-offender lists read."""
 
     kind: Literal["FaultHistory"] = Field(default="FaultHistory", description="FaultHistory")
-    spec: FaultHistorySpec = Field(description="The node.")
-    status: FaultHistoryStatus = Field(
-        default_factory=FaultHistoryStatus, description="The record (gpuheal writes it)."
-    )
 
 
 CRD = CrdInfo.of(

@@ -14,7 +14,7 @@ import json
 import re
 import urllib.parse
 from collections.abc import Callable, Sequence
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Generic, Literal, TypeVar
 
 from kube_custom_resource.schema import BaseModel
 from pydantic import (
@@ -665,20 +665,34 @@ class ObjectMeta(BaseModel):
     )
 
 
-class Resource(Model):
-    """What every gpuheal custom resource has besides its kind, spec and status."""
-
-    api_version: Literal["gpuheal.io/v1alpha1"] = Field(
-        default="gpuheal.io/v1alpha1", description="gpuheal.io/v1alpha1"
-    )
-    metadata: ObjectMeta = Field(description="Standard object metadata.")
-
-
 class Status(Model):
     """What every gpuheal status starts with (written by gpuheal only)."""
 
     observed_generation: int | None = Field(
         default=None, ge=0, description="The metadata.generation this status describes."
+    )
+
+
+SpecT = TypeVar("SpecT", bound=Model)
+StatusT = TypeVar("StatusT", bound=Status)
+
+
+class Resource(Model, Generic[SpecT, StatusT]):
+    """What every gpuheal custom resource has: a subclass names its spec and status models
+    (`Resource[FooSpec, FooStatus]`) and narrows `kind` to its own name. The CRD's schema
+    comes from those two models and the subclass's docstring (`CrdInfo.of`)."""
+
+    api_version: Literal["gpuheal.io/v1alpha1"] = Field(
+        default="gpuheal.io/v1alpha1", description="gpuheal.io/v1alpha1"
+    )
+    metadata: ObjectMeta = Field(description="Standard object metadata.")
+    kind: str = Field(description="The resource's kind.")
+    spec: SpecT = Field(description="What the user (or gpuheal, for an incident) asks for.")
+    # An object new to the API server has no status yet: it reads as an empty one.
+    status: StatusT = Field(
+        default_factory=dict,
+        validate_default=True,
+        description="Observed state (gpuheal writes it).",
     )
 
 

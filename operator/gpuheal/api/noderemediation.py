@@ -311,15 +311,11 @@ class NodeRemediationStatus(Status):
     )
 
 
-class NodeRemediation(Resource):
+class NodeRemediation(Resource[NodeRemediationSpec, NodeRemediationStatus]):
     """One incident on one node: what triggered it, the plan, and each step taken."""
 
     kind: Literal["NodeRemediation"] = Field(
         default="NodeRemediation", description="NodeRemediation"
-    )
-    spec: NodeRemediationSpec = Field(description="The incident and its plan.")
-    status: NodeRemediationStatus = Field(
-        default_factory=NodeRemediationStatus, description="Progress (gpuheal writes it)."
     )
 
 

@@ -1511,15 +1511,11 @@ class RemediationPolicyStatus(Status):
     )
 
 
-class RemediationPolicy(Resource):
+class RemediationPolicy(Resource[RemediationPolicySpec, RemediationPolicyStatus]):
     """How gpuheal remediates GPU faults on a set of nodes."""
 
     kind: Literal["RemediationPolicy"] = Field(
         default="RemediationPolicy", description="RemediationPolicy"
-    )
-    spec: RemediationPolicySpec = Field(description="The desired behaviour.")
-    status: RemediationPolicyStatus = Field(
-        default_factory=RemediationPolicyStatus, description="Observed state (gpuheal writes it)."
     )
 
 

@@ -292,14 +292,10 @@ class ReservePoolStatus(Status):
     )
 
 
-class ReservePool(Resource):
+class ReservePool(Resource[ReservePoolSpec, ReservePoolStatus]):
     """Spare nodes and how to promote one."""
 
     kind: Literal["ReservePool"] = Field(default="ReservePool", description="ReservePool")
-    spec: ReservePoolSpec = Field(description="The spares and how to promote one.")
-    status: ReservePoolStatus = Field(
-        default_factory=ReservePoolStatus, description="Observed state (gpuheal writes it)."
-    )
 
 
 CRD = CrdInfo.of(

@@ -14,15 +14,32 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-# (name, "module:function", help): the function registers the subcommand on `subparsers`.
+# (name, "module:function", help): the function adds the subcommand's arguments to the parser
+# made here, whose description is the module's docstring.
 _COMMANDS: tuple[tuple[str, str, str], ...] = (
-    ("run", "gpuheal.cli.run:add_parser", "run the operator (kopf) against the current cluster"),
-    ("agent", "gpuheal.agent.run:add_agent_parser", "the node agent: kernel log -> Events"),
-    ("simulate", "gpuheal.cli.simulate:add_parser", "inject a fault the way a real producer would"),
-    ("xid", "gpuheal.cli.xid:add_parser", "parse kernel logs for XIDs, explain an XID"),
-    ("status", "gpuheal.cli.status:add_parser", "incidents (NodeRemediations) with their steps"),
-    ("explain", "gpuheal.cli.explain:add_parser", "why gpuheal does what it does about a node"),
-    ("history", "gpuheal.cli.history:add_parser", "repeat offenders: nodes and GPUs by faults"),
+    ("run", "gpuheal.cli.run:add_arguments", "run the operator (kopf) against the current cluster"),
+    (
+        "agent",
+        "gpuheal.agent.run:add_agent_arguments",
+        "node agent: kernel log (and NVML) -> GPU fault Events and condition on this node",
+    ),
+    (
+        "simulate",
+        "gpuheal.cli.simulate:add_arguments",
+        "inject GPU faults the way real producers do",
+    ),
+    ("xid", "gpuheal.cli.xid:add_arguments", "parse kernel logs for XIDs, explain an XID"),
+    (
+        "status",
+        "gpuheal.cli.status:add_arguments",
+        "incidents (NodeRemediations) with their steps and durations",
+    ),
+    ("explain", "gpuheal.cli.explain:add_arguments", "why gpuheal does what it does about a node"),
+    (
+        "history",
+        "gpuheal.cli.history:add_arguments",
+        "repeat offenders: nodes and GPUs by faults in a window",
+    ),
 )
 
 
@@ -43,11 +60,10 @@ def build_parser(argv: list[str] | None = None, prog: str = "gpuheal") -> argpar
     for name, target, help_ in _COMMANDS:
         version_only = chosen is None and "--version" in (argv or ())
         if (chosen not in known and not version_only) or chosen == name:
-            module, _, function = target.partition(":")
-            add: Callable[[Any], argparse.ArgumentParser] = getattr(
-                importlib.import_module(module), function
-            )
-            add(sub)
+            module_name, _, function = target.partition(":")
+            module = importlib.import_module(module_name)
+            add: Callable[[argparse.ArgumentParser], None] = getattr(module, function)
+            add(sub.add_parser(name, help=help_, description=module.__doc__))
         else:
             sub.add_parser(name, help=help_)  # listed in --help, not loaded
     return parser

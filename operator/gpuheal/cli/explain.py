@@ -203,10 +203,7 @@ def explanation(
     }
 
 
-def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    p: argparse.ArgumentParser = subparsers.add_parser(
-        "explain", help="why gpuheal does what it does about a node", description=__doc__
-    )
+def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("node", help="the node's name")
     add_output_flag(p, ("text", "json", "yaml"), "output format")
     p.add_argument(
@@ -232,4 +229,3 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     add_cluster_flags(p)
     p.set_defaults(func=_run)
-    return p

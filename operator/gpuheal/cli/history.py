@@ -96,12 +96,7 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    p: argparse.ArgumentParser = subparsers.add_parser(
-        "history",
-        help="repeat offenders: nodes and GPUs by faults in a window",
-        description=__doc__,
-    )
+def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--window", type=parse_window, default=dt.timedelta(days=7),
         help="how far back (7d, 168h, 90m; default 7d)",
@@ -112,4 +107,3 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--node", help="print this node's record entry by entry")
     add_cluster_flags(p)
     p.set_defaults(func=_run)
-    return p

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any
 
 from gpuheal.config import add_run_arguments, config_from_args
 
@@ -34,12 +33,6 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    parser: argparse.ArgumentParser = subparsers.add_parser(
-        "run",
-        help="run the operator (kopf) against the current cluster",
-        description=__doc__,
-    )
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_run_arguments(parser)
     parser.set_defaults(func=_run)
-    return parser

@@ -180,11 +180,8 @@ def _run_condition(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+def add_arguments(sim: argparse.ArgumentParser) -> None:
     """`gpuheal simulate xid ...` and `gpuheal simulate condition ...`."""
-    sim: argparse.ArgumentParser = subparsers.add_parser(
-        "simulate", help="inject GPU faults the way real producers do", description=__doc__
-    )
     sub = sim.add_subparsers(dest="simulate", required=True, metavar="WHAT")
 
     xid = sub.add_parser("xid", help="an XID on a node: Event (and optionally the condition)")
@@ -214,4 +211,3 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
     for p in (xid, cond):
         add_cluster_flags(p)
-    return sim

@@ -188,12 +188,7 @@ def _watch(
             version = list_custom(api_client, NREM_PLURAL, **kw)["metadata"]["resourceVersion"]
 
 
-def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    p: argparse.ArgumentParser = subparsers.add_parser(
-        "status",
-        help="incidents (NodeRemediations) with their steps and durations",
-        description=__doc__,
-    )
+def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--node", metavar="NODE", help="only this node's incidents")
     add_output_flag(
         p, ("table", "wide", "json", "yaml"),
@@ -205,4 +200,3 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     )  # fmt: skip
     add_cluster_flags(p)
     p.set_defaults(func=_run)
-    return p

@@ -9,7 +9,7 @@ import json
 import sys
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from typing import Any, TextIO
+from typing import TextIO
 
 from gpuheal.cli._common import CliError
 from gpuheal.xid.catalogue import explain
@@ -42,11 +42,8 @@ name instead of codes), and what gpuheal does at its first sight. An XID that is
 the catalogue is class Unknown: alerted on, never acted upon."""
 
 
-def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    """Register `xid parse` / `xid explain` on the main CLI's subparsers object."""
-    xid = subparsers.add_parser(
-        "xid", help="parse kernel logs for XIDs, explain an XID", description=__doc__
-    )
+def add_arguments(xid: argparse.ArgumentParser) -> None:
+    """`gpuheal xid parse` and `gpuheal xid explain`."""
     sub = xid.add_subparsers(dest="xid_command", required=True, metavar="WHAT")
     parse_p = sub.add_parser(
         "parse",
@@ -70,7 +67,6 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     explain_p.add_argument("code", type=int, help="the XID number, e.g. 79")
     xid.set_defaults(func=run)
-    return xid  # type: ignore[no-any-return]
 
 
 def parse_stream(lines: Iterable[str], out: TextIO) -> int:

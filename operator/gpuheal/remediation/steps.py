@@ -30,7 +30,7 @@ from gpuheal.adapters.slurm import (
     SlurmUnavailable,
     UnknownCluster,
 )
-from gpuheal.api.meta import parse_duration, parse_time, rfc3339
+from gpuheal.api.meta import find_condition, parse_duration, parse_time, rfc3339
 from gpuheal.api.names import (
     CLAIMED_AT_ANNOTATION,
     CLAIMED_BY_LABEL,
@@ -1478,21 +1478,13 @@ async def return_to_service(
         messages.append(f"{node}: cordon was not gpuheal's, left as it is")
     if decision.resume_slurm:
         return await _resume(ports, cluster, node, name, "ReturnedToService", messages)
-    drained = _condition(nrem, C.SLURM_DRAINED)
-    if drained is not None and drained[1] == "SlurmNotConfigured":
+    drained = find_condition(nrem.status.conditions, C.SLURM_DRAINED)
+    if drained is not None and drained.reason == "SlurmNotConfigured":
         messages.append("Slurm not asked: no Slurm bridge configured (--bridge-url)")
         return StepResult.done(C.RETURNED, "ReturnedInKubernetesOnly", "; ".join(messages))
-    if drained is not None and drained[1] == "DrainedByOther":
+    if drained is not None and drained.reason == "DrainedByOther":
         messages.append("its Slurm drain is someone else's: left as it is")
     return StepResult.done(C.RETURNED, "ReturnedToService", "; ".join(messages))
-
-
-def _condition(nrem: NodeRemediation, type_: str) -> tuple[str, str] | None:
-    """(status, reason) of the incident's condition ``type_``, None when it has none."""
-    for c in nrem.status.conditions:
-        if c.type == type_:
-            return c.status, c.reason
-    return None
 
 
 async def resume_in_slurm(  # noqa: PLR0917

@@ -278,9 +278,9 @@ class RestBackend:
 
     async def requeue(self, job_id: int, hold: bool) -> None:
         api = await self._api()
-        if minor(api) < REQUEUE_MINOR:
-            why = f"slurmrestd {api} has no requeue operation; use --rest-write-fallback cli"
-            await self._scontrol(why).requeue(job_id, hold)
+        why = f"slurmrestd {api} has no requeue operation; use --rest-write-fallback cli"
+        if (cli := await self._cli_for_jobs(why)) is not None:
+            await cli.requeue(job_id, hold)
             return
         # Seen on 26.05.5: ``?Hold``, ``?Hold=true`` and ``?Hold=1`` hold the job, ``?Hold=``
         # (an empty value, what {"Hold": ""} sends) is a plain requeue.
@@ -302,27 +302,31 @@ class RestBackend:
     async def set_excluded_nodes(
         self, job_id: int, nodes: list[str], required_nodes: Nodes = None
     ) -> None:
-        api = await self._api()
-        if minor(api) < REQUEUE_MINOR:
-            why = "job updates (ExcNodeList) are done with scontrol: enable fallback"
-            await self._scontrol(why).set_excluded_nodes(job_id, nodes, required_nodes)
+        why = "job updates (ExcNodeList) are done with scontrol: enable fallback"
+        if (cli := await self._cli_for_jobs(why)) is not None:
+            await cli.set_excluded_nodes(job_id, nodes, required_nodes)
             return
-        await self._update_job(api, job_id, job_update_body(nodes, required_nodes))
+        await self._update_job(job_id, job_update_body(nodes, required_nodes))
 
     async def start_now(
         self, job_id: int, excluded_nodes: Nodes = None, required_nodes: Nodes = None
     ) -> None:
-        api = await self._api()
-        if minor(api) < REQUEUE_MINOR:
-            why = "job updates (StartTime) are done with scontrol: enable fallback"
-            await self._scontrol(why).start_now(job_id, excluded_nodes, required_nodes)
+        why = "job updates (StartTime) are done with scontrol: enable fallback"
+        if (cli := await self._cli_for_jobs(why)) is not None:
+            await cli.start_now(job_id, excluded_nodes, required_nodes)
             return
         body = job_update_body(excluded_nodes or None, required_nodes)
         # scontrol's StartTime=now is the client's clock too: the begin time is a timestamp.
         body["begin_time"] = {"set": True, "number": int(time.time())}
-        await self._update_job(api, job_id, body)
+        await self._update_job(job_id, body)
 
-    async def _update_job(self, api: str, job_id: int, body: dict[str, Any]) -> None:
+    async def _cli_for_jobs(self, why: str) -> Backend | None:
+        """The CLI fallback where slurmrestd predates its job requeue and update operations
+        (v0.0.45; none: Unsupported, ``why``); None where slurmrestd does them itself."""
+        return self._scontrol(why) if minor(await self._api()) < REQUEUE_MINOR else None
+
+    async def _update_job(self, job_id: int, body: dict[str, Any]) -> None:
+        api = await self._api()
         resp = await self._request("POST", f"/slurm/{api}/job/{job_id}", json=body)
         _job_results(_checked(resp, True), "results")
 

@@ -6,6 +6,8 @@ OpenMetrics, gzip), with the process, platform and GC collectors registered next
 
 from __future__ import annotations
 
+import functools
+
 from prometheus_client import (
     GC_COLLECTOR,
     PLATFORM_COLLECTOR,
@@ -26,52 +28,40 @@ class Metrics:
         self.registry = CollectorRegistry()
         for collector in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR):
             self.registry.register(collector)
-        self.requests = Counter(
+        counter = functools.partial(Counter, registry=self.registry)
+        gauge = functools.partial(Gauge, registry=self.registry)
+        histogram = functools.partial(Histogram, registry=self.registry, buckets=BUCKETS)
+        self.requests = counter(
             "gpuheal_bridge_requests_total",
             "HTTP requests by operation and result.",
             ["operation", "result"],
-            registry=self.registry,
         )
-        self.duration = Histogram(
+        self.duration = histogram(
             "gpuheal_bridge_request_duration_seconds",
             "HTTP request latency by operation.",
             ["operation"],
-            buckets=BUCKETS,
-            registry=self.registry,
         )
-        self.jobs = Counter(
-            "gpuheal_bridge_jobs_total",
-            "Jobs handled by requeue calls, by outcome.",
-            ["outcome"],
-            registry=self.registry,
+        self.jobs = counter(
+            "gpuheal_bridge_jobs_total", "Jobs handled by requeue calls, by outcome.", ["outcome"]
         )
-        self.requeue_to_running = Histogram(
+        self.requeue_to_running = histogram(
             "gpuheal_bridge_requeue_to_running_seconds",
             "Requeue call until the job runs again (when the caller waited for it).",
-            buckets=BUCKETS,
-            registry=self.registry,
         )
-        self.slurmctld_up = Gauge(
+        self.slurmctld_up = gauge(
             "gpuheal_bridge_slurmctld_up",
             "1 when the last slurmctld check (every --health-interval, and /readyz) reached it.",
-            registry=self.registry,
         )
-        self.slurmctld_checked = Gauge(
+        self.slurmctld_checked = gauge(
             "gpuheal_bridge_slurmctld_check_timestamp_seconds",
             "When slurmctld was last checked (Unix time).",
-            registry=self.registry,
         )
-        self.token_reloads = Counter(
+        self.token_reloads = counter(
             "gpuheal_bridge_token_reloads_total",
             "Token reloads on SIGHUP, by result (error: the previous tokens stay).",
             ["result"],
-            registry=self.registry,
         )
-        self.tokens = Gauge(
-            "gpuheal_bridge_tokens",
-            "Bearer tokens accepted now.",
-            registry=self.registry,
-        )
+        self.tokens = gauge("gpuheal_bridge_tokens", "Bearer tokens accepted now.")
 
 
 class MetricsEndpoint:
