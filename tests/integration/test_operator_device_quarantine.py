@@ -179,6 +179,7 @@ def test_xid94_quarantines_one_gpu_evicts_its_pod_and_a_verified_reset_lifts_it(
 
         # The reset hook runs; the rule stays until the agent reports the GPUs after it.
         wait_for(lambda: calls, "the reset hook called")
+        assert calls[0]["gpu"] == BAD_PCI, calls  # the hook may reset that GPU alone
         hold(lambda: _rules(custom, name), "no verified reset yet: the rule stays", 2)
         seen = format_gpu_report(dt.datetime.now(dt.UTC), SANDBOX_GPUS)
         core.patch_node(node, {"metadata": {"annotations": {GPU_REPORT_ANNOTATION: seen}}})

@@ -568,6 +568,7 @@ async def run_hook(  # noqa: PLR0911
     job_name: str | None = None,
     power_cycle: bool = False,
     jobs: NodeJobs = NodeJobs(),
+    gpu: str | None = None,
 ) -> StepResult:
     """The reset/reboot contract: a Webhook POST or a Job; ``Noop`` runs nothing, so the
     step is skipped (its condition False, `NoopHook`), never taken for a repair.
@@ -580,7 +581,9 @@ async def run_hook(  # noqa: PLR0911
     when the Job reports Complete, failure when it reports Failed. A reboot with
     ``powerCycle`` adds ``"powerCycle": true`` to the request (env
     ``GPUHEAL_POWER_CYCLE=true``): the hook must power-cycle the node (its BMC) or fail,
-    never reboot it warm instead. An inline Job template the operator does not allow
+    never reboot it warm instead. A reset of the one GPU a ``quarantineDevice`` step took
+    out names it (``gpu``): ``"gpu": "<PCI address>"`` (env ``GPUHEAL_GPU``), so the hook
+    can reset that GPU alone. An inline Job template the operator does not allow
     (``jobs``) is skipped: nothing ran, the node was not repaired.
     """
     condition = C.RESET if action == "reset" else C.REBOOTED
@@ -601,6 +604,7 @@ async def run_hook(  # noqa: PLR0911
                 xid=xid,
                 wait_s=parse_duration(hook.webhook.timeout).total_seconds(),
                 power_cycle=power_cycle,
+                gpu=gpu,
             )
         except HookUnreachable as exc:
             return StepResult.wait(condition, "HookUnreachable", str(exc), retry_after)
@@ -623,6 +627,7 @@ async def run_hook(  # noqa: PLR0911
             retry_after=retry_after,
             power_cycle=power_cycle,
             jobs=jobs,
+            gpu=gpu,
         )
     return StepResult.failed(condition, "HookInvalid", f"{action} hook has no {hook.type} block")
 
@@ -668,6 +673,7 @@ async def _job_hook(  # noqa: PLR0911 - one exit per outcome
     retry_after: float,
     power_cycle: bool = False,
     jobs: NodeJobs,
+    gpu: str | None = None,
 ) -> StepResult:
     """Create the Job once, then follow it: Complete is done, Failed is failed (its exit
     code said so). The namespace is the hook's, else the operator's node-jobs namespace."""
@@ -694,6 +700,7 @@ async def _job_hook(  # noqa: PLR0911 - one exit per outcome
             incident=incident,
             pin=job_hook.run_on_node,
             power_cycle=power_cycle,
+            gpu=gpu,
         )
         body = {
             "apiVersion": "batch/v1",
@@ -740,6 +747,7 @@ def _job_spec(
     incident: str,
     pin: bool = False,
     power_cycle: bool = False,
+    gpu: str | None = None,
 ) -> dict[str, Any]:
     """The template (a JobSpec) with NODE_NAME & co added to every container's env; with
     ``pin``, its pod runs on the node (spec.nodeName: the scheduler and the node's cordon do
@@ -761,6 +769,8 @@ def _job_spec(
     ]
     if power_cycle:
         env.append({"name": "GPUHEAL_POWER_CYCLE", "value": "true"})
+    if gpu:
+        env.append({"name": "GPUHEAL_GPU", "value": gpu})
     for container in pod_spec.get("containers") or []:
         container["env"] = [*(container.get("env") or []), *env]
     return spec
@@ -1048,6 +1058,7 @@ async def repair(  # noqa: PLR0917, PLR0911 - one exit per verified outcome
                 job_name=job_name_for(name, f"{action.value}-{rung}"),
                 power_cycle=record.power_cycle,
                 jobs=NodeJobs.of(ports),
+                gpu=_quarantined_gpu(nrem) if action is Action.RESET else None,
             )
             if ran.kind != "done":
                 ran.status["repair"] = record.to_k8s()
@@ -1070,6 +1081,12 @@ async def repair(  # noqa: PLR0917, PLR0911 - one exit per verified outcome
     result = StepResult.wait(cond, "Verifying", f"{action} via {record.via}: {what}", retry)
     result.status.update(status)
     return result
+
+
+def _quarantined_gpu(nrem: NodeRemediation) -> str | None:
+    """The PCI address of the GPU this incident holds out (a reset of it names it)."""
+    held = nrem.status.quarantined_device
+    return held.pci_bus_id if held is not None and held.released_at is None else None
 
 
 async def _slurm_reboot(
