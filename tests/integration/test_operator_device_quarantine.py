@@ -194,3 +194,93 @@ def test_xid94_quarantines_one_gpu_evicts_its_pod_and_a_verified_reset_lifts_it(
         assert "gpu-3" in history, history[:2000]
     finally:
         withdraw_gpu_slices(api, [node])
+
+
+def test_without_a_dra_slice_the_step_is_skipped_and_the_rung_fences_the_node(
+    sandbox: Sandbox,
+    case: Callable[..., list[str]],
+    objects: Objects,
+    run_operator: Callable[..., OperatorProcess],
+) -> None:
+    """A node whose GPUs are no DRA devices (no ResourceSlice): nothing is tainted, the step
+    says why (DeviceQuarantined=False, NoDevice), and the rung's next step cordons the node
+    as the policy says."""
+    core = sandbox.core_v1()
+    custom = client.CustomObjectsApi(sandbox.api_client())
+    (node,) = case(1)
+    cid = case.case_id  # type: ignore[attr-defined]
+    rule = {
+        "name": "ecc",
+        "signals": {"xids": [94]},
+        "ladder": [
+            {"name": "gpu", "steps": [{"action": "quarantineDevice"}, {"action": "cordon"}]}
+        ],
+    }
+    objects.apply("remediationpolicies", policy(f"p-{cid}", f"{cid}-work", [rule]))
+    run_operator()
+    simulate_xid(core, node, 94, pci=BAD_PCI)
+    nrem = wait_for(
+        lambda: condition(o := objects.incident(node), "Cordoned") and o, "the fallback cordon"
+    )
+    skipped = condition(nrem, "DeviceQuarantined")
+    assert (skipped["status"], skipped["reason"]) == ("False", "NoDevice"), dump(nrem["status"])
+    assert f"no ResourceSlice of driver gpu.nvidia.com for node {node}" in skipped["message"]
+    assert "quarantinedDevice" not in nrem["status"]
+    assert _rules(custom, nrem["metadata"]["name"]) == []
+    assert objects.node(node).spec.unschedulable
+
+
+def test_no_verified_reset_no_release_the_rule_stays_and_the_incident_says_so(
+    sandbox: Sandbox,
+    case: Callable[..., list[str]],
+    objects: Objects,
+    run_operator: Callable[..., OperatorProcess],
+) -> None:
+    """A Noop reset repairs nothing: at the end the GPU's DeviceTaintRule stays, Returned=False
+    DeviceStillQuarantined, the incident ends Remediated saying the GPU is still out."""
+    core = sandbox.core_v1()
+    api = sandbox.api_client()
+    custom = client.CustomObjectsApi(api)
+    (node,) = case(1)
+    cid = case.case_id  # type: ignore[attr-defined]
+    publish_gpu_slices(api, [node], SANDBOX_GPUS)
+    name = ""
+    try:
+        rule = {
+            "name": "ecc",
+            "signals": {"xids": [94]},
+            "ladder": [
+                {
+                    "name": "gpu",
+                    "steps": [
+                        {
+                            "action": "quarantineDevice",
+                            "quarantineDevice": {"effect": "NoSchedule"},
+                        },
+                        {"action": "reset", "reset": {"hook": {"type": "Noop"}}},
+                    ],
+                }
+            ],
+        }
+        objects.apply(
+            "remediationpolicies", policy(f"p-{cid}", f"{cid}-work", [rule], healthy_for="1s")
+        )
+        run_operator()
+        simulate_xid(core, node, 94, pci=BAD_PCI)
+        done = wait_for(lambda: completed(o := objects.incident(node)) and o, "incident ended")
+        name = done["metadata"]["name"]
+        assert completed(done) == "Remediated", dump(done["status"])
+        returned = condition(done, "Returned")
+        assert (returned["status"], returned["reason"]) == ("False", "DeviceStillQuarantined")
+        assert condition(done, "Reset")["reason"] == "NoopHook"
+        (kept,) = _rules(custom, name)
+        assert kept["spec"]["taint"]["effect"] == "NoSchedule"
+        assert kept["spec"]["deviceSelector"]["device"] == "gpu-3"
+        held = done["status"]["quarantinedDevice"]
+        assert "releasedAt" not in held, dump(held)
+        assert "no reset of GPU 0000:1b:00 was asked for" in held["message"], dump(held)
+        assert not objects.node(node).spec.unschedulable
+    finally:
+        for r in _rules(custom, name) if name else []:  # the rule gpuheal leaves for a person
+            custom.delete_cluster_custom_object(*RESOURCE, r["metadata"]["name"])
+        withdraw_gpu_slices(api, [node])
