@@ -11,7 +11,8 @@ from pydantic import ValidationError
 
 from gpuheal.api.devicequarantine import DeviceTaintEffect, QuarantinedDevice
 from gpuheal.api.noderemediation import RepairRecord
-from gpuheal.api.remediationpolicy import Action, Step
+from gpuheal.api.remediationpolicy import Action, RemediationPolicySpec, Step
+from gpuheal.policy import decide
 from gpuheal.policy.devicequarantine import (
     DeviceMatch,
     find_device,
@@ -19,6 +20,15 @@ from gpuheal.policy.devicequarantine import (
     ours,
     rule_manifest,
     rule_name,
+)
+from gpuheal.policy.types import (
+    Act,
+    ClusterCounts,
+    History,
+    Move,
+    NodeCondition,
+    NodeView,
+    Observation,
 )
 
 T0 = dt.datetime(2026, 11, 1, 12, 0, tzinfo=dt.UTC)
@@ -185,3 +195,55 @@ def test_the_step_carries_only_its_own_options() -> None:
         Step.model_validate({"action": "cordon", "quarantineDevice": {}})
     with pytest.raises(ValidationError):
         Step.model_validate({"action": "quarantineDevice", "quarantineDevice": {"effect": "None"}})
+
+
+ESCALATING = {
+    "nodeSelector": {},
+    "safety": {"maxUnhealthy": 5, "stormCooldown": "0s"},
+    "rules": [
+        {
+            "name": "ecc",
+            "signals": {"xids": [94]},
+            "escalation": {"occurrences": 3, "window": "24h", "scope": "Gpu"},
+            "ladder": [
+                {
+                    "name": "gpu",
+                    "steps": [
+                        {"action": "quarantineDevice"},
+                        {"action": "reset", "reset": {"hook": {"type": "Noop"}}},
+                    ],
+                },
+                {"name": "node", "steps": [{"action": "cordon"}, {"action": "drain"}]},
+            ],
+        }
+    ],
+}
+
+
+@pytest.mark.parametrize(
+    ("gpus", "first", "rung"),
+    [
+        (["0000:1b:00"], "quarantineDevice", 0),
+        (["0000:1b:00", "0000:1d:00", "0000:1b:00"], "quarantineDevice", 0),  # two GPUs
+        (["0000:1b:00"] * 3, "cordon", 1),  # the 3rd on one GPU in 24h: the whole node
+    ],
+)
+def test_repeats_on_one_gpu_climb_from_the_gpu_to_the_node(
+    gpus: list[str], first: str, rung: int
+) -> None:
+    """The README's ladder: one GPU out first; the same GPU faulting again climbs to the node
+    rung (the existing per-GPU escalation, nothing special to quarantines)."""
+    spec = RemediationPolicySpec.model_validate(ESCALATING)
+    node = NodeView(
+        name="n", labels={}, conditions=[NodeCondition("Ready", "True", T0 - dt.timedelta(days=1))]
+    )
+    obs = [
+        Observation(time=T0 - (len(gpus) - i) * dt.timedelta(hours=1), xid=94, gpu=g)
+        for i, g in enumerate(gpus)
+    ]
+    calm = ClusterCounts(selected=100, unhealthy=1, remediating=0)
+    decision = decide(spec, node, History(observations=obs), calm, T0)
+    assert isinstance(decision, Act), decision
+    assert decision.operation is Move.OPEN
+    assert decision.trigger is not None
+    assert (decision.trigger.steps[0].action.value, decision.rung) == (first, rung)
