@@ -589,6 +589,21 @@ def test_nothing_owned_closes_without_uncordon() -> None:
     assert (decision.operation, decision.reason) == (Move.CLOSE, Reason.NOTHING_OWNED)
 
 
+def test_a_quarantined_gpu_is_ours_to_undo_though_the_node_was_never_cordoned() -> None:
+    incident = incident_79(
+        ALL_79,
+        last_step_at=T0 + 5 * MIN,
+        verification=checked(T0 + 5 * MIN),
+        quarantined_device="inc-gpu-3",
+    )
+    decision = decide(
+        SPEC, NODE, History(observations=[xid(79, T0)], incident=incident), CALM, T0 + HOUR
+    )
+    assert isinstance(decision, Act)
+    assert decision.operation is Move.RETURN_TO_SERVICE
+    assert (decision.uncordon, decision.resume_slurm) == (False, False)
+
+
 def test_breaker_never_blocks_return_to_service() -> None:
     storm = ClusterCounts(
         selected=100, unhealthy=90, remediating=50, breaker_open=True, breaker_changed_at=T0

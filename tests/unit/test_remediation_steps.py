@@ -359,6 +359,33 @@ async def test_a_power_cycle_is_asked_of_the_hook_by_name(
     assert {"name": "GPUHEAL_POWER_CYCLE", "value": "true"} in env
 
 
+async def test_the_reset_of_a_quarantined_gpu_names_it_to_the_hook(
+    hook_server: tuple[str, type[_Recorder]],
+) -> None:
+    """A reset of the one GPU a quarantineDevice step took out names its PCI address (the
+    webhook's "gpu", the Job's GPUHEAL_GPU), so the hook can reset that GPU alone; a reset
+    of the node's GPUs is asked as before."""
+    url, rec = hook_server
+    hook = HookSpec(type="Webhook", webhook={"url": url})
+    for gpu in ("0000:1b:00", None):
+        await steps.run_hook(
+            None,  # type: ignore[arg-type]  # only Job hooks touch the API
+            hook, action="reset", node="n1", incident="nrem-1", xid=94, started=NOW, now=NOW,
+            hook_timeout="10m", retry_after=1.0, gpu=gpu,
+        )  # fmt: skip
+    plain = {"action": "reset", "node": "n1", "incident": "nrem-1", "xid": 94}
+    assert [body for body, _ in rec.calls] == [{**plain, "gpu": "0000:1b:00"}, plain]
+    template = {"template": {"spec": {"containers": [{"name": "c", "image": "i"}]}}}
+    env = steps._job_spec(template, node="n1", action="reset", incident="i", gpu="0000:1b:00")[
+        "template"
+    ]["spec"]["containers"][0]["env"]
+    assert {"name": "GPUHEAL_GPU", "value": "0000:1b:00"} in env
+    plain_env = steps._job_spec(template, node="n1", action="reset", incident="i")["template"][
+        "spec"
+    ]["containers"][0]["env"]
+    assert not [e for e in plain_env if e["name"] == "GPUHEAL_GPU"]
+
+
 def test_power_cycle_is_asked_only_of_a_hook_that_can_carry_it() -> None:
     from gpuheal.api.remediationpolicy import RebootOptions
 

@@ -34,6 +34,14 @@ SERVICE_CIDR = "10.96.0.0/16"
 SA_ISSUER = "https://kubernetes.default.svc.cluster.local"
 KUBELET_CLIENT = "apiserver-kubelet-client"
 _COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
+#: DRA device taints as 1.36 has them: ResourceSlice taints are beta and on by default
+#: (DRADeviceTaints), DeviceTaintRule is beta but off (DRADeviceTaintRules) and served only as
+#: resource.k8s.io/v1beta2, an API off by default. The gate goes to the apiserver (the API and
+#: its RBAC), the scheduler (it honours a rule's NoSchedule) and kube-controller-manager (its
+#: device-taint-eviction controller reads the rules for NoExecute). Flags only: nothing starts
+#: slower for them (pkg/features/kube_features.go, pkg/registry/resource/rest, v1.36.3).
+DRA_FEATURE_GATES = "--feature-gates=DRADeviceTaintRules=true"
+DRA_RUNTIME_CONFIG = "--runtime-config=resource.k8s.io/v1beta2=true"
 
 
 def repo_root() -> Path | None:
@@ -262,6 +270,8 @@ class ControlPlane:
                 # Benchmarks create 1,000s of nodes and watch them: lift the default in-flight caps.
                 "--max-requests-inflight=2000",
                 "--max-mutating-requests-inflight=1000",
+                DRA_FEATURE_GATES,
+                DRA_RUNTIME_CONFIG,
                 "--v=1",
                 *self._audit_flags(),
             ],
@@ -291,6 +301,7 @@ class ControlPlane:
                 "--use-service-account-credentials=true",
                 f"--service-cluster-ip-range={SERVICE_CIDR}",
                 "--leader-elect=false",
+                DRA_FEATURE_GATES,
                 "--v=1",
             ],
         )
@@ -307,6 +318,7 @@ class ControlPlane:
                 "--bind-address=127.0.0.1",
                 f"--secure-port={self.ports['kube-scheduler']}",
                 "--leader-elect=false",
+                DRA_FEATURE_GATES,
                 "--v=1",
             ],
         )

@@ -25,12 +25,16 @@ async def post_webhook(
     xid: int | None,
     wait_s: float,
     power_cycle: bool = False,
+    gpu: str | None = None,
 ) -> int:
     """POST the request; the HTTP status code, or `HookUnreachable`. ``power_cycle``: the
-    reboot must be a cold power cycle (``"powerCycle": true``; absent otherwise)."""
+    reboot must be a cold power cycle (``"powerCycle": true``; absent otherwise). ``gpu``:
+    the PCI address of the one GPU the incident quarantined (``"gpu"``; absent otherwise)."""
     payload: dict[str, object] = {"action": action, "node": node, "incident": incident, "xid": xid}
     if power_cycle:
         payload["powerCycle"] = True
+    if gpu:
+        payload["gpu"] = gpu
     try:
         async with httpx.AsyncClient(timeout=wait_s) as http:
             resp = await http.post(

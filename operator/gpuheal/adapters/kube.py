@@ -41,6 +41,10 @@ R = TypeVar("R")
 MERGE_PATCH = "application/merge-patch+json"
 CORE = "/api/v1"
 CUSTOM = f"/apis/{names.GROUP}/{names.VERSION}"
+RESOURCE = "/apis/resource.k8s.io"
+#: DeviceTaintRule is resource.k8s.io/v1 from Kubernetes 1.37 (GA), v1beta2 in 1.36 (beta,
+#: behind the DRADeviceTaintRules gate and the off-by-default v1beta2 API): newest first.
+DEVICE_TAINT_RULE_VERSIONS = ("v1", "v1beta2")
 
 
 Watched = Literal["nodes", "node_events", "noderemediations"]
@@ -687,6 +691,53 @@ class Kube:
         else:
             path, method = self.lease_path(meta["namespace"], meta["name"]), "PUT"
         await self.http.request(method, path, body=body)
+
+    # ---- DRA: ResourceSlices and DeviceTaintRules (one GPU out) --------------------------
+    async def resource_slices(self, node: str) -> list[JSON] | None:
+        """The node's ResourceSlices (every driver); None when the API server serves no
+        resource.k8s.io/v1 (a cluster without DRA)."""
+        params = {"fieldSelector": f"spec.nodeName={node}"}
+        call = self.http.request("GET", f"{RESOURCE}/v1/resourceslices", params=params)
+        body = await _unless(404, call)
+        return None if body is None else list(body.get("items") or [])
+
+    async def device_taint_rule(self, name: str) -> JSON | None:
+        """A DeviceTaintRule (v1 where served, 1.37+; else v1beta2), None when absent."""
+        for version in DEVICE_TAINT_RULE_VERSIONS:
+            path = f"{RESOURCE}/{version}/devicetaintrules/{_q(name)}"
+            found = await _unless(404, self.http.request("GET", path))
+            if found is not None:
+                return found
+        return None
+
+    async def create_device_taint_rule(self, body: JSON) -> str:
+        """Create it in the newest version the server serves; the version used, or "exists"
+        (409: a retry finds its own rule). ApiError 404 when no version is served (the
+        DRADeviceTaintRules gate or resource.k8s.io/v1beta2 off)."""
+        last: ApiError | None = None
+        for version in DEVICE_TAINT_RULE_VERSIONS:
+            sent = {**body, "apiVersion": f"resource.k8s.io/{version}"}
+            path = f"{RESOURCE}/{version}/devicetaintrules"
+            try:
+                await self.http.request("POST", path, body=sent)
+            except ApiError as exc:
+                if exc.status == 409:
+                    return "exists"
+                if exc.status != 404:
+                    raise
+                last = exc
+                continue
+            return version
+        assert last is not None
+        raise last
+
+    async def delete_device_taint_rule(self, name: str) -> bool:
+        """Delete; False when it was gone already (in every served version)."""
+        for version in DEVICE_TAINT_RULE_VERSIONS:
+            path = f"{RESOURCE}/{version}/devicetaintrules/{_q(name)}"
+            if await _unless(404, self.http.request("DELETE", path)) is not None:
+                return True
+        return False
 
     # ---- gpuheal custom objects --------------------------------------------------------
     async def get_custom(self, plural: str, name: str) -> JSON | None:

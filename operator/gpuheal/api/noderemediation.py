@@ -8,6 +8,7 @@ from typing import Literal
 
 from pydantic import ConfigDict, Field, model_validator
 
+from gpuheal.api.devicequarantine import QuarantinedDevice
 from gpuheal.api.meta import (
     DNS_SUBDOMAIN_PATTERN,
     MAX_MESSAGE,
@@ -293,6 +294,11 @@ class NodeRemediationStatus(Status):
     repair: RepairRecord | None = Field(
         default=None, description="The reset or reboot of the current rung, and its proof."
     )
+    quarantined_device: QuarantinedDevice | None = Field(
+        default=None,
+        description="The one GPU a quarantineDevice step took out through a DRA "
+        "DeviceTaintRule (the node stays in service), and when the rule was lifted.",
+    )
     verification: VerificationRecord | None = Field(
         default=None, description="The check before return to service (the current rung's)."
     )
@@ -305,7 +311,8 @@ class NodeRemediationStatus(Status):
         200, "The incident's story in order (the conditions, as a list of events)."
     )
     conditions: list[Condition] = conditions_field(
-        "One per step (Detected, Cordoned, SlurmDrained, JobsRequeued, Drained, Reset, "
+        "One per step (Detected, Cordoned, SlurmDrained, JobsRequeued, DeviceQuarantined, "
+        "Drained, Reset, "
         "Rebooted, ReplacementClaimed, Retired, Verified, Repaired, Returned), plus Blocked, "
         "Failed, Completed."
     )

@@ -11,6 +11,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel as PydanticModel
 from pydantic import ConfigDict, Field, model_validator
 
+from gpuheal.api.devicequarantine import QuarantineDeviceOptions
 from gpuheal.api.meta import (
     CONDITION_TYPE_PATTERN,
     DNS_LABEL_PATTERN,
@@ -59,6 +60,7 @@ class Action(enum.StrEnum):
     CORDON = "cordon"
     SLURM_DRAIN = "slurmDrain"
     CHECKPOINT = "checkpoint"  # ask the node's Slurm jobs to checkpoint now; they keep running
+    QUARANTINE_DEVICE = "quarantineDevice"  # one GPU out through a DRA DeviceTaintRule
     DRAIN = "drain"
     RESET = "reset"
     REBOOT = "reboot"
@@ -887,6 +889,7 @@ _STEP_RULES = (
         "(!has(self.cordon) || self.action == 'cordon') && "
         "(!has(self.slurmDrain) || self.action == 'slurmDrain') && "
         "(!has(self.checkpoint) || self.action == 'checkpoint') && "
+        "(!has(self.quarantineDevice) || self.action == 'quarantineDevice') && "
         "(!has(self.drain) || self.action == 'drain') && "
         "(!has(self.reset) || self.action == 'reset') && "
         "(!has(self.reboot) || self.action == 'reboot') && "
@@ -932,7 +935,9 @@ class Step(Model):
         description="alert (Event and condition only), cordon, slurmDrain (drain the Slurm "
         "node and requeue its jobs through the bridge), checkpoint (signal the node's running "
         "Slurm jobs to checkpoint now, through the bridge: no requeue, no drain, the jobs "
-        "keep running), drain (evict the pods), reset (GPU "
+        "keep running), quarantineDevice (taint the one GPU the XID names through a DRA "
+        "DeviceTaintRule: the node and its other GPUs stay in service), drain (evict the "
+        "pods), reset (GPU "
         "reset), reboot, replace (take a spare from a ReservePool), or retire (keep the "
         "node out for good: label gpuheal.io/retired, never returned or put in a pool)."
     )
@@ -944,6 +949,11 @@ class Step(Model):
     )
     checkpoint: CheckpointOptions | None = Field(
         default=None, description="Options of a checkpoint step (USR1 when omitted)."
+    )
+    quarantine_device: QuarantineDeviceOptions | None = Field(
+        default=None,
+        description="Options of a quarantineDevice step (NoExecute, driver gpu.nvidia.com "
+        "when omitted).",
     )
     drain: DrainOptions | None = Field(
         default=None, description="Options of a drain step (defaults when omitted)."
@@ -964,6 +974,7 @@ class Step(Model):
             Action.CORDON: self.cordon,
             Action.SLURM_DRAIN: self.slurm_drain,
             Action.CHECKPOINT: self.checkpoint,
+            Action.QUARANTINE_DEVICE: self.quarantine_device,
             Action.DRAIN: self.drain,
             Action.RESET: self.reset,
             Action.REBOOT: self.reboot,
@@ -985,6 +996,9 @@ class Step(Model):
 
     def checkpoint_options(self) -> CheckpointOptions:
         return self.checkpoint or CheckpointOptions()
+
+    def quarantine_device_options(self) -> QuarantineDeviceOptions:
+        return self.quarantine_device or QuarantineDeviceOptions()
 
 
 _ACTION_TWICE = (

@@ -711,7 +711,7 @@ def _after_ladder(  # noqa: PLR0911, PLR0912 - one exit per documented outcome r
     unchecked = unchecked_return(actions, incident) if verified_at is None else None
     uncordon = incident.cordoned_by_us
     resume = incident.slurm_drained_by_us and rts.resume_slurm
-    if not uncordon and not resume:
+    if not uncordon and not resume and incident.quarantined_device is None:
         return Act(
             Move.CLOSE,
             Reason.NOTHING_OWNED,

@@ -368,6 +368,7 @@ def incident_view(nrem: NodeRemediation, *, approve_annotation: str) -> Incident
         last_step_at=last,
         approved=approvals(nrem, approve_annotation),
         cordoned_by_us=nrem.status.ownership.cordoned,
+        quarantined_device=_held_rule(nrem),
         slurm_drained_by_us=nrem.status.ownership.slurm_drained,
         trigger_xid=first.xid,
         trigger_gpu=first.pci_bus_id or first.gpu_uuid,
@@ -454,3 +455,9 @@ def breaker_from_incidents(
         and c.reason == Reason.BREAKER_OPEN
     ]
     return (True, min(held)) if held else None
+
+
+def _held_rule(nrem: NodeRemediation) -> str | None:
+    """The DeviceTaintRule this incident wrote and has not lifted yet."""
+    held = nrem.status.quarantined_device
+    return held.rule if held is not None and held.released_at is None else None

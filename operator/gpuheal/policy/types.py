@@ -151,6 +151,8 @@ class IncidentView:
     replaced_by: str | None = None  # the spare that took over (the node is handed to repair)
     repair_failed: str | None = None  # the current rung's reset/reboot failed: why
     verification: VerificationState | None = None  # the current rung's check, if it ran
+    # the DeviceTaintRule of a quarantineDevice step not lifted yet (gpuheal's to undo)
+    quarantined_device: str | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -57,6 +57,7 @@ CONDITION_OF = {
     Action.CORDON: NremCondition.CORDONED,
     Action.SLURM_DRAIN: NremCondition.SLURM_DRAINED,
     Action.CHECKPOINT: NremCondition.CHECKPOINTED,
+    Action.QUARANTINE_DEVICE: NremCondition.DEVICE_QUARANTINED,
     Action.DRAIN: NremCondition.DRAINED,
     Action.RESET: NremCondition.RESET,
     Action.REBOOT: NremCondition.REBOOTED,
@@ -68,6 +69,7 @@ EVENT_OF = {
     Action.CORDON: EventReason.CORDONED,
     Action.SLURM_DRAIN: EventReason.SLURM_DRAINED,
     Action.CHECKPOINT: EventReason.CHECKPOINTED,
+    Action.QUARANTINE_DEVICE: EventReason.DEVICE_QUARANTINED,
     Action.DRAIN: EventReason.DRAINED,
     Action.RESET: EventReason.RESET,
     Action.REBOOT: EventReason.REBOOTED,
@@ -666,7 +668,7 @@ async def _finish(  # noqa: PLR0917, PLR0911
         if decision.to_pool is not None:
             result = await steps.return_to_pool(ports, cluster, nrem, decision, decision.to_pool)
         else:
-            result = await steps.return_to_service(ports, cluster, nrem, decision)
+            result = await steps.return_to_service(ports, cluster, nrem, decision, now=rec.now)
         return await _returned(ports, cluster, books, nrem, rec, result, decision.to_pool)
     if isinstance(decision, Idle) and decision.reason == Reason.RETURN_DISABLED:
         await _complete(ports, cluster, books, nrem, rec, "Remediated", decision.message)
@@ -709,6 +711,7 @@ async def _returned(  # noqa: PLR0917
         rec.condition(NremCondition.RETURNED, "False", result.reason, result.message)
         await _block(ports, cluster, nrem, rec, result.reason, result.message)
         return result.retry_after or ports.config.retry_interval
+    rec.merge(result.status)  # e.g. the device quarantine lifted (or kept, and why)
     if result.kind == "done":
         rec.condition(NremCondition.RETURNED, "True", result.reason, result.message)
         to_pool = result.reason == "ReturnedToPool"
@@ -719,6 +722,8 @@ async def _returned(  # noqa: PLR0917
         return None
     rec.condition(NremCondition.RETURNED, "False", result.reason, result.message)
     message = f"{nrem.spec.node_name} repaired, not back in Slurm service: {result.message}"
+    if result.reason == "DeviceStillQuarantined":
+        message = f"{nrem.spec.node_name} in service, one GPU still out: {result.message}"
     await _complete(ports, cluster, books, nrem, rec, "Remediated", message)
     return None
 

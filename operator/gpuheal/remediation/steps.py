@@ -21,7 +21,7 @@ import yaml
 
 from gpuheal import crashpoints
 from gpuheal.adapters.hooks import HookUnreachable, post_webhook
-from gpuheal.adapters.kube import CordonOutcome, Kube, UncordonOutcome
+from gpuheal.adapters.kube import ApiError, CordonOutcome, Kube, UncordonOutcome
 from gpuheal.adapters.slurm import (
     BridgeSlurm,
     SlurmConflict,
@@ -29,6 +29,11 @@ from gpuheal.adapters.slurm import (
     SlurmNotFound,
     SlurmUnavailable,
     UnknownCluster,
+)
+from gpuheal.api.devicequarantine import (
+    DEVICE_TAINT_KEY,
+    QuarantinedDevice,
+    QuarantineDeviceOptions,
 )
 from gpuheal.api.meta import find_condition, parse_duration, parse_time, rfc3339
 from gpuheal.api.names import (
@@ -69,6 +74,7 @@ from gpuheal.api.remediationpolicy import (
 )
 from gpuheal.api.remediationpolicy import RequeueMode as PolicyRequeue
 from gpuheal.api.reservepool import ReservePool, TaintEffect
+from gpuheal.policy import devicequarantine as dq
 from gpuheal.policy import idle, pods_to_evict, spare_candidates
 from gpuheal.policy.repair import reboot_proof, reset_proof
 from gpuheal.policy.spares import Unavailable, slurm_unavailable, spare_unavailable
@@ -562,6 +568,7 @@ async def run_hook(  # noqa: PLR0911
     job_name: str | None = None,
     power_cycle: bool = False,
     jobs: NodeJobs = NodeJobs(),
+    gpu: str | None = None,
 ) -> StepResult:
     """The reset/reboot contract: a Webhook POST or a Job; ``Noop`` runs nothing, so the
     step is skipped (its condition False, `NoopHook`), never taken for a repair.
@@ -574,7 +581,9 @@ async def run_hook(  # noqa: PLR0911
     when the Job reports Complete, failure when it reports Failed. A reboot with
     ``powerCycle`` adds ``"powerCycle": true`` to the request (env
     ``GPUHEAL_POWER_CYCLE=true``): the hook must power-cycle the node (its BMC) or fail,
-    never reboot it warm instead. An inline Job template the operator does not allow
+    never reboot it warm instead. A reset of the one GPU a ``quarantineDevice`` step took
+    out names it (``gpu``): ``"gpu": "<PCI address>"`` (env ``GPUHEAL_GPU``), so the hook
+    can reset that GPU alone. An inline Job template the operator does not allow
     (``jobs``) is skipped: nothing ran, the node was not repaired.
     """
     condition = C.RESET if action == "reset" else C.REBOOTED
@@ -595,6 +604,7 @@ async def run_hook(  # noqa: PLR0911
                 xid=xid,
                 wait_s=parse_duration(hook.webhook.timeout).total_seconds(),
                 power_cycle=power_cycle,
+                gpu=gpu,
             )
         except HookUnreachable as exc:
             return StepResult.wait(condition, "HookUnreachable", str(exc), retry_after)
@@ -617,6 +627,7 @@ async def run_hook(  # noqa: PLR0911
             retry_after=retry_after,
             power_cycle=power_cycle,
             jobs=jobs,
+            gpu=gpu,
         )
     return StepResult.failed(condition, "HookInvalid", f"{action} hook has no {hook.type} block")
 
@@ -662,6 +673,7 @@ async def _job_hook(  # noqa: PLR0911 - one exit per outcome
     retry_after: float,
     power_cycle: bool = False,
     jobs: NodeJobs,
+    gpu: str | None = None,
 ) -> StepResult:
     """Create the Job once, then follow it: Complete is done, Failed is failed (its exit
     code said so). The namespace is the hook's, else the operator's node-jobs namespace."""
@@ -688,6 +700,7 @@ async def _job_hook(  # noqa: PLR0911 - one exit per outcome
             incident=incident,
             pin=job_hook.run_on_node,
             power_cycle=power_cycle,
+            gpu=gpu,
         )
         body = {
             "apiVersion": "batch/v1",
@@ -734,6 +747,7 @@ def _job_spec(
     incident: str,
     pin: bool = False,
     power_cycle: bool = False,
+    gpu: str | None = None,
 ) -> dict[str, Any]:
     """The template (a JobSpec) with NODE_NAME & co added to every container's env; with
     ``pin``, its pod runs on the node (spec.nodeName: the scheduler and the node's cordon do
@@ -755,6 +769,8 @@ def _job_spec(
     ]
     if power_cycle:
         env.append({"name": "GPUHEAL_POWER_CYCLE", "value": "true"})
+    if gpu:
+        env.append({"name": "GPUHEAL_GPU", "value": gpu})
     for container in pod_spec.get("containers") or []:
         container["env"] = [*(container.get("env") or []), *env]
     return spec
@@ -1042,6 +1058,7 @@ async def repair(  # noqa: PLR0917, PLR0911 - one exit per verified outcome
                 job_name=job_name_for(name, f"{action.value}-{rung}"),
                 power_cycle=record.power_cycle,
                 jobs=NodeJobs.of(ports),
+                gpu=_quarantined_gpu(nrem) if action is Action.RESET else None,
             )
             if ran.kind != "done":
                 ran.status["repair"] = record.to_k8s()
@@ -1064,6 +1081,12 @@ async def repair(  # noqa: PLR0917, PLR0911 - one exit per verified outcome
     result = StepResult.wait(cond, "Verifying", f"{action} via {record.via}: {what}", retry)
     result.status.update(status)
     return result
+
+
+def _quarantined_gpu(nrem: NodeRemediation) -> str | None:
+    """The PCI address of the GPU this incident holds out (a reset of it names it)."""
+    held = nrem.status.quarantined_device
+    return held.pci_bus_id if held is not None and held.released_at is None else None
 
 
 async def _slurm_reboot(
@@ -1253,6 +1276,106 @@ async def retire(kube: Kube, node: str, incident: str, why: str) -> StepResult:
     )
 
 
+# ---- one GPU out: a DRA DeviceTaintRule ------------------------------------------------------
+async def quarantine_device(  # noqa: PLR0911 - one exit per outcome
+    kube: Kube,
+    nrem: NodeRemediation,
+    opts: QuarantineDeviceOptions,
+    *,
+    xid: int | None,
+    now: dt.datetime,
+) -> StepResult:
+    """Taint the one GPU the fault names (`policy.devicequarantine.find_device`) through one
+    DeviceTaintRule named after the incident and the device; the node stays schedulable and
+    its other GPUs in service. Idempotent: the rule's name is fixed, a retry finds its own
+    rule (409) and records it. Skipped, saying why, where the cluster has no DRA slice for
+    the node, the signal names no GPU, or DeviceTaintRules are not served."""
+    cond = C.DEVICE_QUARANTINED
+    node, name = nrem.spec.node_name, nrem.metadata.name
+    held = nrem.status.quarantined_device
+    if held is not None and held.released_at is None:
+        return StepResult.done(
+            cond, "DeviceTainted", f"{held.device} already quarantined by {held.rule}"
+        )
+    signal = next((s for s in reversed(nrem.spec.signals) if s.pci_bus_id or s.gpu_uuid), None)
+    slices = await kube.resource_slices(node)
+    if slices is None:
+        return StepResult.skipped(
+            cond, "NoDRA", "the API server serves no resource.k8s.io/v1 ResourceSlices: "
+            f"{node}'s GPUs are not DRA devices, so none can be tainted alone",
+        )  # fmt: skip
+    found = dq.find_device(
+        slices,
+        node=node,
+        driver=opts.driver,
+        pci=signal.pci_bus_id if signal else None,
+        uuid=signal.gpu_uuid if signal else None,
+    )
+    if isinstance(found, str):
+        return StepResult.skipped(cond, "NoDevice", found)
+    rule = dq.rule_name(name, found.device)
+    manifest = dq.rule_manifest(rule, found, opts.effect, incident=name, xid=xid)
+    try:
+        created = await kube.create_device_taint_rule(manifest)
+    except ApiError as exc:
+        if exc.status == 404:
+            return StepResult.skipped(
+                cond, "DeviceTaintRulesOff", "the API server serves no DeviceTaintRule "
+                "(Kubernetes 1.36: feature gate DRADeviceTaintRules and --runtime-config="
+                "resource.k8s.io/v1beta2=true; GA in 1.37)",
+            )  # fmt: skip
+        if exc.status == 403:
+            return StepResult.failed(cond, "Forbidden", f"creating DeviceTaintRule {rule}: {exc}")
+        raise
+    if created == "exists" and not dq.ours(await kube.device_taint_rule(rule), name):
+        return StepResult.failed(
+            cond, "RuleNotOurs", f"DeviceTaintRule {rule} exists and is not this incident's"
+        )
+    record = QuarantinedDevice(
+        driver=found.driver,
+        pool=found.pool,
+        device=found.device,
+        pci_bus_id=found.pci_bus_id,
+        gpu_uuid=found.gpu_uuid,
+        rule=rule,
+        effect=opts.effect,
+        tainted_at=now,
+        message=f"tainted {DEVICE_TAINT_KEY}:{opts.effect.value}",
+    )
+    return StepResult.done(
+        cond,
+        "DeviceTainted",
+        f"{found.describe()} tainted {DEVICE_TAINT_KEY}={xid}:{opts.effect.value} by "
+        f"DeviceTaintRule {rule}; {node} and its other GPUs stay in service",
+        quarantinedDevice=record.to_k8s(),
+    )
+
+
+async def release_device(
+    kube: Kube, nrem: NodeRemediation, now: dt.datetime
+) -> tuple[bool, str, dict[str, Any]]:
+    """Lift this incident's device taint if `policy.devicequarantine.may_release` says so
+    (a verified reset of that GPU): (the GPU is back or was never out, what was done, status
+    to merge). A rule that is gone or not gpuheal's is left alone."""
+    held = nrem.status.quarantined_device
+    if held is None or held.released_at is not None:
+        return True, "", {}
+    ok, why = dq.may_release(held, nrem.status.repair)
+    if not ok:
+        kept = held.model_copy(update={"message": why[:1024]})
+        return False, f"{why} (DeviceTaintRule {held.rule})", {"quarantinedDevice": kept.to_k8s()}
+    current = await kube.device_taint_rule(held.rule)
+    if current is not None and not dq.ours(current, nrem.metadata.name):
+        said = f"DeviceTaintRule {held.rule} is no longer gpuheal's: left as it is"
+    elif current is None:
+        said = f"DeviceTaintRule {held.rule} was gone already"
+    else:
+        await kube.delete_device_taint_rule(held.rule)
+        said = f"DeviceTaintRule {held.rule} deleted: {held.device} back in service ({why})"
+    released = held.model_copy(update={"released_at": now, "message": said[:1024]})
+    return True, said, {"quarantinedDevice": released.to_k8s()}
+
+
 # ---- dispatch --------------------------------------------------------------------------------
 def _started(rec: Recorder, condition: str) -> dt.datetime:
     """When this step first ran: its condition's transition to False (kept across restarts)."""
@@ -1292,6 +1415,10 @@ async def execute(  # noqa: PLR0911, PLR0912 - one branch per action
         except UnknownCluster as exc:
             return StepResult.wait(C.CHECKPOINTED, "SlurmClusterUnknown", str(exc), retry)
         return await _checkpoint_step(ports, slurm, nrem, rec, step, attempt=attempt)
+    if action is Action.QUARANTINE_DEVICE:
+        return await quarantine_device(
+            kube, nrem, step.quarantine_device_options(), xid=xid, now=now
+        )
     if action is Action.DRAIN:
         result, counts = await drain_pods(
             kube,
@@ -1463,18 +1590,36 @@ async def _checkpoint_step(
 
 
 async def return_to_service(
-    ports: Ports, cluster: ClusterView, nrem: NodeRemediation, decision: Act
+    ports: Ports,
+    cluster: ClusterView,
+    nrem: NodeRemediation,
+    decision: Act,
+    *,
+    now: dt.datetime | None = None,
 ) -> StepResult:
-    """Undo what gpuheal did (only that): uncordon, resume in Slurm. The Returned condition
-    says what happened: `done` only when every side gpuheal had taken out is back (reason
+    """Undo what gpuheal did (only that): lift its device taint (after a verified reset of
+    that GPU, `release_device`), uncordon, resume in Slurm. The Returned condition says what
+    happened: `done` only when every side gpuheal had taken out is back (reason
     ReturnedToService, or ReturnedInKubernetesOnly when the policy's Slurm drain found no
-    bridge: Slurm was never asked, either way); see `resume_in_slurm` for the rest."""
+    bridge: Slurm was never asked, either way); skipped (DeviceStillQuarantined) while the
+    GPU it took out is not verified reset; see `resume_in_slurm` for the rest."""
+    kube = ports.require_kube()
+    back, said, status = await release_device(kube, nrem, now or dt.datetime.now(dt.UTC))
+    if not back:
+        return StepResult.skipped(C.RETURNED, "DeviceStillQuarantined", said, **status)
+    result = await _return_node(ports, cluster, nrem, decision, [said] if said else [])
+    result.status.update(status)
+    return result
+
+
+async def _return_node(
+    ports: Ports, cluster: ClusterView, nrem: NodeRemediation, decision: Act, messages: list[str]
+) -> StepResult:
     node = nrem.spec.node_name
     name = nrem.metadata.name
-    messages = []
     if decision.uncordon:
         messages.append(await uncordon(ports.require_kube(), node, name))
-    else:
+    elif nrem.status.quarantined_device is None or nrem.status.ownership.cordoned:
         messages.append(f"{node}: cordon was not gpuheal's, left as it is")
     if decision.resume_slurm:
         return await _resume(ports, cluster, node, name, "ReturnedToService", messages)
