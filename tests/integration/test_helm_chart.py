@@ -259,6 +259,30 @@ def test_in_cluster_bridge_wires_the_operator_to_its_service(helm: Helm) -> None
     assert bridge_volumes["state"]["persistentVolumeClaim"]["claimName"] == pvc["metadata"]["name"]
 
 
+def test_the_bridge_is_told_the_reserve_pools_reasons(helm: Helm) -> None:
+    """--reserve-reasons: a resume with a reserve_reason lifts only these drains (issue 23),
+    so the chart passes slurmBridge.reserveReasons and its own pool's reason."""
+
+    def reasons(*values: str) -> list[str]:
+        docs = helm.template("-f", str(CHART / "ci" / "bridge-values.yaml"), *values)
+        args = _container(_one(docs, "Deployment", "slurm-bridge"))["args"]
+        return [a for a in args if a.startswith("--reserve-reasons")]
+
+    assert reasons() == ["--reserve-reasons=reserve pool"]
+    assert reasons(
+        "--set-json", 'slurmBridge.reserveReasons=["reserve pool","spares: rack 7"]',
+        "--set", "defaultReservePool.enabled=true",
+        "--set", "defaultReservePool.spec.nodeSelector.pool=spares",
+        "--set", "defaultReservePool.spec.promotion.slurm.reserveReason=pool b",
+    ) == ["--reserve-reasons=reserve pool|spares: rack 7|pool b"]  # fmt: skip
+    refused = helm(
+        "template", "r", str(CHART), "-f", str(CHART / "ci" / "bridge-values.yaml"),
+        "--set", "slurmBridge.reserveReasons[0]=a|b", check=False,
+    )  # fmt: skip
+    assert refused.returncode != 0
+    assert "/slurmBridge/reserveReasons/0" in refused.stderr
+
+
 def _rollouts(docs: list[dict[str, Any]]) -> set[str]:
     """The bridge token's rollout value on its Secret and on the operator's and bridge's pods."""
     secret = _one(docs, "Secret", "bridge-token")["metadata"]["annotations"]

@@ -11,7 +11,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from gpuheal_bridge.nodemap import NodeMapper
-from gpuheal_bridge.operations import Operations
+from gpuheal_bridge.operations import DEFAULT_RESERVE_REASONS, Operations
 from gpuheal_bridge.server.app import BridgeSettings, create_app
 from gpuheal_bridge.server.audit import RefusalThrottle
 from gpuheal_bridge.server.auth import Scope, Token
@@ -28,7 +28,12 @@ def make_client(slurm: FakeSlurm, tmp_path: Path, **kw: object) -> TestClient:
         tokens={"operator": TOKEN},
         state_dir=tmp_path / "state",
         audit_log=tmp_path / "audit.jsonl",
-        operations=Operations(slurm, clock=clock, sleep=clock.sleep),
+        operations=Operations(
+            slurm,
+            clock=clock,
+            sleep=clock.sleep,
+            reserve_reasons=kw.pop("reserve_reasons", DEFAULT_RESERVE_REASONS),  # type: ignore[arg-type]
+        ),
         **{"health_interval": 0, **kw},  # type: ignore[arg-type]  # no background ping
     )
     # The peer is loopback: plain HTTP from anywhere else is refused (see the transport tests).
