@@ -82,9 +82,17 @@ pod-security.kubernetes.io/audit: privileged
 {{- end -}}
 
 {{/* image reference: repository@digest, or repository:tag (tag defaults to appVersion). */}}
+{{- /*
+An image reference: (list <image values> $ [<their values path>]). requireDigests refuses to
+render one without a digest (a tag can be moved to other content), naming the value to set.
+*/}}
 {{- define "gpuheal.image" -}}
 {{- $img := index . 0 -}}
 {{- $root := index . 1 -}}
+{{- if and $root.Values.requireDigests (not $img.digest) -}}
+{{- $where := ternary (index . 2) "an image" (gt (len .) 2) -}}
+{{- fail (printf "requireDigests: the image %s:%s is not pinned by digest: set %s.digest (sha256:...)" $img.repository (default $root.Chart.AppVersion $img.tag) $where) -}}
+{{- end -}}
 {{- if $img.digest -}}
 {{- printf "%s@%s" $img.repository $img.digest -}}
 {{- else -}}
