@@ -20,7 +20,7 @@ from gpuheal_bridge.backends.base import Backend
 from gpuheal_bridge.backends.capabilities import Discovered, discover, refusal, summary
 from gpuheal_bridge.backends.cli import CliBackend
 from gpuheal_bridge.backends.rest import JwtFile, RestBackend
-from gpuheal_bridge.config import BridgeConfig, listen_host, parse_config
+from gpuheal_bridge.config import BridgeConfig, listen_host, parse_config, reserve_reasons
 from gpuheal_bridge.exclusions import ExclusionLedger
 from gpuheal_bridge.nodemap import NodeMapper
 from gpuheal_bridge.operations import Operations
@@ -76,6 +76,7 @@ def build_settings(config: BridgeConfig) -> BridgeSettings:
         expedite_timeout=config.expedite_timeout,
         settle_timeout=config.settle_timeout,
         exclusions=ExclusionLedger.in_dir(config.state_dir),
+        reserve_reasons=reserve_reasons(config.reserve_reasons),
     )
     return BridgeSettings(
         backend=backend,

@@ -48,6 +48,12 @@ class BridgeConfig(BaseSettings):
         description="the Slurm nodes the bridge may act on, a hostlist (e.g. gpu-[01-64]); "
         "any other is refused (403). Unset: every node (a warning at start)",
     )
+    reserve_reasons: str = Field(
+        "reserve pool",
+        description="the drain reasons of reserve pools' spares, '|'-separated (each a "
+        "ReservePool's promotion.slurm.reserveReason): resume with a reserve_reason lifts only "
+        "these, reserve sets only these (any other: 403)",
+    )
     tls_cert: Path | None = Field(None, description="TLS certificate (PEM): HTTPS with --tls-key")
     tls_key: Path | None = Field(None, description="TLS private key (PEM)")
     insecure_http: bool = Field(
@@ -122,6 +128,8 @@ class BridgeConfig(BaseSettings):
                 raise ValueError(f"--allowed-nodes {self.allowed_nodes!r}: {exc}") from None
             if not nodes:
                 raise ValueError("--allowed-nodes is empty: give a hostlist, or leave it unset")
+        if not reserve_reasons(self.reserve_reasons):
+            raise ValueError("--reserve-reasons is empty: give the reserve pools' drain reasons")
         host = listen_host(self.listen)
         if self.tls_cert is None and not self.insecure_http and not is_loopback(host):
             raise ValueError(
@@ -130,6 +138,11 @@ class BridgeConfig(BaseSettings):
                 "--insecure-http behind a proxy that terminates TLS)"
             )
         return self
+
+
+def reserve_reasons(text: str) -> frozenset[str]:
+    """``"reserve pool|spares (rack 7)"`` -> both (a Slurm reason may hold a comma)."""
+    return frozenset(r.strip() for r in text.split("|") if r.strip())
 
 
 def listen_host(listen: str) -> str:

@@ -90,6 +90,16 @@ SLURMD_MIN_KILL_DELAY = 5.0
 _KILL_WAIT_TTL = 600.0
 
 
+#: The drain reasons of reserve pools' spares the bridge resumes without ``force``
+#: (``--reserve-reasons``): the ReservePool's default ``promotion.slurm.reserveReason``.
+DEFAULT_RESERVE_REASONS = frozenset({"reserve pool"})
+
+
+class ReasonNotAllowed(Exception):
+    """A ``reserve_reason`` that is not one of the bridge's reserve pool reasons: resuming by
+    it would let a token lift any drain whose reason text it knows (an admin's)."""
+
+
 class OwnershipConflict(Exception):
     """Resume refused: the drain belongs to someone else (or another incident)."""
 
@@ -140,8 +150,10 @@ class Operations:
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         wall_clock: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.UTC),
         exclusions: ExclusionLedger | None = None,
+        reserve_reasons: frozenset[str] = DEFAULT_RESERVE_REASONS,
     ) -> None:
         self.backend = backend
+        self.reserve_reasons = reserve_reasons
         self.exclusions = exclusions or ExclusionLedger()
         self._wall = wall_clock  # the times an answer reports (requeued_at, at)
         self.poll_interval = poll_interval
@@ -236,7 +248,18 @@ class Operations:
             )
         )
 
+    def check_reserve_reason(self, reason: str | None) -> None:
+        """A reserve pool's reason must be one the bridge was given (``--reserve-reasons``):
+        the caller names the reason it lifts, so any text would do, an admin's included."""
+        if reason is not None and reason not in self.reserve_reasons:
+            known = ", ".join(repr(r) for r in sorted(self.reserve_reasons))
+            raise ReasonNotAllowed(
+                f"{reason!r} is not one of the bridge's reserve pool reasons ({known}; "
+                "--reserve-reasons): nothing was done"
+            )
+
     async def resume(self, k8s_name: str, slurm_name: str, req: ResumeRequest) -> ResumeResponse:
+        self.check_reserve_reason(req.reserve_reason)
         async with self.lock(f"node:{slurm_name}"):
             previous = node_state(k8s_name, await self.backend.get_node(slurm_name))
             if not previous.unavailable:  # in service already (resumed by Slurm or a person)

@@ -79,7 +79,10 @@ async def reserve(
     ops: Operations, k8s_name: str, slurm_name: str, req: ReserveRequest
 ) -> ReserveResponse:
     """DRAIN the node with the pool's reason: only a drain of this incident (or none) is
-    replaced; someone else's is refused (409); the pool's reason already there is a no-op."""
+    replaced; someone else's is refused (409); the pool's reason already there is a no-op.
+    A reason that is not one of the bridge's reserve pool reasons: 403 (promotion could not
+    resume the spare)."""
+    ops.check_reserve_reason(req.reason)
 
     async def act(previous: NodeState) -> ReserveOutcome:
         if previous.drain and previous.reason == req.reason:

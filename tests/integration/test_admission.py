@@ -8,6 +8,9 @@ of the identity it tests:
   mounts a hostPath is refused;
 - the agent: its token, bound to its pod on node A, may patch the status of node A only,
   and there only its condition and its GPU annotations;
+- the gpu-reset Job: its token, bound to its pod on node A, may patch node A only, and there
+  only the GPU operands' labels and the annotation that keeps them (files/gpu_operands.py,
+  run here as the Job's sidecar runs it);
 - the operator: its token may change on a Node only unschedulable and gpuheal's labels,
   annotations and taints.
 
@@ -19,6 +22,9 @@ from __future__ import annotations
 
 import copy
 import json
+import os
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -32,6 +38,7 @@ from gpuheal.remediation.steps import _job_spec
 from gpuheal_dev.sandbox import Sandbox
 from tests.integration.operator_harness import wait_for
 from tests.integration.test_agent_sandbox import (  # noqa: F401 - fixtures
+    CHART,
     agent_namespace,
     node_agent_kubeconfig,
     release,
@@ -239,6 +246,136 @@ def test_the_agent_writes_its_own_nodes_condition_and_gpu_annotations_only(
     assert "(no node in its credentials)" in said, said
     conds = sandbox.core_v1().read_node_status(other).status.conditions or []
     assert not [c for c in conds if c.type == "GpuXid"]
+
+
+# --- the gpu-reset Job ----------------------------------------------------------------------
+
+
+def _operands(
+    sandbox: Sandbox, token: Path, node: str, command: str, tmp_path: Path
+) -> subprocess.CompletedProcess[str]:
+    """The reset's `operands` sidecar (files/gpu_operands.py `stop`/`restore`) for ``node``,
+    with only ``token`` (no operand pods to wait for)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("KUBE", "GPU"))}
+    env.update(
+        NODE_NAME=node,
+        GPUHEAL_INCIDENT="nrem-reset",
+        GPU_OPERANDS="device-plugin,dcgm",
+        GPU_OPERAND_PODS="",
+        GPUHEAL_KUBE_API=sandbox.control_plane.server,
+        GPUHEAL_KUBE_TOKEN_FILE=str(token),
+        GPUHEAL_STATE_DIR=str(tmp_path),
+        SSL_CERT_FILE=str(sandbox.control_plane.pki.ca.cert),  # the sandbox's CA
+    )
+    script = CHART / "files" / "gpu_operands.py"
+    return subprocess.run(
+        [sys.executable, str(script), command],
+        env=env, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+
+
+def test_the_gpu_reset_job_labels_its_own_node_only(
+    sandbox: Sandbox,
+    release: tuple[str, str],  # noqa: F811
+    own_gpu_nodes: Callable[..., list[str]],
+    tmp_path: Path,
+) -> None:
+    name, _ = release
+    ns, account = f"{name}-node-jobs", f"{name}-gpuheal-gpu-reset"
+    own, other = own_gpu_nodes(2)
+    # A pod of the reset's ServiceAccount on node A (kwok runs it): its token, as the kubelet
+    # mounts it, carries node A.
+    pod = f"reset-{own}"[:63]
+    sandbox.core_v1().create_namespaced_pod(ns, {
+        "metadata": {"name": pod},
+        "spec": {
+            "nodeName": own, "serviceAccountName": account,
+            "automountServiceAccountToken": False,
+            "containers": [{"name": "operands", "image": "busybox:1.36"}],
+        },
+    })  # fmt: skip
+    token = tmp_path / "token"
+    token.write_text(
+        sandbox.kubectl(
+            "create",
+            "token",
+            account,
+            "-n",
+            ns,
+            "--duration=3600s",
+            "--bound-object-kind=Pod",
+            f"--bound-object-name={pod}",
+        ).stdout.strip()
+    )
+    reset = client.CoreV1Api(
+        _api(sandbox.control_plane.kubeconfig_for_service_account(ns, account, bound_pod=pod))
+    )
+
+    def patch(node: str, body: dict[str, Any]) -> Any:
+        return reset.patch_node(node, body)
+
+    # Another node: refused, naming both (waited for: the policy takes a moment).
+    said = wait_for(
+        lambda: _refusal(
+            lambda: patch(other, {"metadata": {"labels": {"gpuheal.io/gpu-reset": "x"}}})
+        ),
+        "the gpu-reset node admission policy in force",
+        timeout=30,
+    )
+    assert "the gpu-reset Job may patch its own node only" in said, said
+    assert f"token bound to a pod on node {own}), node {other}" in said, said
+    sandbox.core_v1().patch_node(other, {"metadata": {"labels": {"gpuheal.io/gpu-reset": None}}})
+    # The sidecar itself, told it runs on the other node: its patch refused, the node as it was.
+    out = _operands(sandbox, token, other, "stop", tmp_path)
+    assert out.returncode != 0, out
+    assert "403" in out.stderr, out.stderr
+    labels = sandbox.core_v1().read_node(other).metadata.labels or {}
+    assert not [
+        k for k in labels if k.startswith(("nvidia.com/gpu.deploy.", "gpuheal.io/gpu-reset"))
+    ]
+
+    # On its own node: the operands taken off and put back, as a reset does.
+    out = _operands(sandbox, token, own, "stop", tmp_path)
+    assert out.returncode == 0, out
+    meta = sandbox.core_v1().read_node(own).metadata
+    assert meta.labels["nvidia.com/gpu.deploy.dcgm"] == "false"
+    assert meta.labels["gpuheal.io/gpu-reset"] == "nrem-reset"
+    assert "gpuheal.io/gpu-reset-labels-before" in meta.annotations
+    out = _operands(sandbox, token, own, "restore", tmp_path)
+    assert out.returncode == 0, out
+    meta = sandbox.core_v1().read_node(own).metadata
+    assert "gpuheal.io/gpu-reset" not in (meta.labels or {})
+    assert "gpuheal.io/gpu-reset-labels-before" not in (meta.annotations or {})
+
+    # Its own node, anything else: refused.
+    refused = {
+        "another label": (
+            {"metadata": {"labels": {"gpuheal.io/opt-out": "true"}}},
+            "this request changes gpuheal.io/opt-out",
+        ),
+        "another annotation": (
+            {"metadata": {"annotations": {"gpuheal.io/cordoned-by": "forged"}}},
+            "this request changes gpuheal.io/cordoned-by",
+        ),
+        "a cordon": ({"spec": {"unschedulable": True}}, "may not change the spec"),
+    }
+    for what, (body, message) in refused.items():
+        said = _refusal(lambda body=body: patch(own, body))
+        assert said is not None, f"{what}: admitted"
+        assert message in said, (what, said)
+    # (Its status: RBAC grants no nodes/status, the policy would refuse it too.)
+    assert _refusal(lambda: reset.patch_node_status(own, _gpu_xid("True"))) is not None
+
+    # Its ServiceAccount with a token bound to no pod: refused.
+    unbound = client.CoreV1Api(
+        _api(sandbox.control_plane.kubeconfig_for_service_account(ns, account))
+    )
+    said = _refusal(
+        lambda: unbound.patch_node(own, {"metadata": {"labels": {"gpuheal.io/gpu-reset": "x"}}})
+    )
+    assert said is not None
+    assert "(no node in its credentials)" in said, said
+    assert not (sandbox.core_v1().read_node(own).spec.unschedulable)
 
 
 # --- the operator ---------------------------------------------------------------------------

@@ -1,5 +1,6 @@
 """Least privilege at the bridge, on the sandbox's real Slurm with the bridge as its own process
-(issue 23): a token without ``admin`` cannot lift an admin's drain; a requeue that names no
+(issue 23): a token without ``admin`` cannot lift an admin's drain, not even by naming its
+reason as a reserve pool's (only the bridge's ``--reserve-reasons`` are); a requeue that names no
 ``from_node`` is refused; a node outside ``--allowed-nodes`` is refused; the slurmrestd JWT
 is read again when its file changes, with no restart."""
 
@@ -21,10 +22,11 @@ from tests.integration.operator_harness import wait_for
 pytestmark = pytest.mark.integration
 OPERATOR = "scoped-operator-token-0123456789abcdef"
 ADMIN = "scoped-admin-token-0123456789abcdef"
+RESUMER = "scoped-resume-token-0123456789abcdef"
 NODES = ("sc-node-0", "sc-node-1", "sc-node-2")
 # As the chart writes the operator's token (a bare token: every scope but admin), beside a
-# person's admin token.
-TOKENS = f"{OPERATOR}\nalice:{ADMIN}:admin\n"
+# person's admin token and a token that may only resume.
+TOKENS = f"{OPERATOR}\nalice:{ADMIN}:admin\nresumer:{RESUMER}:resume\n"
 
 
 def bearer(token: str) -> dict[str, str]:
@@ -47,8 +49,9 @@ def job_state(cluster: SlurmCluster, job: int) -> str:
 def test_the_operators_token_cannot_resume_an_admins_drain(
     cluster: SlurmCluster, run_bridge: Callable[..., BridgeProcess]
 ) -> None:
-    node = NODES[1]
+    node, spare = NODES[1], NODES[2]
     cluster.run("scontrol", "update", f"nodename={node}", "state=drain", "reason=admin: fan swap")
+    cluster.run("scontrol", "update", f"nodename={spare}", "state=drain", "reason=reserve pool")
     bridge = run_bridge(cluster, token=OPERATOR, tokens=TOKENS)
     audit = Path(bridge.argv[bridge.argv.index("--state-dir") + 1]) / "audit.jsonl"
     with httpx.Client(base_url=bridge.url, timeout=30) as h:
@@ -58,8 +61,22 @@ def test_the_operators_token_cannot_resume_an_admins_drain(
         forced = h.post(path, headers=bearer(OPERATOR), json={"force": True})
         assert forced.status_code == 403, forced.text
         assert "lacks the scope admin" in forced.json()["message"]
+        # The admin's reason sent back as a reserve pool's: not one of the bridge's
+        # --reserve-reasons (default "reserve pool"), refused for either token.
+        for token in (RESUMER, OPERATOR):
+            named = h.post(path, headers=bearer(token), json={"reserve_reason": "admin: fan swap"})
+            assert named.status_code == 403, named.text
+            assert (
+                "'admin: fan swap' is not one of the bridge's reserve pool reasons"
+                in (named.json()["message"])
+            )
         assert cluster.node_states()[node] == "drained"
         assert reason(cluster, node) == "admin: fan swap"
+        # A spare waiting with the pool's reason: the resume scope lifts it.
+        pool = {"reserve_reason": "reserve pool"}
+        spared = h.post(f"/v1/nodes/{spare}/resume", headers=bearer(RESUMER), json=pool)
+        assert spared.status_code == 200, spared.text
+        assert spared.json()["outcome"] == "resumed"
         # the admin's token may
         lifted = h.post(path, headers=bearer(ADMIN), json={"force": True})
         assert lifted.status_code == 200, lifted.text
@@ -70,6 +87,9 @@ def test_the_operators_token_cannot_resume_an_admins_drain(
     assert [(x["who"], x["status"], x["peer"]) for x in lines] == [
         ("token-0", 409, "127.0.0.1"),
         ("token-0", 403, "127.0.0.1"),
+        ("resumer", 403, "127.0.0.1"),
+        ("token-0", 403, "127.0.0.1"),
+        ("resumer", 200, "127.0.0.1"),
         ("alice", 200, "127.0.0.1"),
     ]
 

@@ -259,6 +259,85 @@ def test_in_cluster_bridge_wires_the_operator_to_its_service(helm: Helm) -> None
     assert bridge_volumes["state"]["persistentVolumeClaim"]["claimName"] == pvc["metadata"]["name"]
 
 
+def test_the_bridge_is_told_the_reserve_pools_reasons(helm: Helm) -> None:
+    """--reserve-reasons: a resume with a reserve_reason lifts only these drains (issue 23),
+    so the chart passes slurmBridge.reserveReasons and its own pool's reason."""
+
+    def reasons(*values: str) -> list[str]:
+        docs = helm.template("-f", str(CHART / "ci" / "bridge-values.yaml"), *values)
+        args = _container(_one(docs, "Deployment", "slurm-bridge"))["args"]
+        return [a for a in args if a.startswith("--reserve-reasons")]
+
+    assert reasons() == ["--reserve-reasons=reserve pool"]
+    assert reasons(
+        "--set-json", 'slurmBridge.reserveReasons=["reserve pool","spares: rack 7"]',
+        "--set", "defaultReservePool.enabled=true",
+        "--set", "defaultReservePool.spec.nodeSelector.pool=spares",
+        "--set", "defaultReservePool.spec.promotion.slurm.reserveReason=pool b",
+    ) == ["--reserve-reasons=reserve pool|spares: rack 7|pool b"]  # fmt: skip
+    refused = helm(
+        "template", "r", str(CHART), "-f", str(CHART / "ci" / "bridge-values.yaml"),
+        "--set", "slurmBridge.reserveReasons[0]=a|b", check=False,
+    )  # fmt: skip
+    assert refused.returncode != 0
+    assert "/slurmBridge/reserveReasons/0" in refused.stderr
+
+
+DIGEST = "sha256:" + "ab" * 32
+
+
+def _images(docs: list[dict[str, Any]]) -> dict[str, str]:
+    """Every container image the chart runs, by 'kind/name/container' (the node Jobs' from
+    their ConfigMap)."""
+    out: dict[str, str] = {}
+
+    def pod(where: str, spec: dict[str, Any]) -> None:
+        for c in (spec.get("initContainers") or []) + spec["containers"]:
+            out[f"{where}/{c['name']}"] = c["image"]
+
+    for d in docs:
+        kind, name = d["kind"], d["metadata"]["name"]
+        if kind in ("Deployment", "DaemonSet"):
+            pod(f"{kind}/{name}", d["spec"]["template"]["spec"])
+        elif kind == "Pod":
+            pod(f"Pod/{name}", d["spec"])
+        elif kind == "ConfigMap" and name == "gpuheal-node-jobs":
+            for key in ("gpu-reset", "node-reboot", "gpu-check"):
+                pod(f"Job/{key}", yaml.safe_load(d["data"][key])["template"]["spec"])
+    return out
+
+
+def test_every_image_by_digest_and_requireDigests_refuses_a_tag(helm: Helm) -> None:
+    """operator.image, agent.image, slurmBridge.image and the node Jobs' images are pinned by
+    their `digest`; with requireDigests a tag anywhere fails the render, naming the value."""
+    bridge = ("-f", str(CHART / "ci" / "bridge-values.yaml"))
+    pinned = [
+        "--set", "requireDigests=true",
+        "--set", f"operator.image.digest={DIGEST}",
+        "--set", f"slurmBridge.image.digest={DIGEST}",
+        "--set", f"nodeJobs.image.digest={DIGEST}",
+        "--set", f"nodeJobs.dcgmImage.digest={DIGEST}",
+    ]  # fmt: skip
+    images = _images(helm.template(*bridge, *pinned, tests=True))
+    assert {"DaemonSet/r-gpuheal-agent/agent", "Job/gpu-reset/operands"} <= set(images)
+    assert any("slurm-bridge" in k for k in images), images
+    assert any(k.startswith("Pod/") for k in images), images  # the helm test pods
+    assert [k for k, v in images.items() if not v.endswith(f"@{DIGEST}")] == [], images
+    # The agent's own digest with no repository of its own: the operator's image, pinned.
+    agent = _images(helm.template("--set", f"agent.image.digest={DIGEST}"))
+    assert agent["DaemonSet/r-gpuheal-agent/agent"] == f"gpuheal@{DIGEST}"
+    # Each unpinned image refuses the render, naming what to set.
+    for i in range(1, len(pinned), 2):
+        if pinned[i] == "requireDigests=true":
+            continue
+        left = pinned[: i - 1] + pinned[i + 1 :]
+        value = pinned[i].split("=")[0]
+        out = helm("template", "r", str(CHART), *bridge, *left, check=False)
+        assert out.returncode != 0, value
+        assert "is not pinned by digest" in out.stderr, out.stderr
+        assert f"set {value}" in out.stderr, (value, out.stderr)
+
+
 def _rollouts(docs: list[dict[str, Any]]) -> set[str]:
     """The bridge token's rollout value on its Secret and on the operator's and bridge's pods."""
     secret = _one(docs, "Secret", "bridge-token")["metadata"]["annotations"]

@@ -32,6 +32,7 @@ RELEASE_NS = "gpuheal"
 #: the agent's namespace by default: <release>-agent (values.yaml, agent.namespace.name)
 AGENT_NS = "r-agent"
 AGENT_USER = f"system:serviceaccount:{AGENT_NS}:r-gpuheal-agent"
+MODES = ("enforce", "warn", "audit")  # the Pod Security modes a namespace label sets
 
 
 def _helm(*args: str, tmp: Path) -> subprocess.CompletedProcess[str]:
@@ -75,7 +76,11 @@ def pod_specs(docs: list[dict[str, Any]]) -> Iterator[tuple[str, str, dict[str, 
 def restricted_ns(sandbox: Sandbox) -> Iterator[str]:
     name = f"psa-{uuid.uuid4().hex[:6]}"
     sandbox.kubectl("create", "namespace", name)
-    sandbox.kubectl("label", "namespace", name, "pod-security.kubernetes.io/enforce=restricted")
+    sandbox.kubectl(
+        "label", "namespace", name,
+        "pod-security.kubernetes.io/enforce=restricted",
+        "pod-security.kubernetes.io/warn=restricted",
+    )  # fmt: skip
     try:
         yield name
     finally:
@@ -83,7 +88,8 @@ def restricted_ns(sandbox: Sandbox) -> Iterator[str]:
 
 
 def _dry_run_pod(sandbox: Sandbox, namespace: str, name: str, spec: dict[str, Any]) -> str:
-    """'' when the API server admits the pod in `namespace`, else its refusal."""
+    """'' when the API server admits the pod in `namespace` without a warning, else its
+    refusal or warnings."""
     account = spec.get("serviceAccountName")
     if account and sandbox.kubectl("get", "sa", account, "-n", namespace, check=False).returncode:
         sandbox.kubectl("create", "serviceaccount", account, "-n", namespace)
@@ -92,7 +98,18 @@ def _dry_run_pod(sandbox: Sandbox, namespace: str, name: str, spec: dict[str, An
         "create", "--dry-run=server", "-n", namespace, "-f", "-",
         input=json.dumps(pod), check=False,
     )  # fmt: skip
-    return "" if out.returncode == 0 else out.stderr.strip()
+    return "" if out.returncode == 0 and "Warning" not in out.stderr else out.stderr.strip()
+
+
+def _dry_run(sandbox: Sandbox, namespace: str, doc: dict[str, Any]) -> str:
+    """'' when the API server admits the object as rendered in `namespace` without a warning
+    (Pod Security warns on a workload whose pods `warn` would refuse), else what it said."""
+    doc = {**doc, "metadata": {**doc["metadata"], "namespace": namespace}}
+    out = sandbox.kubectl(
+        "create", "--dry-run=server", "-n", namespace, "-f", "-",
+        input=json.dumps(doc), check=False,
+    )  # fmt: skip
+    return "" if out.returncode == 0 and "Warning" not in out.stderr else out.stderr.strip()
 
 
 def agent_placement(docs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -160,6 +177,17 @@ def test_every_pod_in_the_release_namespace_passes_restricted(
     assert not refused, "refused under the restricted Pod Security Standard:\n" + "\n".join(
         f"{k}: {v}" for k, v in refused.items()
     )
+    # The Deployments themselves, as rendered: no refusal, no warning.
+    deployments = [d for d in docs if d["kind"] == "Deployment"]
+    assert deployments
+    for d in deployments:
+        assert _dry_run(sandbox, restricted_ns, d) == "", d["metadata"]["name"]
+    # The namespaces the chart creates for its privileged pods say so in every mode.
+    for ns in (d for d in docs if d["kind"] == "Namespace"):
+        labels = ns["metadata"]["labels"]
+        assert {m: labels.get(f"pod-security.kubernetes.io/{m}") for m in MODES} == {
+            m: "privileged" for m in MODES
+        }, ns["metadata"]["name"]
     (agent,) = [(what, ns, spec) for what, ns, spec in specs if what.startswith("DaemonSet/")]
     assert agent[1] == AGENT_NS, agent[:2]
     assert "violates PodSecurity" in _dry_run_pod(sandbox, restricted_ns, "agent", agent[2])
@@ -211,6 +239,42 @@ def _policies(docs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
         for d in docs
         if d["kind"] == "NetworkPolicy"
     }
+
+
+def test_notes_warn_while_the_release_namespace_does_not_enforce_restricted(
+    sandbox: Sandbox, tmp_path: Path
+) -> None:
+    """helm install's NOTES look the release namespace up: no `restricted` enforced, a warning
+    with the command; labelled, none."""
+    name = f"psa-{uuid.uuid4().hex[:6]}"
+    sandbox.kubectl("create", "namespace", name)
+
+    def notes() -> str:
+        out = _helm(
+            "install", f"n{name}", str(CHART), "-n", name, "--dry-run=server",
+            "--set", "crds.enabled=false", f"--kubeconfig={sandbox.kubeconfig}", tmp=tmp_path,
+        )  # fmt: skip
+        assert out.returncode == 0, out.stderr
+        return out.stdout[out.stdout.index("NOTES:") :]
+
+    try:
+        said = notes()
+        assert f"WARNING: namespace {name} does not enforce the restricted" in said, said
+        assert (
+            f"kubectl label namespace {name} pod-security.kubernetes.io/enforce=restricted" in said
+        )
+        sandbox.kubectl("label", "namespace", name, "pod-security.kubernetes.io/enforce=baseline")
+        assert "(it enforces baseline)" in notes()
+        sandbox.kubectl(
+            "label",
+            "namespace",
+            name,
+            "--overwrite",
+            "pod-security.kubernetes.io/enforce=restricted",
+        )
+        assert "does not enforce the restricted" not in notes()
+    finally:
+        sandbox.kubectl("delete", "namespace", name, "--wait=false", check=False)
 
 
 def test_network_policies_let_only_the_operator_reach_the_bridge(

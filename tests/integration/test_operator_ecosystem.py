@@ -287,8 +287,9 @@ def test_a_webhook_url_read_from_a_secret_is_used_and_never_shown(
     """The operator's receiver (`secret:NAME/KEY`) and the policy's (`secretRef`) take their
     URLs from a Secret in the operator's namespace, read at each send (a rotated key counts
     from the next message). Every URL carries a secret in its path (as Slack's do): none is
-    in the operator's log, the incident's status or its Events, not even that of a receiver
-    that is down or of a reset hook that cannot be reached."""
+    in the operator's log, the incident's spec (its ladder snapshot), status or Events, not
+    even that of a receiver that is down; the reset hook, whose URL the snapshot keeps as
+    scheme and host, is called at its whole URL (path and query), read from the policy."""
     core = sandbox.core_v1()
     cid = case.case_id  # type: ignore[attr-defined]
     first, second, unhooked = case(3)
@@ -307,7 +308,7 @@ def test_a_webhook_url_read_from_a_secret_is_used_and_never_shown(
             "ladder": [{"name": "reset", "steps": [
                 {"action": "cordon"},
                 {"action": "reset", "reset": {"hook": {
-                    "type": "Webhook", "webhook": {"url": f"{dead}-hook?sig={token}"}}}},
+                    "type": "Webhook", "webhook": {"url": f"{url('hook')}?sig={token}"}}}},
             ]}],
         }  # fmt: skip
         manifest = policy(f"p-{cid}", f"{cid}-work", [cordon_only_rule(94), hookless])
@@ -333,16 +334,23 @@ def test_a_webhook_url_read_from_a_secret_is_used_and_never_shown(
 
         agent_reports_gpus(core, unhooked)  # a reset could be proven: the hook is asked
         simulate_xid(core, unhooked, 95)
+        wait_for(
+            lambda: receiver.at(f"/{token}-hook?sig={token}"),
+            "the reset hook called at its whole URL, the policy's",
+        )
         reset = wait_for(
-            lambda: (c := condition(objects.incident(unhooked), "Reset"))
-            and c["reason"] == "HookUnreachable" and c,
-            "the reset hook cannot be reached",
-        )  # fmt: skip
+            lambda: condition(objects.incident(unhooked), "Reset"), "the reset step recorded"
+        )
+        spec = (objects.incident(unhooked) or {})["spec"]
+        (hook,) = [s["reset"]["hook"] for s in spec["ladder"][0]["steps"] if "reset" in s]
+        assert hook["webhook"]["url"] == f"{receiver.url}/..."
         wait_for(lambda: "not delivered" in op.log(), "the dead receiver's failure logged")
         shown = {
             "operator log": op.log(),
             "reset condition": json.dumps(reset),
-            # (their spec holds the policy's ladder as it was, hook URL and all: policy text)
+            "incidents' spec": json.dumps(
+                [(objects.incident(n) or {}).get("spec") for n in (first, second, unhooked)]
+            ),
             "incidents' status": json.dumps(
                 [(objects.incident(n) or {}).get("status") for n in (first, second, unhooked)]
             ),

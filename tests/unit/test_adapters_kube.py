@@ -57,6 +57,34 @@ async def server() -> AsyncIterator[tuple[str, list[dict[str, Any]]]]:
     await runner.cleanup()
 
 
+async def test_status_and_events_carry_no_url_past_its_host(
+    server: tuple[str, list[dict[str, Any]]],
+) -> None:
+    """Whatever a step's message holds (a hook's error, a bridge's URL), what is written to a
+    status or an Event names a URL by scheme and host only (`redact_urls`, as the log)."""
+    url, seen = server
+    secret = "https://hooks.example.com/services/T0/B1/s3cr3t?sig=abc"
+    kube = Kube(Transport(lambda: kopf.ConnectionInfo(server=url, token="t")))
+    try:
+        status = {
+            "rung": 1,
+            "conditions": [{"type": "Reset", "message": f"POST {secret}: 503", "status": "False"}],
+            "timeline": [{"message": f"hook {secret} down"}],
+        }
+        await kube.patch_custom_status("noderemediations", "nrem-a", status)
+        sent = seen[-1]["body"]["status"]
+        assert "s3cr3t" not in json.dumps(sent)
+        assert sent["conditions"][0]["message"] == "POST https://hooks.example.com/...: 503"
+        assert sent["timeline"][0]["message"] == "hook https://hooks.example.com/... down"
+        assert sent["rung"] == 1
+        await kube.send_event(
+            {"kind": "Node", "metadata": {"name": "n1"}}, reason="R", message=f"at {secret}."
+        )
+        assert seen[-1]["body"]["message"] == "at https://hooks.example.com/...."
+    finally:
+        await kube.close()
+
+
 async def test_requests_paths_and_a_rotated_token(server: tuple[str, list[dict[str, Any]]]) -> None:
     url, seen = server
     tokens = iter(["old", "new"])  # the service-account token rotates: 401, log in again

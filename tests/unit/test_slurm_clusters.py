@@ -124,6 +124,13 @@ def test_runtime_routes_each_node_to_its_clusters_bridge() -> None:
     asyncio.run(b.close())
 
 
+def test_messages_name_the_bridge_by_scheme_and_host() -> None:
+    """A bridge URL with credentials or a path is not written whole into a status."""
+    bridge = _bridge("https://user:pw@bridge.example:8787/prefix")
+    assert bridge.where == "Slurm bridge https://bridge.example:8787/..."
+    asyncio.run(bridge.close())
+
+
 def test_token_file_is_read_again_when_it_changes(tmp_path: Path) -> None:
     path = tmp_path / "token"
     path.write_text("old-token-0123456789\n")

@@ -32,7 +32,7 @@ import kopf
 
 from gpuheal import crashpoints
 from gpuheal.api import names
-from gpuheal.api.meta import rfc3339
+from gpuheal.api.meta import redact_urls, rfc3339
 
 log = logging.getLogger("gpuheal.adapters.kube")
 
@@ -197,6 +197,17 @@ async def _unless(status: int, call: Any) -> JSON | None:
             return None
         raise
     return result
+
+
+def _redacted(value: Any) -> Any:
+    """``value`` (JSON) with every string passed through `redact_urls`."""
+    if isinstance(value, str):
+        return redact_urls(value)
+    if isinstance(value, dict):
+        return {k: _redacted(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_redacted(v) for v in value]
+    return value
 
 
 def _q(name: str) -> str:
@@ -550,7 +561,7 @@ class Kube:
                 "uid": meta.get("uid"),
             },
             "reason": reason,
-            "message": message[:1024],
+            "message": redact_urls(message)[:1024],
             "type": type_,
             "source": {"component": self.component},
             "reportingComponent": self.component,
@@ -765,8 +776,10 @@ class Kube:
         self, plural: str, name: str, status: JSON, *, resource_version: str | None = None
     ) -> JSON:
         """Merge-patch status; with ``resource_version`` the write fails (409, `Conflict`) if
-        the object changed since it was read."""
-        patch: JSON = {"status": status}
+        the object changed since it was read. Every URL in its text is cut to scheme and host
+        (`redact_urls`, as in the log): a webhook URL is a credential, and whoever may read
+        the object's status is not always whoever may read the policy that named it."""
+        patch: JSON = {"status": _redacted(status)}
         if resource_version:
             patch["metadata"] = {"resourceVersion": resource_version}
         try:

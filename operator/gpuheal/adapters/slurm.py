@@ -15,6 +15,7 @@ from typing import TypeVar
 import httpx
 
 from gpuheal import crashpoints
+from gpuheal.api.meta import redact_url, redact_urls
 from gpuheal_bridge.api.models import (
     DrainResponse,
     JobResult,
@@ -117,6 +118,11 @@ class BridgeSlurm:
         verify: bool | str = ca_file if ca_file else True
         return cls(BridgeClient(url, token, retries=retries, verify=verify), on_call=on_call)
 
+    @property
+    def where(self) -> str:
+        """The bridge as messages name it: scheme, host and port (its URL may carry more)."""
+        return f"Slurm bridge {redact_url(self.client.base_url)}"
+
     async def _guard(self, operation: str, call: Awaitable[T]) -> T:
         result = "error"
         effect = f"bridge-{operation}" if operation != "node" else None  # node: a read
@@ -130,8 +136,7 @@ class BridgeSlurm:
             return value
         except BridgeUnavailable as exc:
             result = "unavailable"
-            where = f"Slurm bridge {self.client.base_url}"
-            raise SlurmUnavailable(f"{where}: {exc}", exc.retry_after) from exc
+            raise SlurmUnavailable(f"{self.where}: {exc}", exc.retry_after) from exc
         except BridgeNotFound as exc:
             raise SlurmNotFound(str(exc)) from exc
         except BridgeConflict as exc:
@@ -140,7 +145,7 @@ class BridgeSlurm:
             raise SlurmError(str(exc)) from exc
         except httpx.HTTPError as exc:  # transport errors the client did not wrap
             result = "unavailable"
-            raise SlurmUnavailable(f"Slurm bridge {self.client.base_url}: {exc}") from exc
+            raise SlurmUnavailable(redact_urls(f"{self.where}: {exc}")) from exc
         finally:
             self.on_call(operation, result)
 

@@ -15,6 +15,7 @@ from collections.abc import Iterable, Sequence
 
 from gpuheal.api.noderemediation import NodeRemediationSpec
 from gpuheal.api.remediationpolicy import Action, RemediationPolicy, Rule, Rung, Step
+from gpuheal.policy.snapshot import snapshot_rung
 from gpuheal.policy.types import IncidentSummary
 
 
@@ -58,11 +59,13 @@ def _open_on(node: str, name: str, incidents: Iterable[IncidentSummary]) -> str 
 
 def ladder_of(ladder: Sequence[Rung], rule: Rule) -> bool:
     """Is `ladder` the rule's, rung for rung (a rung may be the engine's guarded form of it:
-    some of its steps in order, or a lone alert)?"""
+    some of its steps in order, or a lone alert)? Compared as snapshots (webhook URLs cut to
+    scheme and host, `policy.snapshot`): the step reads the whole URL from the policy."""
     if len(ladder) != len(rule.ladder):
         return False
     return all(
-        mine.name == theirs.name and _guarded_form(mine.steps, theirs.steps)
+        mine.name == theirs.name
+        and _guarded_form(snapshot_rung(mine).steps, snapshot_rung(theirs).steps)
         for mine, theirs in zip(ladder, rule.ladder, strict=True)
     )
 

@@ -32,6 +32,7 @@ from gpuheal.api.remediationpolicy import Action, RemediationPolicy, Rung
 from gpuheal.policy import condition_observations, reading
 from gpuheal.policy.engine import same_fault
 from gpuheal.policy.inputs import signal_record
+from gpuheal.policy.snapshot import snapshot_rung
 from gpuheal.policy.types import (
     Act,
     Blocked,
@@ -189,9 +190,10 @@ async def _open(  # noqa: PLR0917
     """Record the incident; its driver takes it from there."""
     signal = trigger.signal
     name = incident_name(view.name, signal.key)
-    # The rule's ladder, with the rung it opens at as the engine guarded it.
+    # The rule's ladder, with the rung it opens at as the engine guarded it; webhook URLs
+    # kept as scheme and host (`policy.snapshot`: the step reads them from the policy).
     ladder = [
-        Rung(name=r.name, steps=list(trigger.steps)) if i == trigger.rung else r
+        snapshot_rung(Rung(name=r.name, steps=list(trigger.steps)) if i == trigger.rung else r)
         for i, r in enumerate(trigger.rule.ladder)
     ]
     nrem = NodeRemediation(

@@ -77,6 +77,7 @@ from gpuheal.api.reservepool import ReservePool, TaintEffect
 from gpuheal.policy import devicequarantine as dq
 from gpuheal.policy import idle, pods_to_evict, spare_candidates
 from gpuheal.policy.repair import reboot_proof, reset_proof
+from gpuheal.policy.snapshot import calls_webhook, policy_step
 from gpuheal.policy.spares import Unavailable, slurm_unavailable, spare_unavailable
 from gpuheal.policy.types import Act, NodeView
 from gpuheal.remediation.record import Recorder
@@ -1383,6 +1384,16 @@ def _started(rec: Recorder, condition: str) -> dt.datetime:
     return since if since is not None and not rec.holds(condition) else rec.now
 
 
+def _policy_step(
+    cluster: ClusterView, nrem: NodeRemediation, rec: Recorder, step: Step
+) -> Step | None:
+    spec = nrem.spec
+    policy = cluster.policies.get(spec.policy_ref.name)
+    rule = next((r for r in policy.spec.rules if r.name == spec.rule), None) if policy else None
+    rung = spec.ladder[min(rec.status.rung, len(spec.ladder) - 1)].name
+    return policy_step(step, rung, rule)
+
+
 async def execute(  # noqa: PLR0911, PLR0912 - one branch per action
     ports: Ports,
     cluster: ClusterView,
@@ -1434,11 +1445,24 @@ async def execute(  # noqa: PLR0911, PLR0912 - one branch per action
                 ports.metrics.evictions.labels(what).inc(n)
         return result
     if action in (Action.RESET, Action.REBOOT):
+        cond = C.RESET if action is Action.RESET else C.REBOOTED
+        if calls_webhook(step):
+            # The incident keeps the hook's URL as scheme and host: the whole URL is the
+            # policy's (`policy.snapshot`).
+            found = _policy_step(cluster, nrem, rec, step)
+            if found is None:
+                return StepResult.failed(
+                    cond,
+                    "HookChanged",
+                    f"RemediationPolicy {spec.policy_ref.name} no longer has this {action.value} "
+                    f"webhook in rung {spec.ladder[rec.status.rung].name} of rule {spec.rule} "
+                    "(its host or options changed since the incident opened): not called",
+                )
+            step = found
         opts: ResetOptions | RebootOptions | None = (
             step.reset if action is Action.RESET else step.reboot
         )
         assert opts is not None
-        cond = C.RESET if action is Action.RESET else C.REBOOTED
         if opts.when_idle and _repair_record(rec, action) is None:
             busy = await work_on_node(ports, cluster, node, action, cond)
             if busy is not None:

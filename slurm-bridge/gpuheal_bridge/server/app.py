@@ -38,7 +38,7 @@ from gpuheal_bridge.backends.base import Backend
 from gpuheal_bridge.exclusions import ExclusionLedger
 from gpuheal_bridge.nodemap import NodeMapper
 from gpuheal_bridge.operations import Operations
-from gpuheal_bridge.server.audit import AuditLog
+from gpuheal_bridge.server.audit import AuditLog, RefusalThrottle
 from gpuheal_bridge.server.auth import Token, TokenAuth
 from gpuheal_bridge.server.errors import add_exception_handlers, map_exception
 from gpuheal_bridge.server.guard import MAX_BODY_BYTES, BodyLimit, Guard
@@ -70,6 +70,9 @@ class BridgeSettings:
     health_interval: float = 15.0
     # Reads the tokens again (SIGHUP); None: no reload.
     reload_tokens: Callable[[], Mapping[str, str | Token]] | None = None
+    # Audit lines of refusals (401, 403 before a route runs): one per address and status
+    # this often; the next says how many were left out.
+    refusals: RefusalThrottle = field(default_factory=RefusalThrottle)
 
 
 def services_for(settings: BridgeSettings) -> Services:
@@ -95,6 +98,7 @@ def services_for(settings: BridgeSettings) -> Services:
         store=store,
         retry_after=settings.retry_after,
         remote_plain_http=settings.remote_plain_http,
+        refusals=settings.refusals,
     )
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,48 @@ class AuditLog:
             os.write(fd, line.encode())
         finally:
             os.close(fd)
+
+
+class RefusalThrottle:
+    """At most one audit line per source and kind of refusal (a 401, a 403) every
+    ``interval`` seconds: a flood of bad tokens from one address must not fill the disk. The
+    line written when a source's interval has passed carries how many were left out since its
+    last line (``suppressed``); the metrics still count every request.
+
+    At most ``max_sources`` sources are tracked: past that, those whose interval ended are
+    forgotten (their count of left-out lines with them), then the oldest."""
+
+    def __init__(
+        self,
+        interval: float = 60.0,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        max_sources: int = 4096,
+    ) -> None:
+        self.interval, self.clock, self.max_sources = interval, clock, max_sources
+        # source -> [when its last line was written, refusals left out since]
+        self._seen: dict[tuple[str, int], list[float]] = {}
+
+    def admit(self, peer: str | None, status: int) -> int | None:
+        """None: leave this refusal's line out (counted); else write it, with the number left
+        out since the source's previous line."""
+        now, key = self.clock(), (peer or "unknown", status)
+        seen = self._seen.get(key)
+        if seen is not None and now - seen[0] < self.interval:
+            seen[1] += 1
+            return None
+        suppressed = int(seen[1]) if seen is not None else 0
+        self._seen.pop(key, None)
+        if len(self._seen) >= self.max_sources:
+            self._forget(now)
+        self._seen[key] = [now, 0]
+        return suppressed
+
+    def _forget(self, now: float) -> None:
+        for key in [k for k, (t, _) in self._seen.items() if now - t >= self.interval]:
+            del self._seen[key]
+        while len(self._seen) >= self.max_sources:
+            del self._seen[next(iter(self._seen))]  # dicts keep insertion order: the oldest
 
 
 def bounded(value: Any) -> Any:

@@ -16,7 +16,7 @@ from gpuheal_bridge.api.names import InvalidName
 from gpuheal_bridge.backends.base import BackendError, NotFound, Rejected, Unavailable
 from gpuheal_bridge.backends.base import Unsupported as BackendUnsupported
 from gpuheal_bridge.nodemap import NotAllowed, NotMapped
-from gpuheal_bridge.operations import OwnershipConflict
+from gpuheal_bridge.operations import OwnershipConflict, ReasonNotAllowed
 from gpuheal_bridge.server.audit import TEXT_MAX, bounded, summary
 from gpuheal_bridge.server.idempotency import KeyMismatch
 from gpuheal_bridge.server.services import services_of
@@ -31,8 +31,9 @@ ERRORS: dict[int | str, dict[str, Any]] = {
         400: "The body is not valid JSON.",
         401: "Missing or invalid bearer token; nothing was done.",
         403: "The token lacks a scope the request needs (the message names it), the node is "
-        "outside the bridge's allowed nodes, or plain HTTP came from a client not on "
-        "loopback; nothing was done.",
+        "outside the bridge's allowed nodes, a reserve_reason is not one of the bridge's "
+        "reserve pool reasons, or plain HTTP came from a client not on loopback; nothing was "
+        "done.",
         404: "Unknown node or job (or no mapping for the node name).",
         409: "Refused: someone else's drain, or Slurm refused the operation.",
         413: "The body is larger than 64 KiB; nothing was done.",
@@ -60,7 +61,7 @@ def map_exception(  # noqa: PLR0911 - one return per error class
     """Exception -> (status, ErrorResponse body, headers). Unknown exceptions re-raise."""
     if isinstance(exc, InvalidName):
         return error(422, ErrorCode.INVALID, str(exc))
-    if isinstance(exc, NotAllowed):
+    if isinstance(exc, NotAllowed | ReasonNotAllowed):
         return error(403, ErrorCode.FORBIDDEN, str(exc))
     if isinstance(exc, NotFound | NotMapped):
         return error(404, ErrorCode.NOT_FOUND, str(exc).strip("'\""))
@@ -145,6 +146,7 @@ def add_exception_handlers(app: FastAPI) -> None:
         InvalidName,
         NotMapped,
         NotAllowed,
+        ReasonNotAllowed,
         OwnershipConflict,
         KeyMismatch,
     ):

@@ -101,17 +101,23 @@ class Guard(BaseHTTPMiddleware):
     @staticmethod
     def refused(request: Request, refusal: Refusal, peer: str | None) -> Response:
         """The refusal answered, and its audit line: who (the token's name, none for a 401),
-        from where, what was asked, and why not."""
+        from where, what was asked, and why not; at most one line per address and status
+        every ``refusal_log_interval`` seconds, the next one saying how many were left out."""
         status, body, headers = refusal
-        services_of(request).audit.write(
-            who=getattr(request.state, "who", None),
-            peer=peer,
-            op=getattr(request.state, "op", "other"),
-            method=request.method,
-            target=request.url.path[:TEXT_MAX],
-            status=status,
-            result=summary(body),
-        )
+        services = services_of(request)
+        # Bounded: one line per address and status an interval (a flood of bad tokens).
+        suppressed = services.refusals.admit(peer, status)
+        if suppressed is not None:
+            services.audit.write(
+                who=getattr(request.state, "who", None),
+                peer=peer,
+                op=getattr(request.state, "op", "other"),
+                method=request.method,
+                target=request.url.path[:TEXT_MAX],
+                status=status,
+                result=summary(body),
+                **({"suppressed": suppressed} if suppressed else {}),
+            )
         return JSONResponse(body, status, headers=headers)
 
 

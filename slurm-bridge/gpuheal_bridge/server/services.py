@@ -17,7 +17,7 @@ from fastapi import Depends, Request
 from gpuheal_bridge.backends.base import Backend, BackendError
 from gpuheal_bridge.nodemap import NodeMapper
 from gpuheal_bridge.operations import Operations
-from gpuheal_bridge.server.audit import AuditLog
+from gpuheal_bridge.server.audit import AuditLog, RefusalThrottle
 from gpuheal_bridge.server.auth import Token, TokenAuth
 from gpuheal_bridge.server.idempotency import IdempotencyStore
 from gpuheal_bridge.server.metrics import Metrics
@@ -38,6 +38,8 @@ class Services:
     retry_after: float
     #: Plain HTTP from a peer not on loopback is served (a proxy in front terminates TLS).
     remote_plain_http: bool
+    #: Which refusals (401, 403 before a route runs) get an audit line.
+    refusals: RefusalThrottle
 
     async def check_slurmctld(self) -> tuple[bool, str, str | None]:
         """Ping slurmctld and set the gauges: (up, detail, Slurm version)."""

@@ -11,8 +11,10 @@ import pytest
 from fastapi.testclient import TestClient
 
 from gpuheal_bridge.nodemap import NodeMapper
-from gpuheal_bridge.operations import Operations
+from gpuheal_bridge.operations import DEFAULT_RESERVE_REASONS, Operations
 from gpuheal_bridge.server.app import BridgeSettings, create_app
+from gpuheal_bridge.server.audit import RefusalThrottle
+from gpuheal_bridge.server.auth import Scope, Token
 from tests.unit.bridge.fakes import FakeClock, FakeJob, FakeSlurm
 
 TOKEN = "t0ken-for-the-operator-0123456789"
@@ -26,7 +28,12 @@ def make_client(slurm: FakeSlurm, tmp_path: Path, **kw: object) -> TestClient:
         tokens={"operator": TOKEN},
         state_dir=tmp_path / "state",
         audit_log=tmp_path / "audit.jsonl",
-        operations=Operations(slurm, clock=clock, sleep=clock.sleep),
+        operations=Operations(
+            slurm,
+            clock=clock,
+            sleep=clock.sleep,
+            reserve_reasons=kw.pop("reserve_reasons", DEFAULT_RESERVE_REASONS),  # type: ignore[arg-type]
+        ),
         **{"health_interval": 0, **kw},  # type: ignore[arg-type]  # no background ping
     )
     # The peer is loopback: plain HTTP from anywhere else is refused (see the transport tests).
@@ -75,6 +82,53 @@ def test_401_touches_nothing(  # noqa: PLR0917 - pytest passes fixtures position
     assert (record["who"], record["peer"], record["status"]) == (None, "127.0.0.1", 401)
     assert (record["method"], record["target"]) == (method.upper(), path)
     assert record["result"]["error"] == "unauthorized"
+
+
+def test_a_flood_of_401s_writes_one_audit_line_per_source_and_interval(
+    slurm: FakeSlurm, tmp_path: Path
+) -> None:
+    clock = FakeClock()
+    throttle = RefusalThrottle(60.0, clock=clock)
+    bad = {"Authorization": "Bearer wrong-token-0123456789"}
+    audit = tmp_path / "audit.jsonl"
+
+    def lines() -> list[dict[str, object]]:
+        return [json.loads(line) for line in audit.read_text().splitlines()]
+
+    with make_client(slurm, tmp_path, refusals=throttle) as c:
+        for _ in range(200):
+            assert c.get("/v1/nodes/node1", headers=bad).status_code == 401
+        assert len(lines()) == 1
+        assert "suppressed" not in lines()[0]
+        # A refusal of another kind from the same address has its own line.
+        c.app.state.services.auth.replace({"reader": Token(TOKEN, frozenset({Scope.READ}))})
+        assert (
+            c.post("/v1/nodes/node1/drain", headers=AUTH, json={"incident": "x"}).status_code == 403
+        )
+        assert [r["status"] for r in lines()] == [401, 403]
+        # The interval over: the next 401 is written, saying how many were left out.
+        clock.now += 60
+        assert c.get("/v1/nodes/node1", headers=bad).status_code == 401
+        last = lines()[-1]
+        assert (last["status"], last["suppressed"], last["peer"]) == (401, 199, "127.0.0.1")
+    assert slurm.calls == []
+
+
+def test_refusal_throttle_per_source_and_bounded() -> None:
+    clock = FakeClock()
+    throttle = RefusalThrottle(10.0, clock=clock, max_sources=3)
+    assert throttle.admit("10.0.0.1", 401) == 0
+    assert throttle.admit("10.0.0.1", 401) is None
+    assert throttle.admit("10.0.0.2", 401) == 0  # another source: its own line
+    assert throttle.admit(None, 401) == 0
+    clock.now += 9.9
+    assert throttle.admit("10.0.0.1", 401) is None
+    clock.now += 0.1
+    assert throttle.admit("10.0.0.1", 401) == 2
+    assert throttle.admit("10.0.0.1", 401) is None
+    # A fourth source past max_sources: the ended intervals are forgotten, and it is written.
+    assert throttle.admit("10.0.0.4", 401) == 0
+    assert len(throttle._seen) <= 3
 
 
 def test_probes_need_no_token(client: TestClient) -> None:

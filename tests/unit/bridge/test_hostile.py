@@ -235,13 +235,16 @@ def test_a_reserve_reason_that_is_not_one_plain_line_of_its_own_is_refused(
     assert slurm.mutating_calls() == []
 
 
-def test_a_plain_reserve_reason_is_taken(client: TestClient, slurm: FakeSlurm) -> None:
+def test_a_plain_reserve_reason_is_taken(slurm: FakeSlurm, tmp_path: Path) -> None:
+    """One of the bridge's reserve pool reasons (--reserve-reasons)."""
     slurm.add_node("node4", "IDLE", ("DRAIN",), reason="gpuheal: nrem-a xid=79")
-    resp = client.post(
-        "/v1/nodes/node4/reserve",
-        headers=AUTH,
-        json={"incident": "nrem-a", "reason": "spares (gpu pool, rack 7)"},
-    )
+    reasons = frozenset({"reserve pool", "spares (gpu pool, rack 7)"})
+    with make_client(slurm, tmp_path, reserve_reasons=reasons) as client:
+        resp = client.post(
+            "/v1/nodes/node4/reserve",
+            headers=AUTH,
+            json={"incident": "nrem-a", "reason": "spares (gpu pool, rack 7)"},
+        )
     assert resp.status_code == 200, resp.text
     assert slurm.nodes["node4"].reason == "spares (gpu pool, rack 7)"
 

@@ -13,9 +13,9 @@ import pytest
 from fastapi.testclient import TestClient
 
 from gpuheal_bridge.api.models import CheckpointSignal, DrainRequest, RequeueOptions, ResumeRequest
-from gpuheal_bridge.config import BridgeConfig
+from gpuheal_bridge.config import BridgeConfig, reserve_reasons
 from gpuheal_bridge.nodemap import NodeMapper, NotAllowed
-from gpuheal_bridge.operations import Operations
+from gpuheal_bridge.operations import DEFAULT_RESERVE_REASONS, Operations
 from gpuheal_bridge.server.app import BridgeSettings, create_app
 from gpuheal_bridge.server.auth import (
     DEFAULT_SCOPES,
@@ -193,6 +193,62 @@ def test_the_operators_token_cannot_resume_an_admins_drain(
     admin = client.post("/v1/nodes/node2/resume", headers=auth(ADMIN), json={"force": True})
     assert admin.status_code == 200
     assert admin.json()["forced"] is True
+
+
+def test_no_token_lifts_a_drain_by_naming_its_reason_as_a_reserve_pools(
+    slurm: FakeSlurm, tmp_path: Path
+) -> None:
+    """node2 carries an admin's drain. A reserve_reason is lifted only when it is one of the
+    bridge's reserve pool reasons (--reserve-reasons): the admin's reason sent back is 403
+    for the resume scope and the operator's token alike, nothing is called; the pool's
+    reason lifts a spare; a reserve may set only those reasons."""
+    resumer = "resume-only-token-0123456789abcdef"
+    slurm.add_node("node4", "IDLE", ("DRAIN",), reason="spares")
+    slurm.add_node("node5", "IDLE", ("DRAIN",), reason="gpuheal: nrem-a xid=79")
+    with make_client(slurm, tmp_path) as c:
+        services = c.app.state.services  # type: ignore[attr-defined]
+        services.ops.reserve_reasons = frozenset({"reserve pool", "spares"})
+        services.auth.replace(
+            {"operator": OPERATOR, "resumer": Token(resumer, frozenset({Scope.RESUME}))}
+        )
+        admins = slurm.nodes["node2"].reason
+        assert admins
+        for token in (resumer, OPERATOR):
+            resp = c.post(
+                "/v1/nodes/node2/resume", headers=auth(token), json={"reserve_reason": admins}
+            )
+            assert resp.status_code == 403, resp.text
+            assert resp.json()["message"] == (
+                f"{admins!r} is not one of the bridge's reserve pool reasons ('reserve pool', "
+                "'spares'; --reserve-reasons): nothing was done"
+            )
+        assert slurm.calls == []
+        spare = c.post(
+            "/v1/nodes/node4/resume", headers=auth(resumer), json={"reserve_reason": "spares"}
+        )
+        assert spare.status_code == 200, spare.text
+        assert spare.json()["outcome"] == "resumed"
+        reserve = c.post(
+            "/v1/nodes/node5/reserve",
+            headers=auth(OPERATOR),
+            json={"incident": "nrem-a", "reason": admins},
+        )
+        assert reserve.status_code == 403, reserve.text
+        assert slurm.nodes["node5"].reason == "gpuheal: nrem-a xid=79"
+    assert [(a["who"], a["status"]) for a in audit(tmp_path)] == [
+        ("resumer", 403),
+        ("operator", 403),
+        ("resumer", 200),
+        ("operator", 403),
+    ]
+
+
+def test_reserve_reasons_from_the_command_line() -> None:
+    config = BridgeConfig(token_file=None, reserve_reasons="reserve pool| spares (rack 7, gpu) ")
+    assert reserve_reasons(config.reserve_reasons) == {"reserve pool", "spares (rack 7, gpu)"}
+    assert reserve_reasons(BridgeConfig().reserve_reasons) == DEFAULT_RESERVE_REASONS
+    with pytest.raises(ValueError, match="--reserve-reasons is empty"):
+        BridgeConfig(reserve_reasons=" | ")
 
 
 def test_a_requeue_without_from_node_is_refused_naming_it(

@@ -23,11 +23,15 @@ object (a Node) only in `default`. */}}
 default
 {{- end -}}
 
-{{/* The operator's image unless agent.image.repository is set. */}}
+{{/* The operator's image unless agent.image.repository is set; the agent's own tag or
+digest wins either way (a digest set with an empty repository pins the operator's). */}}
 {{- define "gpuheal.agent.image" -}}
-{{- if .Values.agent.image.repository -}}
-{{- include "gpuheal.image" (list .Values.agent.image .) -}}
+{{- $a := .Values.agent.image -}}
+{{- $o := .Values.operator.image -}}
+{{- if or $a.repository $a.digest $a.tag -}}
+{{- $img := dict "repository" (default $o.repository $a.repository) "tag" $a.tag "digest" $a.digest -}}
+{{- include "gpuheal.image" (list $img . "agent.image") -}}
 {{- else -}}
-{{- include "gpuheal.image" (list .Values.operator.image .) -}}
+{{- include "gpuheal.image" (list $o . "operator.image") -}}
 {{- end -}}
 {{- end -}}

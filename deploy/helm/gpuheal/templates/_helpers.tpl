@@ -55,6 +55,19 @@ app.kubernetes.io/component: slurm-bridge
 {{- default (printf "%s-node-jobs" .Release.Name) .Values.nodeJobs.namespace | trunc 63 | trimSuffix "-" -}}
 {{- end -}}
 
+{{/*
+Pod Security labels of the namespaces the chart creates for its privileged pods (the agent's,
+the node Jobs'): they need `privileged`, said for all three modes, so that a cluster-wide
+default (an AdmissionConfiguration's warn/audit `restricted`) neither warns on nor flags every
+pod the chart runs there by design; the release namespace, with the operator and the bridge,
+is the one to hold `restricted` (docs/install.md).
+*/}}
+{{- define "gpuheal.privilegedNamespaceLabels" -}}
+pod-security.kubernetes.io/enforce: privileged
+pod-security.kubernetes.io/warn: privileged
+pod-security.kubernetes.io/audit: privileged
+{{- end -}}
+
 {{/* The operator's user name at admission (request.userInfo.username). */}}
 {{- define "gpuheal.operatorUser" -}}
 {{- printf "system:serviceaccount:%s:%s" .Release.Namespace (include "gpuheal.serviceAccountName" .) -}}
@@ -69,9 +82,17 @@ app.kubernetes.io/component: slurm-bridge
 {{- end -}}
 
 {{/* image reference: repository@digest, or repository:tag (tag defaults to appVersion). */}}
+{{- /*
+An image reference: (list <image values> $ [<their values path>]). requireDigests refuses to
+render one without a digest (a tag can be moved to other content), naming the value to set.
+*/}}
 {{- define "gpuheal.image" -}}
 {{- $img := index . 0 -}}
 {{- $root := index . 1 -}}
+{{- if and $root.Values.requireDigests (not $img.digest) -}}
+{{- $where := ternary (index . 2) "an image" (gt (len .) 2) -}}
+{{- fail (printf "requireDigests: the image %s:%s is not pinned by digest: set %s.digest (sha256:...)" $img.repository (default $root.Chart.AppVersion $img.tag) $where) -}}
+{{- end -}}
 {{- if $img.digest -}}
 {{- printf "%s@%s" $img.repository $img.digest -}}
 {{- else -}}

@@ -5,7 +5,7 @@ the containers, images, volumes and ServiceAccounts they name). Each is the text
 ConfigMap key, comments included.
 */}}
 {{- define "gpuheal.nodeJob.gpu-reset" -}}
-{{- $img := include "gpuheal.image" (list .Values.nodeJobs.image $) }}
+{{- $img := include "gpuheal.image" (list .Values.nodeJobs.image $ "nodeJobs.image") }}
 {{- $reset := .Values.nodeJobs.gpuReset }}
 {{- $pods := $reset.operandPods }}
 {{- if ne .Values.agent.nvml.mode "off" }}
@@ -46,7 +46,7 @@ template:
     initContainers:
     # A native sidecar: it runs beside the reset and gets SIGTERM once the reset ended.
     - name: operands
-      image: {{ include "gpuheal.image" (list .Values.operator.image $) }}
+      image: {{ include "gpuheal.image" (list .Values.operator.image $ "operator.image") }}
       restartPolicy: Always
       command: [python, /gpuheal/gpu_operands.py, hold]
       env:
@@ -78,7 +78,7 @@ template:
 {{- end -}}
 
 {{- define "gpuheal.nodeJob.node-reboot" -}}
-{{- $img := include "gpuheal.image" (list .Values.nodeJobs.image $) -}}
+{{- $img := include "gpuheal.image" (list .Values.nodeJobs.image $ "nodeJobs.image") -}}
 # Reboot the node through its init system (nsenter into PID 1), 5 s after the Job ends so
 # that it ends Complete; gpuheal then waits for the node's new boot ID.
 backoffLimit: 0
@@ -115,7 +115,7 @@ template:
 {{- end -}}
 
 {{- define "gpuheal.nodeJob.gpu-check" -}}
-{{- $dcgm := include "gpuheal.image" (list .Values.nodeJobs.dcgmImage $) -}}
+{{- $dcgm := include "gpuheal.image" (list .Values.nodeJobs.dcgmImage $ "nodeJobs.dcgmImage") -}}
 # The check before a node returns: every GPU answers nvidia-smi and passes a DCGM
 # diagnostic (`dcgmi diag -r {{ .Values.nodeJobs.dcgmDiagLevel }}`): exit code 0 passes.
 backoffLimit: 0

@@ -78,8 +78,9 @@ async def resume_node(
     node: NodeName, mutation: Mutate, body: ResumeRequest | None = None
 ) -> JSONResponse:
     """RESUME only a drain gpuheal set (409 otherwise) unless ``force``; with
-    ``reserve_reason`` only a spare drained with exactly that reason (its pool's; an
-    admin's or another tool's drain is 409); not drained: no-op."""
+    ``reserve_reason`` (one of the bridge's ``--reserve-reasons``, else 403) only a spare
+    drained with exactly that reason (its pool's; an admin's or another tool's drain is
+    409); not drained: no-op."""
     return await mutation.on_node(node, body or ResumeRequest(), mutation.services.ops.resume)
 
 
