@@ -9,17 +9,14 @@ import argparse
 import datetime as dt
 import sys
 from collections.abc import Mapping, Sequence
-from typing import Any
-
-from pydantic import ValidationError
+from typing import TYPE_CHECKING, Any
 
 from gpuheal.api.meta import parse_time
 from gpuheal.api.names import NODE_LABEL, NREM_PLURAL, POLICY_PLURAL
-from gpuheal.api.noderemediation import NodeRemediation
-from gpuheal.api.remediationpolicy import RemediationPolicy
 from gpuheal.cli._common import CliError, add_cluster_flags, add_output_flag, dump
-from gpuheal.policy.domains import DomainIncident, domain_incidents
-from gpuheal.policy.inputs import incident_summary as summarise
+
+if TYPE_CHECKING:  # the models load only when a domain is listed: status starts fast
+    from gpuheal.policy.domains import DomainIncident
 
 
 def _age(ts: dt.datetime | None, now: dt.datetime) -> str:
@@ -144,6 +141,13 @@ def domains_of(
     for each policy's domain key, its incidents on the nodes sharing a value of that label
     (``node``: only those it is a member of). Objects that do not parse are left out, as
     the operator leaves them."""
+    from pydantic import ValidationError
+
+    from gpuheal.api.noderemediation import NodeRemediation
+    from gpuheal.api.remediationpolicy import RemediationPolicy
+    from gpuheal.policy.domains import domain_incidents
+    from gpuheal.policy.inputs import incident_summary as summarise
+
     labels = {n["metadata"]["name"]: (n["metadata"].get("labels") or {}) for n in nodes}
     summaries = []
     for obj in incidents:
