@@ -35,7 +35,7 @@ ENV_PREFIX = "GPUHEAL_"
 # the CRD models; tests/unit/test_slurm_clusters.py checks that they agree.
 DNS_LABEL_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 SLURM_CLUSTER_LABEL = "gpuheal.io/slurm-cluster"
-NOTIFY_EVENTS = "Opened,Blocked,ApprovalPending,Completed,Failed"
+NOTIFY_EVENTS = "Opened,Blocked,ApprovalPending,Completed,Failed,DomainOpened"
 AGENT_REPORTER = "gpuheal-agent"  # gpuheal.policy.trust.AGENT_REPORTER
 
 

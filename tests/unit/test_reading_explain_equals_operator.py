@@ -1,6 +1,7 @@
 """`gpuheal explain` concludes what the operator decides, on random clusters.
 
-A random cluster (several policies that may tie, nodes under them or none, GPUs that moved
+A random cluster (several policies that may tie, some with fault domains over the nodes'
+rack labels, nodes under them or none, GPUs that moved
 between nodes with their FaultHistory left behind, open and closed incidents of any policy,
 some holding a slot or replaced by a spare, nodes gpuheal keeps cordoned, breakers open or
 near their limit, blind sources) is given to both sides as each meets it: the operator's
@@ -43,6 +44,8 @@ PCIS = ["0000:3b:00", "0000:86:00"]
 UUIDS = [f"GPU-{i:08x}-0000-0000-0000-000000000000" for i in range(4)]
 INCIDENTS = [f"nrem-{i}" for i in range(6)]
 POLICIES = ["p0", "p1", "p2"]
+RACK = "topology.kubernetes.io/rack"
+RACKS: list[dict[str, str]] = [{}, {RACK: "r1"}, {RACK: "r1"}, {RACK: "r2"}]
 
 
 def ago(minutes: int) -> dt.datetime:
@@ -77,6 +80,18 @@ def policies(draw: st.DrawFn) -> list[RemediationPolicy]:
             priority=draw(st.integers(0, 1)),
             **safety,
         )
+        if draw(st.booleans()):  # fault domains: nodes of one rack faulting together
+            domain: dict[str, Any] = {
+                "key": RACK,
+                "window": draw(st.sampled_from(["5m", "2h", "2h"])),
+                "maxNodeActions": draw(st.integers(1, 2)),
+            }
+            limit = draw(st.sampled_from([None, 1, "50%"]))
+            if limit is not None:
+                domain["maxUnhealthy"] = limit
+            body = policy.to_k8s()
+            body["spec"]["domains"] = [domain]
+            policy = RemediationPolicy.model_validate(body)
         breaker = draw(st.sampled_from(["none", "open", "closed"]))
         if breaker != "none":
             condition = {
@@ -107,7 +122,8 @@ def nodes(draw: st.DrawFn) -> list[dict[str, Any]]:
                 "metadata": {
                     "name": name,
                     "uid": f"uid-{name}",
-                    "labels": {"pool": draw(st.sampled_from(["a", "b", "c"]))},
+                    "labels": {"pool": draw(st.sampled_from(["a", "b", "c"])),
+                               **draw(st.sampled_from(RACKS))},
                     "annotations": annotations,
                 },
                 "spec": {"unschedulable": keeper is not None},
@@ -119,14 +135,29 @@ def nodes(draw: st.DrawFn) -> list[dict[str, Any]]:
     return out
 
 
+RULE = make_policy().spec.rules[0]
+LADDER = [r.to_k8s() for r in RULE.ladder]
+# A rung that replaces, named as the rule's first (its timeline's requeue/cordon marks the
+# cordon done): what a domain's hold of a member's replacement is about.
+REPLACE_LADDER = [
+    {"name": "requeue", "steps": [
+        {"action": "cordon"},
+        {"action": "replace", "replace": {"reservePoolRef": {"name": "spares"}}},
+    ]},
+    *LADDER[1:],
+]  # fmt: skip
+
+
 @st.composite
 def incidents(draw: st.DrawFn, policy_names: list[str]) -> list[NodeRemediation]:
     out = []
-    rule = make_policy().spec.rules[0]
+    rule = RULE
     for name in draw(st.lists(st.sampled_from(INCIDENTS), max_size=6, unique=True)):
         first = draw(minutes)
+        # 79 too: the catalogue never replaces on a first 94 (a domain holds replacements)
+        xid = draw(st.sampled_from([94, 79]))
         signals = [
-            {"source": "Event", "observedAt": stamp(ago(first - i)), "xid": 94,
+            {"source": "Event", "observedAt": stamp(ago(first - i)), "xid": xid,
              "pciBusId": draw(st.sampled_from(PCIS)), "eventUid": f"{name}-e{i}"}
             for i in range(draw(st.integers(1, 3)))
             if first - i >= 1
@@ -159,7 +190,7 @@ def incidents(draw: st.DrawFn, policy_names: list[str]) -> list[NodeRemediation]
                     "spec": {"nodeName": draw(st.sampled_from(NODES)),
                              "policyRef": {"name": draw(st.sampled_from(policy_names))},
                              "rule": rule.name, "signals": signals,
-                             "ladder": [r.to_k8s() for r in rule.ladder],
+                             "ladder": draw(st.sampled_from([REPLACE_LADDER, LADDER])),
                              "dryRun": draw(st.booleans())},
                     "status": status,
                 }

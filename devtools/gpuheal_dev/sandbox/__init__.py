@@ -111,7 +111,11 @@ class Sandbox:
             create_gpu_nodes(core, config.node_names, gpus=config.gpus_per_node)
             if config.spare_names:
                 create_gpu_nodes(
-                    core, config.spare_names, gpus=config.gpus_per_node, pool="reserve"
+                    core,
+                    config.spare_names,
+                    gpus=config.gpus_per_node,
+                    pool="reserve",
+                    rack="rack-spares",
                 )
             wait_nodes_ready(core, config.node_names + config.spare_names)
             sandbox.timings["nodes_ready_s"] = time.monotonic() - t0

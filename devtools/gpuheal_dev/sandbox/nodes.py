@@ -18,6 +18,9 @@ from gpuheal_dev.sandbox.process import SandboxError
 GPU_PRODUCT = "NVIDIA-H100-80GB-HBM3"
 GPU_RESOURCE = "nvidia.com/gpu"
 SANDBOX_LABEL = "gpuheal.io/sandbox"
+RACK_LABEL = "topology.kubernetes.io/rack"
+"""Where a site says which rack a node is in (sites choose the key; policies name it in
+`spec.domains`). The sandbox's GPU nodes share one rack, its spares another."""
 
 
 def gpu_node_manifest(
@@ -27,6 +30,7 @@ def gpu_node_manifest(
     product: str = GPU_PRODUCT,
     labels: dict[str, str] | None = None,
     pool: str = "training",
+    rack: str = "rack-0",
 ) -> dict[str, Any]:
     """A Node as a GPU node with the NVIDIA GPU operator's labels would look (capacity included:
     the apiserver keeps status on Node create, the way a kubelet registers)."""
@@ -43,6 +47,7 @@ def gpu_node_manifest(
         "nvidia.com/gpu.memory": "81559",
         "nvidia.com/cuda.driver.major": "570",
         "node.kubernetes.io/instance-type": f"gpu-{gpus}x-h100",
+        RACK_LABEL: rack,
         **(labels or {}),
     }
     capacity = {

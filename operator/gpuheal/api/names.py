@@ -124,6 +124,10 @@ class Reason(enum.StrEnum):
     NO_CHECK = "NoCheck"  # returnToService.check is None: nothing verified the node
     AWAITING_REPAIR = "AwaitingRepair"
     REFUSED = "Refused"  # a NodeRemediation gpuheal could not have opened (made by hand)
+    # spec.domains: a domain incident (gpuheal.policy.domains)
+    DOMAIN_REPLACEMENT_HELD = "DomainReplacementHeld"
+    DOMAIN_BREAKER_OPEN = "DomainBreakerOpen"
+    DOMAIN_INCIDENT = "DomainIncident"
     # policy and pool status
     ACTIVE = "Active"
     INVALID_SPEC = "InvalidSpec"  # stored, but the operator cannot read it: ignored

@@ -12,6 +12,7 @@ from pydantic import BaseModel as PydanticModel
 from pydantic import ConfigDict, Field, model_validator
 
 from gpuheal.api.devicequarantine import QuarantineDeviceOptions
+from gpuheal.api.domains import DOMAINS_DESCRIPTION, FaultDomain
 from gpuheal.api.meta import (
     CONDITION_TYPE_PATTERN,
     DNS_LABEL_PATTERN,
@@ -124,6 +125,7 @@ class NotifyEvent(enum.StrEnum):
     APPROVAL_PENDING = "ApprovalPending"  # a person must approve the next step
     COMPLETED = "Completed"  # replaced, returned, remediated, dry run done
     FAILED = "Failed"  # a step failed for good; the node stays as it is
+    DOMAIN_OPENED = "DomainOpened"  # faults on several nodes of one domain (spec.domains)
 
 
 class EscalationScope(enum.StrEnum):
@@ -746,9 +748,9 @@ class NotifyWebhook(Model):
         "Slack: {text} as Slack incoming webhooks (and compatible ones) expect.",
     )
     events: list[NotifyEvent] = list_of(
-        5,
-        "Which transitions to send (Opened, Blocked, ApprovalPending, Completed, Failed); "
-        "empty: all of them.",
+        6,
+        "Which transitions to send (Opened, Blocked, ApprovalPending, Completed, Failed, "
+        "DomainOpened); empty: all of them.",
         json_schema_extra={"x-kubernetes-list-type": "set"},
     )
 
@@ -1476,6 +1478,11 @@ class RemediationPolicySpec(Model):
         "cluster named in the operator's --bridges-file (or its --bridge-cluster). A node's "
         "gpuheal.io/slurm-cluster label wins; with neither, the operator's --bridge-url.",
     )
+    domains: list[FaultDomain] = list_of(
+        4,
+        DOMAINS_DESCRIPTION,
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["key"]},
+    )
     history: HistorySettings = Field(
         default_factory=HistorySettings,
         description="How long the nodes' FaultHistory keeps what happened (escalation "
@@ -1488,6 +1495,9 @@ class RemediationPolicySpec(Model):
         names = [rule.name for rule in self.rules]
         if len(names) != len(set(names)):
             raise ValueError("rule names must be unique")
+        keys = [d.key for d in self.domains]
+        if len(keys) != len(set(keys)):
+            raise ValueError("domains: each key at most once")
         retention = parse_duration(self.history.retention)
         if any(
             r.escalation is not None and parse_duration(r.escalation.window) > retention

@@ -1,5 +1,7 @@
 """`gpuheal status`: incidents (NodeRemediations), their state, steps and durations; as a
-table, with timelines (-o wide), as JSON or YAML, once or as they change (-w)."""
+table, with timelines (-o wide), as JSON or YAML, once or as they change (-w); and the domain
+incidents of policies with `spec.domains` (faults on several nodes of one rack, NVLink clique
+or switch), each with its members, as the operator groups them (`policy.domains`)."""
 
 from __future__ import annotations
 
@@ -7,11 +9,14 @@ import argparse
 import datetime as dt
 import sys
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpuheal.api.meta import parse_time
-from gpuheal.api.names import NODE_LABEL, NREM_PLURAL
-from gpuheal.cli._common import add_cluster_flags, add_output_flag, dump
+from gpuheal.api.names import NODE_LABEL, NREM_PLURAL, POLICY_PLURAL
+from gpuheal.cli._common import CliError, add_cluster_flags, add_output_flag, dump
+
+if TYPE_CHECKING:  # the models load only when a domain is listed: status starts fast
+    from gpuheal.policy.domains import DomainIncident
 
 
 def _age(ts: dt.datetime | None, now: dt.datetime) -> str:
@@ -125,15 +130,135 @@ def status_table(items: Sequence[Mapping[str, Any]], *, now: dt.datetime, wide: 
     return "\n".join(lines)
 
 
-def render(items: Sequence[Mapping[str, Any]], fmt: str, *, now: dt.datetime) -> str:
+def domains_of(
+    policies: Sequence[Mapping[str, Any]],
+    nodes: Sequence[Mapping[str, Any]],
+    incidents: Sequence[Mapping[str, Any]],
+    *,
+    node: str | None = None,
+) -> list[DomainIncident]:
+    """The open domain incidents (`policy.domains`, grouped as the operator groups them):
+    for each policy's domain key, its incidents on the nodes sharing a value of that label
+    (``node``: only those it is a member of). Objects that do not parse are left out, as
+    the operator leaves them."""
+    from pydantic import ValidationError
+
+    from gpuheal.api.noderemediation import NodeRemediation
+    from gpuheal.api.remediationpolicy import RemediationPolicy
+    from gpuheal.policy.domains import domain_incidents
+    from gpuheal.policy.inputs import incident_summary as summarise
+
+    labels = {n["metadata"]["name"]: (n["metadata"].get("labels") or {}) for n in nodes}
+    summaries = []
+    for obj in incidents:
+        try:
+            summaries.append(summarise(NodeRemediation.model_validate(obj)))
+        except ValidationError:
+            continue
+    out = []
+    for body in policies:
+        try:
+            policy = RemediationPolicy.model_validate(body)
+        except ValidationError:
+            continue
+        mine = [i for i in summaries if i.policy == policy.metadata.name]
+        for domain in policy.spec.domains:
+            by_value: dict[str, list[Any]] = {}
+            for i in mine:
+                value = labels.get(i.node, {}).get(domain.key)
+                if value is not None:
+                    by_value.setdefault(value, []).append(i)
+            for value, members in sorted(by_value.items()):
+                out += [
+                    g
+                    for g in domain_incidents(policy.metadata.name, domain, value, members)
+                    if g.active and (node is None or g.place(node) is not None)
+                ]
+    return sorted(out, key=lambda g: (g.opened_at, g.name))
+
+
+def domain_summary(group: DomainIncident, *, now: dt.datetime) -> dict[str, Any]:
+    """What `gpuheal status -o json|yaml` prints per domain incident."""
+    return {
+        "domain": group.name,
+        "key": group.key,
+        "value": group.value,
+        "policy": group.policy,
+        "openedAt": group.opened_at.isoformat(),
+        "ageSeconds": int((now - group.opened_at).total_seconds()),
+        "window": group.window,
+        "maxNodeActions": group.max_node_actions,
+        "members": [
+            {
+                "node": m.node,
+                "incident": m.incident,
+                "faultedAt": m.at.isoformat(),
+                "open": m.active,
+                "replacement": "held" if m.node in group.held else "runs",
+            }
+            for m in group.members
+        ],
+    }
+
+
+DOMAIN_HEADER = ("DOMAIN", "POLICY", "NODES", "AGE", "MEMBERS (replacement held*)")
+
+
+def domain_lines(groups: Sequence[DomainIncident], *, now: dt.datetime) -> list[str]:
+    """The domain incidents as a table: each with its members in the order they faulted,
+    those whose replacement is held marked *."""
+    rows = [
+        (
+            g.name, g.policy, str(len(g.members)), _age(g.opened_at, now),
+            ", ".join(m.node + ("*" if m.node in g.held else "") for m in g.members),
+        )
+        for g in groups
+    ]  # fmt: skip
+    return ["", "Domain incidents:", *columns([DOMAIN_HEADER, *rows])]
+
+
+def render(
+    items: Sequence[Mapping[str, Any]],
+    fmt: str,
+    *,
+    now: dt.datetime,
+    domains: Sequence[DomainIncident] = (),
+) -> str:
     """The whole listing in ``fmt`` (table, wide, json, yaml)."""
     if fmt in ("json", "yaml"):
-        listing = {
+        listing: dict[str, Any] = {
             "kind": "IncidentList",
             "items": [incident_summary(o, now=now) for o in _ordered(items)],
         }
+        if domains:
+            listing["domains"] = [domain_summary(g, now=now) for g in domains]
         return dump(listing, fmt)
-    return status_table(items, now=now, wide=fmt == "wide") if items else ""
+    if not items:
+        return ""
+    table = status_table(items, now=now, wide=fmt == "wide")
+    return "\n".join([table, *domain_lines(domains, now=now)]) if domains else table
+
+
+def _domains(api_client: Any, items: Sequence[Mapping[str, Any]], node: str | None) -> list[Any]:
+    """The open domain incidents, read only when a policy names domains (Nodes are read for
+    their labels then). One that cannot be read is said on stderr; the incidents still are."""
+    from gpuheal.cli._cluster import list_nodes
+
+    try:
+        policies = list_custom_items(api_client, POLICY_PLURAL)
+        if not any((p.get("spec") or {}).get("domains") for p in policies):
+            return []
+        incidents = list_custom_items(api_client, NREM_PLURAL) if node else items
+        return domains_of(policies, list_nodes(api_client), incidents, node=node)
+    except CliError as exc:
+        print(f"(domain incidents not shown: {exc})", file=sys.stderr, flush=True)
+        return []
+
+
+def list_custom_items(api_client: Any, plural: str) -> list[dict[str, Any]]:
+    from gpuheal.cli._cluster import list_custom
+
+    return list(list_custom(api_client, plural)["items"])
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -143,7 +268,8 @@ def _run(args: argparse.Namespace) -> int:
     api_client = api(args.kubeconfig, args.context)
     listing = list_custom(api_client, NREM_PLURAL, **kw)
     items = listing["items"]
-    out = render(items, args.output, now=dt.datetime.now(dt.UTC))
+    domains = _domains(api_client, items, args.node) if items else []
+    out = render(items, args.output, now=dt.datetime.now(dt.UTC), domains=domains)
     if out:
         print(out, flush=True)
     else:  # as kubectl says it: on stderr, so a pipe sees nothing

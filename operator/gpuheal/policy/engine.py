@@ -49,6 +49,12 @@ from gpuheal.api.remediationpolicy import (
     Rule,
     Step,
 )
+from gpuheal.policy.domains import (
+    DomainStanding,
+    domain_breaker,
+    held_message,
+    replacement_held,
+)
 from gpuheal.policy.safety import admit
 from gpuheal.policy.select import held_for, rule_matches, unhealthy_reasons, watched_conditions
 from gpuheal.policy.types import (
@@ -82,20 +88,25 @@ def decide(
     *,
     new: Observation | None = None,
     max_signal_age: dt.timedelta | None = None,
+    domains: Sequence[DomainStanding] = (),
 ) -> Decision:
     """What to do next for `node` under `policy` (see the module docstring for the rules).
 
     `new` is the signal that just arrived (the operator's intake names it; it may be in
     `history.observations` already). Without it, every signal since the node's last
     incident and every watched condition it holds now are considered, most severe rule
-    first: what `gpuheal explain` asks.
+    first: what `gpuheal explain` asks. `domains`: the node's place in its policy's fault
+    domains (`policy.domains`): past a domain's limit a member's replacement is held, and a
+    per-domain breaker may hold a step back.
     """
     label = policy.safety.opt_out_label
     opted_out = label in node.labels
     if history.incident is not None:
         if opted_out:
             return Blocked(Reason.OPTED_OUT, f"node carries the opt-out label {label}")
-        return _continue_incident(policy, node, history, history.incident, counts=counts, now=now)
+        return _continue_incident(
+            policy, node, history, history.incident, counts=counts, now=now, domains=domains
+        )
     if node.sources_readable_since is None:
         # Blind is not healthy and not unhealthy: nothing starts on missing data.
         return Idle(Reason.SOURCE_BLIND, "a signal source for this node cannot be read")
@@ -443,6 +454,7 @@ def _continue_incident(  # noqa: PLR0911 - one exit per documented outcome reads
     *,
     counts: ClusterCounts,
     now: dt.datetime,
+    domains: Sequence[DomainStanding] = (),
 ) -> Decision:
     safety = policy.safety
     if safety.paused:
@@ -462,17 +474,24 @@ def _continue_incident(  # noqa: PLR0911 - one exit per documented outcome reads
         )
     assert act.step is not None
     action = act.step.action
+    # Approving the replace lifts a domain's hold: a person who knows the cause is fixed.
+    held = None if Action.REPLACE in incident.approved else replacement_held(domains, node.name)
+    if action is Action.REPLACE and held is not None:
+        return Blocked(Reason.DOMAIN_REPLACEMENT_HELD, held_message(held, node.name), would=act)
     if action in set(safety.require_approval) - incident.approved:
         return Blocked(Reason.APPROVAL_PENDING, f"{action} needs approval", would=act)
     if incident.dry_run:
         return Blocked(Reason.DRY_RUN, f"dry run: would {action}", would=act)
-    spare = spare_to_claim(policy, observations, incident, act, now)
+    spare = None if held is not None else spare_to_claim(policy, observations, incident, act, now)
     if action in DISRUPTIVE_ACTIONS and not incident.holds_slot and _own_cordon(node, incident):
         # Its cordon took the slot, and a crash came before the status said so: the mark
         # counts in `counts` already; admitting the incident again would block it behind
         # itself for good. The slot is recorded with this step.
         return dataclasses.replace(act, takes_slot=True, reserve=spare)
     if action in DISRUPTIVE_ACTIONS and not incident.holds_slot:
+        full = domain_breaker(domains)
+        if full is not None:
+            return Blocked(Reason.DOMAIN_BREAKER_OPEN, full[1], would=act)
         gate = admit(safety, counts, now)
         if gate.blocked is not None:
             reason, message, retry = gate.blocked

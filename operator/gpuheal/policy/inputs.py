@@ -401,6 +401,7 @@ def incident_summary(nrem: NodeRemediation) -> IncidentSummary:
         started_at=started_at(nrem),
         completed_at=done.last_transition_time if done is not None and completed else None,
         started=find_condition(nrem.status.conditions, NremCondition.DETECTED) is not None,
+        first_signal_at=nrem.spec.signals[0].observed_at,
     )
 
 

@@ -24,6 +24,7 @@ from gpuheal.api.noderemediation import NodeRemediation
 from gpuheal.api.remediationpolicy import RemediationPolicy
 from gpuheal.api.reservepool import ReservePool
 from gpuheal.policy import faultrecord as fault_history
+from gpuheal.policy.domains import DomainStanding, domain_incidents
 from gpuheal.policy.engine import decide
 from gpuheal.policy.inputs import (
     breaker_from_incidents,
@@ -122,6 +123,10 @@ class ClusterRead:
     readable_since: Mapping[str, dt.datetime] = dataclasses.field(default_factory=dict)
     pools: Mapping[str, ReservePool] = dataclasses.field(default_factory=dict)
     spares_out_in_slurm: Mapping[str, Unavailable] = dataclasses.field(default_factory=dict)
+    # node -> its incidents, open and closed (the fault domains' members: `policy.domains`)
+    incidents_on: Mapping[str, Collection[IncidentSummary]] = dataclasses.field(
+        default_factory=dict
+    )
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -132,6 +137,7 @@ class EngineInputs:
     node: NodeView
     history: History
     counts: ClusterCounts
+    domains: tuple[DomainStanding, ...] = ()
 
 
 def pool_counts(
@@ -171,6 +177,41 @@ def policy_counts(read: ClusterRead, policy: str, now: dt.datetime | None = None
         pools=pool_counts(read.pools, read.nodes.values(), read.spares_out_in_slurm),
         since=starts_since(found.spec.safety, now) if now is not None and found else None,
     )
+
+
+def domain_standings(
+    read: ClusterRead, policy: str, node: str, incident: str
+) -> tuple[DomainStanding, ...]:
+    """The node's place in each of ``policy``'s fault domains it is in (a label it carries):
+    the group of incidents its ``incident`` belongs to (`domains.domain_incidents`) and how
+    many of the domain's nodes are out of service under the policy (the domain breaker's
+    count). Walks the nodes once per domain, only for a policy that names domains."""
+    found = read.policies.get(policy)
+    view = read.nodes.get(node)
+    if found is None or view is None or not found.spec.domains:
+        return ()
+    kept_out = read.kept_out.get(policy) or {}
+    local = read.local_slots.get(policy, ())
+    out = []
+    for domain in found.spec.domains:
+        value = view.labels.get(domain.key)
+        if value is None:
+            continue
+        peers = [n for n, v in read.nodes.items() if v.labels.get(domain.key) == value]
+        summaries = [s for n in peers for s in read.incidents_on.get(n, ())]
+        groups = domain_incidents(policy, domain, value, summaries)
+        group = next((g for g in groups if incident in g.incidents), None)
+        holding = {
+            s.node
+            for s in summaries
+            if s.policy == policy
+            and s.active
+            and (s.holds_slot or s.name in local)
+            and s.name not in read.replaced
+        } | {n for n in peers if n in kept_out and kept_out[n] not in read.replaced}
+        governed = sum(1 for n in peers if read.governs.get(n) == policy)
+        out.append(DomainStanding(domain, value, group, governed, len(holding)))
+    return tuple(out)
 
 
 def engine_view(read: ClusterRead, node: str) -> NodeView:
@@ -262,7 +303,14 @@ def engine_inputs(
         if seen.name in read.local_slots.get(policy.metadata.name, ()):
             seen = dataclasses.replace(seen, holds_slot=True)  # taken, not recorded yet
         known = dataclasses.replace(known, incident=seen)
-    return EngineInputs(policy, view, known, policy_counts(read, policy.metadata.name, now))
+    domains = (
+        domain_standings(read, policy.metadata.name, node, incident.metadata.name)
+        if incident is not None
+        else ()
+    )
+    return EngineInputs(
+        policy, view, known, policy_counts(read, policy.metadata.name, now), domains
+    )
 
 
 def judge(
@@ -289,6 +337,7 @@ def judge(
         now,
         new=new,
         max_signal_age=max_signal_age,
+        domains=inputs.domains,
     )
     return inputs, decision
 
@@ -325,7 +374,9 @@ def scan(
     objects = list(incidents)
     summaries = [incident_summary(n) for n in objects]
     ended: dict[str, dict[str, dt.datetime]] = {}
+    incidents_on: dict[str, list[IncidentSummary]] = {}
     for s in summaries:
+        incidents_on.setdefault(s.node, []).append(s)
         if s.completed_at is not None:
             ended.setdefault(s.node, {})[s.name] = s.completed_at
     breakers = {}
@@ -358,6 +409,7 @@ def scan(
         blind_nodes=blind_nodes or {},
         readable_since=readable_since or {},
         pools={p.metadata.name: p for p in pools},
+        incidents_on=incidents_on,
     )
 
 

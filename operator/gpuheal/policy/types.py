@@ -171,6 +171,8 @@ class IncidentSummary:
     started_at: dt.datetime | None = None
     completed_at: dt.datetime | None = None
     started: bool = False  # passed its first look (`policy.vet`): Detected is recorded
+    # when its first signal was seen: the order of a fault domain's members (`policy.domains`)
+    first_signal_at: dt.datetime | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

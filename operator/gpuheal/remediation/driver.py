@@ -38,11 +38,12 @@ from gpuheal.api.names import (
 from gpuheal.api.noderemediation import NodeRemediation, RepairRecord
 from gpuheal.api.remediationpolicy import Action, NotifyEvent, RemediationPolicy, Step
 from gpuheal.policy import choose_policy
+from gpuheal.policy.domains import Announce, DomainIncident, announcement
 from gpuheal.policy.inputs import (
     is_completed,
     node_view,
 )
-from gpuheal.policy.reading import judge
+from gpuheal.policy.reading import domain_standings, judge
 from gpuheal.policy.types import Act, Blocked, Decision, Idle, Move, Wait
 from gpuheal.policy.vet import refusal
 from gpuheal.remediation import historywriter as history
@@ -181,6 +182,7 @@ async def advance(
     rec = Recorder(nrem, _now(), written=lambda body: _written(ports, cluster, body))
     _record_reserved(books, nrem, rec)
     opened = None
+    announce: tuple[Announce, DomainIncident | None] = (Announce.OWN, None)
     if not rec.holds(NremCondition.DETECTED):
         why = await _vet(ports, cluster, nrem)
         if why is not None:
@@ -189,6 +191,7 @@ async def advance(
         # Recorded with this pass's step (one write, not two): the engine then sees the
         # opening rung; a crash before the write repeats an idempotent step, nothing more.
         opened = _record_detected(nrem, rec)
+        announce = _record_domain(cluster, nrem, rec)
         nrem = nrem.model_copy(update={"status": rec.status.model_copy(deep=True)})
     policy = cluster.policies.get(nrem.spec.policy_ref.name)
     if policy is None:
@@ -205,7 +208,15 @@ async def advance(
     delay = await _carry_out(ports, cluster, books, nrem, rec, decision, attempt)
     await rec.write(ports.require_kube())  # an early spare claim a path did not write yet
     if opened is not None:  # told once the status says it
-        ports.announce(cluster, nrem, NotifyEvent.OPENED, "SignalMatched", opened, rec.now)
+        how, group = announce
+        if how is Announce.OWN:
+            ports.announce(cluster, nrem, NotifyEvent.OPENED, "SignalMatched", opened, rec.now)
+        elif how is Announce.DOMAIN and group is not None:
+            ports.announce(
+                cluster, nrem, NotifyEvent.DOMAIN_OPENED, Reason.DOMAIN_INCIDENT,
+                group.summary(), rec.now,
+            )  # fmt: skip
+        # Announce.FOLDED: a later member of a domain incident its notice told already
     _publish(ports, nrem, rec)
     return delay
 
@@ -322,6 +333,22 @@ def _record_detected(nrem: NodeRemediation, rec: Recorder) -> str:
     )
     rec.event(NremCondition.DETECTED, opened)
     return opened
+
+
+def _record_domain(
+    cluster: ClusterView, nrem: NodeRemediation, rec: Recorder
+) -> tuple[Announce, DomainIncident | None]:
+    """On opening: the domain incident this one is a member of (`policy.domains`), if any,
+    in its timeline, and how its opening is told (once for the domain, by the member whose
+    fault opened it)."""
+    standings = domain_standings(
+        cluster.reading(), nrem.spec.policy_ref.name, nrem.spec.node_name, nrem.metadata.name
+    )
+    how, group = announcement(standings, nrem.spec.node_name)
+    if group is not None:
+        place = (group.place(nrem.spec.node_name) or 0) + 1
+        rec.event(Reason.DOMAIN_INCIDENT, f"member {place}: {group.summary()}")
+    return how, group
 
 
 async def _vet(ports: Ports, cluster: ClusterView, nrem: NodeRemediation) -> str | None:
@@ -790,7 +817,8 @@ async def _block(  # noqa: PLR0917
             type_="Warning",
         )
     await rec.write(ports.require_kube())
-    if changed:
+    # A held replacement is the domain's news, told once by its DomainOpened notice.
+    if changed and reason != Reason.DOMAIN_REPLACEMENT_HELD:
         event = (
             NotifyEvent.APPROVAL_PENDING
             if reason == Reason.APPROVAL_PENDING

@@ -119,6 +119,7 @@ _HEADLINE = {
     NotifyEvent.APPROVAL_PENDING: "needs approval",
     NotifyEvent.COMPLETED: "completed",
     NotifyEvent.FAILED: "FAILED",
+    NotifyEvent.DOMAIN_OPENED: "domain incident opened",
 }
 _EMOJI = {
     NotifyEvent.OPENED: ":rotating_light:",
@@ -126,6 +127,7 @@ _EMOJI = {
     NotifyEvent.APPROVAL_PENDING: ":raised_hand:",
     NotifyEvent.COMPLETED: ":white_check_mark:",
     NotifyEvent.FAILED: ":x:",
+    NotifyEvent.DOMAIN_OPENED: ":rotating_light:",
 }
 
 

@@ -23,7 +23,7 @@ import bisect
 import dataclasses
 import datetime as dt
 from collections import Counter, deque
-from collections.abc import Iterable, Iterator, MutableMapping
+from collections.abc import Collection, Iterable, Iterator, Mapping, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -120,6 +120,7 @@ class Incidents(MutableMapping[str, IncidentSummary]):
         self._ended: dict[str, dict[str, dt.datetime]] = {}  # node -> {name: completed_at}
         self._tallies: dict[str, _Tally] = {}
         self._replaced: Counter[str] = Counter()  # incidents that brought in a spare
+        self._on: dict[str, dict[str, IncidentSummary]] = {}  # node -> {name: every incident}
         self.open_count = 0
 
     def __getitem__(self, name: str) -> IncidentSummary:
@@ -145,6 +146,7 @@ class Incidents(MutableMapping[str, IncidentSummary]):
 
     def _index(self, i: IncidentSummary, sign: int) -> None:
         tally = self._tallies.setdefault(i.policy, _Tally())
+        _keyed(self._on, i, sign)
         _bump(self._keys, i.trigger_keys, sign)
         _bump(self._recorded, ((i.node, r) for r in i.recorded), sign)
         if i.active:
@@ -205,12 +207,41 @@ class Incidents(MutableMapping[str, IncidentSummary]):
     def replacements(self) -> Counter[str]:
         return self._replaced
 
+    @property
+    def on_nodes(self) -> Mapping[str, Collection[IncidentSummary]]:
+        """node -> its incidents, open and closed (fault domains: `policy.domains`)."""
+        return _Values(self._on)
+
+
+class _Values(Mapping[str, Collection[IncidentSummary]]):
+    """A read-only view of node -> {name: summary} as node -> summaries (no copy)."""
+
+    def __init__(self, on: dict[str, dict[str, IncidentSummary]]) -> None:
+        self._on = on
+
+    def __getitem__(self, node: str) -> Collection[IncidentSummary]:
+        return self._on[node].values()
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._on)
+
+    def __len__(self) -> int:
+        return len(self._on)
+
 
 def _bump(counter: Counter[Any], items: Iterable[Any], sign: int) -> None:
     for item in items:
         counter[item] += sign
         if counter[item] <= 0:
             del counter[item]
+
+
+def _keyed(on: dict[str, dict[str, IncidentSummary]], i: IncidentSummary, sign: int) -> None:
+    by_name = on.setdefault(i.node, {})
+    if sign > 0:
+        by_name[i.name] = i
+    elif by_name.pop(i.name, None) is not None and not by_name:
+        del on[i.node]
 
 
 def _member(sets: dict[str, set[str]], key: str, item: str, sign: int) -> None:
@@ -420,6 +451,7 @@ class ClusterView:
             readable_since=self.readable_since,
             pools=self.pools,
             spares_out_in_slurm=self.spares_out_in_slurm,
+            incidents_on=self.incidents.on_nodes,
         )
 
     def incident_seen(self, nrem: NodeRemediation, *, ours: bool = False) -> bool:
