@@ -191,6 +191,9 @@ def test_two_clusters_side_by_side(make_slurm_cluster: Callable[..., SlurmCluste
     assert b.node_states()["spare.node_1"] == "idle"
 
 
+# 22.05's slurmrestd socket; on 26.05 cluster_processes does not see the jobs' slurmstepd
+# (found here: both job shells and the daemons, no stepd), so it could not prove their end
+@on_release(HOST_SLURM)
 def test_stop_leaves_no_process_behind(
     make_slurm_cluster: Callable[..., SlurmCluster], checkpoint_job: Path, tmp_path: Path
 ) -> None:
