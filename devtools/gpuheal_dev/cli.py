@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from gpuheal_dev.sandbox import Sandbox, SandboxConfig, SandboxError, default_root
-from gpuheal_dev.sandbox.slurmroot import HOST_SLURM, SLURM_VERSIONS
+from gpuheal_dev.sandbox.slurmroot import DEFAULT_SLURM, HOST_SLURM, SLURM_VERSIONS
 
 
 def _sandbox_up(args: argparse.Namespace) -> int:
@@ -132,9 +132,9 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument(
         "--slurm",
         choices=SLURM_VERSIONS,
-        default=HOST_SLURM,
-        help=f"Slurm release (default {HOST_SLURM}: the host's packages; 26.05: Debian "
-        "unstable's in a root of its own, built once into ~/.cache/gpuheal/slurm-roots)",
+        default=DEFAULT_SLURM,
+        help=f"Slurm release (default {DEFAULT_SLURM}: Debian unstable's in a root of its own, "
+        f"built once into ~/.cache/gpuheal/slurm-roots; {HOST_SLURM}: the host's packages)",
     )
     up.set_defaults(func=_sandbox_up)
     sandbox_sub.add_parser("down", help="stop the sandbox").set_defaults(func=_sandbox_down)

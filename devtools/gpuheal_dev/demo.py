@@ -9,12 +9,12 @@ before gpuheal acts; gpuheal requeues it as the fault's victim and it resumes fr
 driver and ignores the checkpoint signal and SIGTERM; Slurm's SIGKILL gets it off the node) or
 ``gentle`` (the GPUs are fine: the job checkpoints on the signal and on SIGTERM, nothing lost).
 
-Everything is real and local: the sandbox (kube-apiserver + kwok GPU nodes, Slurm 22.05 with
-the same node names), the Slurm bridge and the operator as processes (`gpuheal-slurm-bridge`,
-`gpuheal run`), the NumPy training job under sbatch. The demo only sets the scene, injects the
-fault (what `gpuheal simulate xid` does) and watches: every step below is printed when the demo
-*sees* it in the world (Node, NodeRemediation, pods, `sinfo`, `scontrol show job`, the job's
-own metrics), with its time from the fault.
+Everything is real and local: the sandbox (kube-apiserver + kwok GPU nodes, Slurm 26.05, the
+sandbox's default, with the same node names), the Slurm bridge and the operator as processes
+(`gpuheal-slurm-bridge`, `gpuheal run`), the NumPy training job under sbatch. The demo only
+sets the scene, injects the fault (what `gpuheal simulate xid` does) and watches: every step
+below is printed when the demo *sees* it in the world (Node, NodeRemediation, pods, `sinfo`,
+`scontrol show job`, the job's own metrics), with its time from the fault.
 
 :class:`Demo` is also what ``tests/integration/test_demo_acceptance.py`` drives, so the test
 checks the very flow ``make demo`` shows.
@@ -52,6 +52,7 @@ from gpuheal_dev.sandbox import Sandbox, SandboxConfig
 from gpuheal_dev.sandbox._proc import free_tcp_ports, pid_alive
 from gpuheal_dev.sandbox.faults import FakeGpus, GpuState
 from gpuheal_dev.sandbox.process import spawn
+from gpuheal_dev.sandbox.slurmroot import DEFAULT_SLURM
 from gpuheal_dev.timeline import Timeline, build_timeline, incident_report, job_events, render_png
 
 REPO = Path(__file__).resolve().parents[2]
@@ -401,7 +402,7 @@ class Demo:
 
     # -- 1: sandbox ------------------------------------------------------------------------
     def start_sandbox(self) -> None:
-        self.phase(1, "sandbox: kube-apiserver v1.36.3 + kwok GPU nodes, Slurm 22.05")
+        self.phase(1, f"sandbox: kube-apiserver v1.36.3 + kwok GPU nodes, Slurm {DEFAULT_SLURM}")
         for stale in (self.workdir, self.logs, self.root / "bridge", self.gpus.root, self.png):
             if stale.is_dir():
                 shutil.rmtree(stale)
@@ -426,7 +427,7 @@ class Demo:
             " 8 GPUs each; the same names in Slurm"
         )
         self.say(f"  KUBECONFIG={self.sb.kubeconfig}")
-        self.say(f"  SLURM_CONF={self.slurm.conf_path}")
+        self.say(f"  SLURM_CONF={self.slurm.conf_path} ({self.slurm.version()})")
 
     # -- 2: gpuheal ------------------------------------------------------------------------
     def start_gpuheal(self) -> None:
@@ -480,6 +481,8 @@ class Demo:
             "--slurm-conf", str(self.slurm.conf_path), "--state-dir", str(state),
             "--log-level", "warning",
         ]  # fmt: skip
+        if self.slurm.bin_dir is not None:  # a Slurm in its own root: that release's clients
+            argv += ["--slurm-bin-dir", str(self.slurm.bin_dir)]
         env = self.slurm.subprocess_env(dict(os.environ))
         self.procs["bridge"] = spawn(argv, self.logs / "bridge.log", env)
         self.say(f"  Slurm bridge   {self.bridge_url} (bearer token, CLI backend)")
@@ -1040,7 +1043,8 @@ def run_demo(root: Path, fault: str = "dies") -> int:
     root = demo_root(root)
     settings = DemoSettings(fault=fault)
     print("gpuheal demo: XID 79 on a GPU node -> its Slurm job resumes from its checkpoint on a")
-    print("spare node. All local and real: kube-apiserver + kwok, Slurm 22.05, bridge, operator.")
+    print(f"spare node. All local and real: kube-apiserver + kwok, Slurm {DEFAULT_SLURM}, bridge, "
+          "operator.")  # fmt: skip
     print(f"the fault: the job {fault} (--fault dies|hangs|gentle)")
     print(f"working directory: {root}")
     rc = 1

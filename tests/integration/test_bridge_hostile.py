@@ -48,7 +48,7 @@ ERROR_CODES = {code.value for code in ErrorCode}  # the bridge's documented refu
 MARKER = "pwn"  # in every hand-made hostile value: never on a Slurm command line
 
 
-def _shim(bin_dir: Path, log: Path) -> None:
+def _shim(bin_dir: Path, log: Path, real: Path) -> None:
     """Slurm's commands log their exact argv (fields split by \\x1f, records by \\x1e, one
     write each), then run the real ones."""
     bin_dir.mkdir()
@@ -59,7 +59,7 @@ def _shim(bin_dir: Path, log: Path) -> None:
             f'rec="{tool}"\n'
             f'for a in "$@"; do rec="$rec$(printf "\\037")$a"; done\n'
             f'printf "%s\\036" "$rec" >> {log}\n'
-            f'exec /usr/bin/{tool} "$@"\n'
+            f'exec {real / tool} "$@"\n'
         )
         path.chmod(0o755)
 
@@ -95,7 +95,7 @@ def hostile(
 ) -> tuple[SlurmCluster, BridgeProcess, Path]:
     cluster = make_slurm_cluster(NODES, name="hostile")
     calls = tmp_path / "slurm-argv.log"
-    _shim(tmp_path / "bin", calls)
+    _shim(tmp_path / "bin", calls, cluster.bin_dir or Path("/usr/bin"))
     bridge = run_bridge(cluster, "--slurm-bin-dir", str(tmp_path / "bin"), token=TOKEN)
     return cluster, bridge, calls
 

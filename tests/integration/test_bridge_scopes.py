@@ -16,6 +16,8 @@ import httpx
 import pytest
 
 from gpuheal_dev.sandbox.slurm import SlurmCluster
+from gpuheal_dev.sandbox.slurmroot import HOST_SLURM
+from tests.fixtures.slurm import on_release
 from tests.integration.bridge_harness import BridgeProcess
 from tests.integration.operator_harness import wait_for
 
@@ -210,6 +212,9 @@ def gate(restd_cluster: SlurmCluster) -> Iterator[JwtGate]:
         yield g
 
 
+# the gate plays a JWT-checking slurmrestd in front of 22.05's rest_auth/local socket; 26.05's
+# slurmrestd checks JWTs itself (test_bridge_rest_only.py, test_bridge_capabilities.py)
+@on_release(HOST_SLURM)
 def test_a_rotated_slurmrestd_jwt_is_used_without_a_restart(
     restd_cluster: SlurmCluster,
     run_bridge: Callable[..., BridgeProcess],

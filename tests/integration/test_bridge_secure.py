@@ -200,12 +200,12 @@ def test_sighup_reloads_a_rotated_token_without_dropping_a_request(
     asyncio.run(client_follows_the_file())
 
 
-def _shim(bin_dir: Path, log: Path) -> None:
+def _shim(bin_dir: Path, log: Path, real: Path) -> None:
     """Slurm's commands, logging their arguments, then running the real ones."""
     bin_dir.mkdir()
     for tool in ("scontrol", "squeue", "scancel", "sinfo"):
         path = bin_dir / tool
-        path.write_text(f'#!/bin/sh\necho "{tool} $*" >> {log}\nexec /usr/bin/{tool} "$@"\n')
+        path.write_text(f'#!/bin/sh\necho "{tool} $*" >> {log}\nexec {real / tool} "$@"\n')
         path.chmod(0o755)
 
 
@@ -216,7 +216,7 @@ def test_slurm_is_asked_about_one_node_or_job_never_the_whole_queue(
     tmp_path: Path,
 ) -> None:
     calls = tmp_path / "slurm-calls.log"
-    _shim(tmp_path / "bin", calls)
+    _shim(tmp_path / "bin", calls, cluster.bin_dir or Path("/usr/bin"))
     bridge = run_bridge(cluster, "--slurm-bin-dir", str(tmp_path / "bin"), token=TOKEN)
     # other jobs in the queue, on both nodes
     other = {

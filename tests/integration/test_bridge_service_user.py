@@ -26,6 +26,8 @@ from gpuheal_bridge.api.models import CheckpointSignal, DrainOutcome, JobOutcome
 from gpuheal_bridge.client import BridgeClient, BridgeConflict
 from gpuheal_dev.sandbox import slurmdbd
 from gpuheal_dev.sandbox.slurm import SlurmCluster
+from gpuheal_dev.sandbox.slurmroot import HOST_SLURM
+from tests.fixtures.slurm import on_release
 from tests.integration.bridge_harness import BridgeProcess
 from tests.integration.operator_harness import free_port, wait_for
 
@@ -106,6 +108,9 @@ def _running_job(cluster: SlurmCluster, node: str, script: Path, tmp_path: Path)
     return int(job)
 
 
+# accounting is the host's slurmdbd 22.05 (gpuheal_dev.sandbox.slurmdbd): slurmctld 26.05 needs
+# a slurmdbd of its own release or newer, which 26.05's root does not carry
+@on_release(HOST_SLURM)
 def test_the_service_user_needs_operator_for_jobs_and_administrator_for_nodes(
     accounted: SlurmCluster,
     users: dict[str, str],

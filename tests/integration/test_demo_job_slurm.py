@@ -171,7 +171,9 @@ async def test_drain_requeue_through_bridge_resumes_bit_identical(
         expedite=True,
         wait_running_seconds=60,
     )
-    with serve_bridge(cluster.subprocess_env(), tmp_path / "bridge", TOKEN) as url:
+    with serve_bridge(
+        cluster.subprocess_env(), tmp_path / "bridge", TOKEN, bin_dir=cluster.bin_dir
+    ) as url:
         t0 = time.time()
         async with BridgeClient(url, TOKEN, retries=1) as client:
             resp = await client.drain(info.batch_host, incident="nrem-demo", xid=79, requeue=opts)

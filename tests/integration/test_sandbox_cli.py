@@ -38,6 +38,7 @@ def test_up_status_down_across_processes() -> None:
     try:
         assert f"export KUBECONFIG={root}/k8s/admin.kubeconfig" in up.stdout
         assert f"export SLURM_CONF={root}/slurm/etc/slurm.conf" in up.stdout
+        assert "  slurm 26.05 from " in up.stdout  # the default release, from its own root
 
         status = _gpuheal_dev("sandbox", "status", "--dir", str(root))
         assert status.returncode == 0, status.stdout + status.stderr
@@ -64,12 +65,18 @@ def test_up_status_down_across_processes() -> None:
     assert "slurm: stopped" in status.stdout
 
 
-def test_up_with_slurm_26_prints_the_path_of_its_own_clients() -> None:
-    """`sandbox up --slurm 26.05`: the printed PATH and SLURM_CONF give that Slurm's own
-    scontrol/sbatch from the host; `down` from another process stops its daemons."""
+@pytest.mark.parametrize(
+    ("release", "version"),
+    [("26.05", "slurm-wlm 26.05.5"), ("22.05", "slurm-wlm 22.05.8")],
+    ids=["s26.05", "s22.05"],
+)
+def test_up_with_slurm_26_prints_the_path_of_its_own_clients(release: str, version: str) -> None:
+    """`sandbox up --slurm 26.05` (or the host's 22.05): the printed PATH and SLURM_CONF give
+    that Slurm's own scontrol/sbatch from the host; `down` from another process stops its
+    daemons."""
     root = Path(tempfile.mkdtemp(prefix="ghcli26-", dir="/tmp"))
     up = _gpuheal_dev(
-        "sandbox", "up", "--dir", str(root), "--nodes", "1", "--spares", "0", "--slurm", "26.05"
+        "sandbox", "up", "--dir", str(root), "--nodes", "1", "--spares", "0", "--slurm", release
     )
     assert up.returncode == 0, up.stderr
     try:
@@ -79,7 +86,7 @@ def test_up_with_slurm_26_prints_the_path_of_its_own_clients() -> None:
             ["sh", "-c", script], capture_output=True, text=True, timeout=60, check=False
         )
         assert shell.returncode == 0, shell.stderr
-        assert shell.stdout.split("\n")[:2] == ["slurm-wlm 26.05.5", "gpu-node-0 idle"]
+        assert shell.stdout.split("\n")[:2] == [version, "gpu-node-0 idle"]
         status = _gpuheal_dev("sandbox", "status", "--dir", str(root))
         assert "slurmd@gpu-node-0        running" in status.stdout
     finally:

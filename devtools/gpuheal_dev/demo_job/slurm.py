@@ -243,11 +243,18 @@ def scontrol_recover(
 
 @contextlib.contextmanager
 def serve_bridge(
-    slurm_env: dict[str, str], state_dir: Path, token: str, *, slurm_timeout: float = 15.0
+    slurm_env: dict[str, str],
+    state_dir: Path,
+    token: str,
+    *,
+    slurm_timeout: float = 15.0,
+    bin_dir: Path | None = None,
 ) -> Iterator[str]:
     """The Slurm bridge (CLI backend, the production app) served by uvicorn on a free loopback
     port in a daemon thread; yields its base URL. ``slurm_env``: environment for the Slurm
-    commands (``SlurmCluster.subprocess_env()``). For tests and benchmarks."""
+    commands (``SlurmCluster.subprocess_env()``); ``bin_dir``: where that Slurm's own clients
+    are (``SlurmCluster.bin_dir``: a release in a root of its own), else the PATH's. For tests
+    and benchmarks."""
     import uvicorn
 
     from gpuheal_bridge.backends.cli import CliBackend
@@ -257,7 +264,11 @@ def serve_bridge(
     state_dir.mkdir(parents=True, exist_ok=True)
     app = create_app(
         BridgeSettings(
-            backend=CliBackend(env=slurm_env, timeout=slurm_timeout),
+            backend=CliBackend(
+                env=slurm_env,
+                bin_dir=str(bin_dir) if bin_dir is not None else None,
+                timeout=slurm_timeout,
+            ),
             tokens={"operator": token},
             state_dir=state_dir,
             audit_log=state_dir / "audit.jsonl",

@@ -17,7 +17,7 @@ from typing import Any
 
 from gpuheal_dev.sandbox.kube import ControlPlane, cluster_bin_dir
 from gpuheal_dev.sandbox.process import SandboxError
-from gpuheal_dev.sandbox.slurmroot import HOST_SLURM
+from gpuheal_dev.sandbox.slurmroot import DEFAULT_SLURM
 
 __all__ = ["Sandbox", "SandboxConfig", "SandboxError", "default_root"]
 
@@ -49,8 +49,8 @@ class SandboxConfig:
 
         return [REAL_NODE_NAME] if self.real_node else []
 
-    #: Slurm release (``slurmroot.SLURM_VERSIONS``): the host's 22.05, or 26.05 in its own root
-    slurm_version: str = HOST_SLURM
+    #: Slurm release (``slurmroot.SLURM_VERSIONS``): 26.05 in its own root, or the host's 22.05
+    slurm_version: str = DEFAULT_SLURM
 
     @property
     def node_names(self) -> list[str]:

@@ -39,11 +39,14 @@ from pathlib import Path
 
 log = logging.getLogger("gpuheal_dev.sandbox.slurmroot")
 
-#: The Slurm release of the host's packages (bookworm); the sandbox's default this round.
+#: The Slurm release of the host's packages (bookworm).
 HOST_SLURM = "22.05"
 #: Releases a sandbox can run: the host's, or one in a root of its own (suite it comes from).
 ROOT_SUITES = {"26.05": "unstable"}
 SLURM_VERSIONS = (HOST_SLURM, *ROOT_SUITES)
+#: The release a sandbox, the demo and the tests run unless told otherwise: what sites run now
+#: (Debian's current packages), not the host's four-year-old one.
+DEFAULT_SLURM = "26.05"
 MIRROR = "http://deb.debian.org/debian"
 PACKAGES = (
     "munge",
