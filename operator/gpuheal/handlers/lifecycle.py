@@ -120,6 +120,11 @@ def run(
     crashpoints.arm(cfg.crash_at)  # tests only
     rt = Runtime(config=cfg, metrics=Metrics(registry) if registry is not None else Metrics())
     memo = kopf.Memo(runtime=rt, serve_metrics=serve_metrics)
+    if cfg.ready_port:
+        # Before kopf and the Lease: a copy waiting for the Lease answers too (ready: it has
+        # nothing to do yet), and a misconfiguration found later keeps the process up, not
+        # ready, saying why, where a crash would only loop.
+        rt.ports.readiness.serve(cfg.ready_port)
     liveness = f"http://0.0.0.0:{cfg.health_port}/healthz" if cfg.health_port else None
     kopf.run(
         clusterwide=True,
