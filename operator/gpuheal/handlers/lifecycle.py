@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import threading
 from typing import Any
 
@@ -129,11 +130,19 @@ def run(
     kopf.run(
         clusterwide=True,
         standalone=True,
+        # kopf's own default asks the passwd database for the user's name: the image's
+        # uid 65532 has no entry there, and it died at start with KeyError: getpwuid().
+        identity=peering_identity(),
         liveness_endpoint=liveness,
         memo=memo,
         stop_flag=stop_flag,
         ready_flag=ready_flag,
     )
+
+
+def peering_identity() -> Any:  # kopf's Identity: a NewType of str it does not export
+    """Who this copy is to kopf (unused standalone, but always computed): the pod's name."""
+    return os.environ.get("POD_NAME") or socket.gethostname()
 
 
 def run_in_thread(cfg: OperatorConfig) -> tuple[threading.Thread, threading.Event]:
