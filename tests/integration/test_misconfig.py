@@ -4,7 +4,8 @@ URL where nothing listens, and a ServiceAccount whose RBAC lacks one verb (event
 
 Each case: the process stays up and live (/healthz 200), /readyz answers 503 with the reason,
 the reason is logged once (not at every retry), a Warning Event goes on the operator's Pod
-(named by $POD_NAME/$POD_NAMESPACE/$POD_UID as the chart sets them), and where the fix can be
+(named by $POD_NAME/$POD_NAMESPACE/$POD_UID as the chart sets them; the test's namespace,
+where an Event must name it), and where the fix can be
 made without a restart (the token file), /readyz turns 200 and says so once.
 """
 
@@ -60,13 +61,13 @@ def pod_events(sandbox: Sandbox, pod: str, namespace: str) -> list[dict[str, Any
 
 
 def start(
-    run_operator: Callable[..., OperatorProcess], *flags: str, pod: str, **env: str
+    run_operator: Callable[..., OperatorProcess], *flags: str, pod: str, namespace: str
 ) -> tuple[OperatorProcess, int]:
-    """The operator with a readiness port, as if in the Pod ``pod`` of ``default``."""
+    """The operator with a readiness port, as if in the Pod ``pod`` of ``namespace``."""
     port = free_port()
     op = run_operator(
         "--ready-port", str(port), *flags,
-        env={"POD_NAME": pod, "POD_NAMESPACE": "default", "POD_UID": str(uuid.uuid4()), **env},
+        env={"POD_NAME": pod, "POD_NAMESPACE": namespace, "POD_UID": str(uuid.uuid4())},
     )  # fmt: skip
     return op, port
 
@@ -86,6 +87,7 @@ def assert_stays_up_and_says_once(op: OperatorProcess, port: int, seconds: float
 
 def test_bridge_refusing_the_token_is_not_ready_saying_so_then_ready_once_fixed(
     sandbox: Sandbox,
+    namespace: str,
     run_operator: Callable[..., OperatorProcess],
     run_bridge: Callable[..., BridgeProcess],
     slurm_cluster: SlurmCluster,
@@ -95,11 +97,13 @@ def test_bridge_refusing_the_token_is_not_ready_saying_so_then_ready_once_fixed(
     wrong.write_text("a-token-the-bridge-never-issued")
     pod = f"gpuheal-{uuid.uuid4().hex[:6]}"
     op, port = start(
-        run_operator, "--bridge-url", bridge.url, "--bridge-token-file", str(wrong), pod=pod
-    )
+        run_operator,
+        "--bridge-url", bridge.url, "--bridge-token-file", str(wrong),
+        pod=pod, namespace=namespace,
+    )  # fmt: skip
     _, body = wait_for(lambda: (r := readyz(port))[0] == 503 and r, "/readyz 503")
     assert f"the Slurm bridge at {bridge.url} refused the operator's token (401)" in body, body
-    events = wait_for(lambda: pod_events(sandbox, pod, "default"), "the Event on the Pod")
+    events = wait_for(lambda: pod_events(sandbox, pod, namespace), "the Event on the Pod")
     assert [(e["reason"], e["type"]) for e in events] == [("BridgeTokenRefused", "Warning")]
     assert "refused the operator's token (401)" in events[0]["message"]
     assert_stays_up_and_says_once(op, port, seconds=7)  # the bridge is asked every 5 s
@@ -108,20 +112,26 @@ def test_bridge_refusing_the_token_is_not_ready_saying_so_then_ready_once_fixed(
     wrong.write_text(bridge.operator_token.read_text())
     wait_for(lambda: readyz(port) == (200, "ready\n"), "/readyz 200 after the fix", timeout=20)
     assert sum("resolved: " in line for line in op.log().splitlines()) == 1
-    assert len(pod_events(sandbox, pod, "default")) == 1
+    assert len(pod_events(sandbox, pod, namespace)) == 1
 
 
 def test_bridge_unreachable_is_not_ready_saying_so(
-    sandbox: Sandbox, run_operator: Callable[..., OperatorProcess], tmp_path: Path
+    sandbox: Sandbox,
+    namespace: str,
+    run_operator: Callable[..., OperatorProcess],
+    tmp_path: Path,
 ) -> None:
     token = tmp_path / "token"
     token.write_text("any-token")
     url = f"http://127.0.0.1:{free_port()}"  # nothing listens there
     pod = f"gpuheal-{uuid.uuid4().hex[:6]}"
-    op, port = start(run_operator, "--bridge-url", url, "--bridge-token-file", str(token), pod=pod)
+    op, port = start(
+        run_operator, "--bridge-url", url, "--bridge-token-file", str(token),
+        pod=pod, namespace=namespace,
+    )  # fmt: skip
     _, body = wait_for(lambda: (r := readyz(port))[0] == 503 and r, "/readyz 503")
     assert f"the Slurm bridge at {url} cannot be reached (ConnectError" in body, body
-    events = wait_for(lambda: pod_events(sandbox, pod, "default"), "the Event on the Pod")
+    events = wait_for(lambda: pod_events(sandbox, pod, namespace), "the Event on the Pod")
     assert [(e["reason"], e["type"]) for e in events] == [("BridgeUnreachable", "Warning")]
     assert_stays_up_and_says_once(op, port, seconds=7)
 
@@ -170,12 +180,13 @@ def test_rbac_lacking_events_list_is_not_ready_saying_so_once(
         kubeconfig.write_text(yaml.safe_dump(config))
         pod = f"gpuheal-{uuid.uuid4().hex[:6]}"
         op, port = start(
-            run_operator, "--kubeconfig", str(kubeconfig), "--namespace", namespace, pod=pod
-        )
+            run_operator, "--kubeconfig", str(kubeconfig), "--namespace", namespace,
+            pod=pod, namespace=namespace,
+        )  # fmt: skip
         _, body = wait_for(lambda: (r := readyz(port))[0] == 503 and r, "/readyz 503")
         assert "the API server forbids reading events: " in body, body
         assert 'cannot list resource "events"' in body, body
-        events = wait_for(lambda: pod_events(sandbox, pod, "default"), "the Event on the Pod")
+        events = wait_for(lambda: pod_events(sandbox, pod, namespace), "the Event on the Pod")
         assert [(e["reason"], e["type"]) for e in events] == [("Forbidden", "Warning")]
         # The watch relists at 1, 2, 4 s...: a warning each time before; one line now.
         assert_stays_up_and_says_once(op, port, seconds=8)

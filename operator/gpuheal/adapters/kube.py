@@ -553,6 +553,9 @@ class Kube:
                 "kind": involved.get("kind", "Node"),
                 "name": meta.get("name"),
                 "uid": meta.get("uid"),
+                # a namespaced object's (the operator's Pod): the API server refuses an Event
+                # outside `default` whose involvedObject names no namespace (422)
+                **({"namespace": meta["namespace"]} if meta.get("namespace") else {}),
             },
             "reason": reason,
             "message": message[:1024],
