@@ -48,6 +48,13 @@ class OperatorConfig(BaseSettings):
     health_port: int = Field(
         8080, ge=0, le=65535, description="liveness probe port, path /healthz (0: off)"
     )
+    ready_port: int = Field(
+        0,
+        ge=0,
+        le=65535,
+        description="readiness port, path /readyz: 503 with the reasons while a bridge refuses "
+        "the token or cannot be reached, or the API server forbids a list/watch (0: off)",
+    )
     bridge_url: str | None = Field(
         None, description="Slurm bridge base URL, e.g. https://slurm-bridge:8787 (none: no Slurm)"
     )

@@ -43,6 +43,7 @@ from tenacity import (
 )
 
 from gpuheal_bridge.api.models import (
+    BackendCapabilities,
     DrainRequest,
     DrainResponse,
     ErrorResponse,
@@ -208,6 +209,10 @@ class BridgeClient:
         """``/readyz`` as a model (does not raise when slurmctld is down: ``ready`` is False)."""
         resp = await self._http.get("/readyz")
         return Readiness.model_validate(resp.json())
+
+    async def capabilities(self) -> BackendCapabilities:
+        """``/v1/capabilities``: a read behind the bearer token, so also "is the token good?"."""
+        return await self._call("GET", "/v1/capabilities", BackendCapabilities)
 
     async def get_node(self, node: str) -> NodeState:
         return await self._call("GET", f"/v1/nodes/{node}", NodeState)

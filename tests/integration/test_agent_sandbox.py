@@ -18,6 +18,8 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -29,7 +31,14 @@ import yaml
 from gpuheal.xid import GPU_MAP_ANNOTATION, parse_event, parse_gpu_map, parse_sxid_event
 from gpuheal_dev.sandbox import Sandbox
 from gpuheal_dev.sandbox.kube import cluster_bin_dir
-from tests.integration.operator_harness import REPO, Objects, OperatorProcess, hold, wait_for
+from tests.integration.operator_harness import (
+    REPO,
+    Objects,
+    OperatorProcess,
+    free_port,
+    hold,
+    wait_for,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -553,3 +562,68 @@ def test_operator_opens_one_incident_per_real_fault_and_none_for_look_alikes(
         objects.cleanup([faulty, quiet])
         for node in (faulty, quiet):
             delete_agent_events(sandbox, node)
+
+
+def test_agent_without_a_kernel_log_stays_up_not_ready_saying_why_once(
+    sandbox: Sandbox, node_kubeconfig: Path, agent_node: str, tmp_path: Path
+) -> None:
+    """Issue 24 step 4: the kernel log not there (its mount missing) and no NVML. The agent
+    does not exit (a DaemonSet would restart it into a crash loop): it stays up, /readyz 503
+    with the reason, one log line and one Warning Event on its Node; once the log appears it
+    reads it (an XID posted) and /readyz turns 200, said once."""
+    node = agent_node
+    log = tmp_path / "kern.log"  # not there yet
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("KUBECONFIG", "GPUHEAL_"))}
+    env["PYTHONPATH"] = f"{REPO / 'operator'}"
+    out = tmp_path / "agent.out"
+    proc = subprocess.Popen(
+        [
+            sys.executable, "-m", "gpuheal.agent", f"--kmsg={log}", f"--node={node}",
+            f"--kubeconfig={node_kubeconfig}", "--nvml=off", f"--ready-port={port}",
+            "--reopen-interval=2",
+        ],
+        stdout=out.open("w"), stderr=subprocess.STDOUT, text=True, env=env,
+    )  # fmt: skip
+
+    def readyz() -> tuple[int, str]:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=2) as resp:
+                return resp.status, resp.read().decode()
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read().decode()
+        except OSError:
+            return 0, ""
+
+    try:
+        warned = wait_for(
+            lambda: [e for e in events_of(sandbox, node) if e["reason"] == "KernelLogUnreadable"],
+            "the agent's KernelLogUnreadable Event",
+        )
+        assert warned[0]["type"] == "Warning"
+        assert (
+            f"cannot read the kernel log {log} (No such file or directory)"
+            in (warned[0]["message"])
+        )
+        status, body = readyz()
+        assert status == 503, (status, body, out.read_text())
+        assert f"not ready: cannot read the kernel log {log}" in body
+        hold(lambda: proc.poll() is None and readyz()[0] == 503, "up and not ready", 5)
+        said = out.read_text()
+        assert said.count("not ready: ") == 1, said  # not at each of the tries every 2 s
+        assert "Traceback" not in said, said
+
+        log.write_text(FAULT_LOG.splitlines()[13] + "\n")  # the XID 79 line
+        wait_for(lambda: readyz() == (200, "ready\n"), "/readyz 200 once the log is there")
+        wait_for(
+            lambda: [e for e in events_of(sandbox, node) if e["reason"] == "GpuXid"],
+            "the XID 79 Event from the log",
+        )
+        assert out.read_text().count("resolved: ") == 1
+        assert len(warned_now := [
+            e for e in events_of(sandbox, node) if e["reason"] == "KernelLogUnreadable"
+        ]) == 1, warned_now  # fmt: skip
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)
+    assert proc.returncode == 0, out.read_text()

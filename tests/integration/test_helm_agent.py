@@ -70,6 +70,9 @@ def test_defaults(tmp_path: Path) -> None:
     assert "--event-namespace=default" in c["args"]
     assert "--state-file=/var/lib/gpuheal-agent/state.json" in c["args"]
     assert "--condition-type=GpuXid" in c["args"]
+    # up and not ready, saying why, when it can hear no XID (never a crash loop)
+    assert "--ready-port=8082" in c["args"]
+    assert "127.0.0.1:8082/readyz" in c["readinessProbe"]["exec"]["command"][-1]
     env = {e["name"]: e.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") for e in c["env"]}
     assert env["NODE_NAME"] == "spec.nodeName"
     assert pod["nodeSelector"] == {"nvidia.com/gpu.present": "true"}

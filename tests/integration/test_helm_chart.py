@@ -153,7 +153,8 @@ def test_every_pod_is_hardened(helm: Helm, values: Path) -> None:
         probe = container["livenessProbe"]
         if component == "operator":  # kopf's /healthz, sparing a copy that waits for the Lease
             assert "/healthz" in probe["exec"]["command"][-1]
-            assert "readinessProbe" not in container
+            # /readyz: not ready with the reason on a misconfiguration (a standby is ready)
+            assert "127.0.0.1:8081/readyz" in container["readinessProbe"]["exec"]["command"][-1]
         else:
             assert probe["httpGet"]["path"] == "/healthz"
         assert {"name": "tmp", "mountPath": "/tmp"} in container["volumeMounts"]
@@ -168,6 +169,7 @@ def test_defaults_render_the_operator_as_the_flag_contract_says(helm: Helm) -> N
     assert "--namespace=gpu-system" in args
     assert "--metrics-port=9090" in args
     assert "--health-port=8080" in args
+    assert "--ready-port=8081" in args
     assert "--sources=conditions,events" in args
     assert "--trusted-reporters=gpuheal-agent" in args  # docs/security.md
     assert "--log-format=json" in args
@@ -176,7 +178,7 @@ def test_defaults_render_the_operator_as_the_flag_contract_says(helm: Helm) -> N
     assert not any(a.startswith(("--peering", "--standalone")) for a in args)  # not gpuheal's
     assert not any(a.startswith("--bridge-") for a in args), "no bridge configured by default"
     ports = {p["name"]: p["containerPort"] for p in _container(dep)["ports"]}
-    assert ports == {"metrics": 9090, "health": 8080}
+    assert ports == {"metrics": 9090, "health": 8080, "ready": 8081}
     # Stays up while nodes are cordoned, and keeps off the GPU nodes it may drain.
     assert {
         "key": "node.kubernetes.io/unschedulable",

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import dataclasses
 import types
 from pathlib import Path
 from typing import Any
@@ -198,8 +199,19 @@ def test_without_the_kernel_log_the_agent_runs_on_nvml_or_says_why_not(
     monkeypatch.setattr(rec, "is_char_device", lambda path: True)
     monkeypatch.setattr(rec, "KmsgDevice", denied)
     opts = AgentOptions(node="gpu-1", kmsg=Path("/dev/kmsg"), nvml="off", boot_id="b-1")
+    # Neither source: up, not ready saying why, one Warning Event on the Node (no exit: a
+    # DaemonSet would restart it into a crash loop; the integration test runs the process)
+    api = FakeApi()
+    agent = Agent(opts, api, clock=Clock())
+    asyncio.run(agent.start())
+    status, body = agent.readiness.answer()
+    assert status == 503
+    assert "cannot read the kernel log /dev/kmsg (Operation not permitted)" in body
+    (event,) = api.events.values()
+    assert (event["reason"], event["type"]) == ("KernelLogUnreadable", "Warning")
+    assert event["involvedObject"]["name"] == "gpu-1"
     with pytest.raises(SystemExit, match=r"cannot read the kernel log /dev/kmsg \(Operation"):
-        asyncio.run(Agent(opts, FakeApi(), clock=Clock()).start())
+        asyncio.run(Agent(dataclasses.replace(opts, once=True), FakeApi(), clock=Clock()).start())
 
     nvml = EventNvml(_gpus(1))
     monkeypatch.setattr("gpuheal.agent.nvml.load_nvml", lambda: nvml)

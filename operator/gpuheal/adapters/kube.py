@@ -76,6 +76,15 @@ class ApiError(Exception):
         self.body = body
 
 
+def _status_message(exc: ApiError) -> str:
+    """The API server's own sentence in its Status body, else the error as it reads."""
+    try:
+        said = json.loads(exc.body).get("message")
+    except (ValueError, AttributeError):
+        said = None
+    return str(said) if said else str(exc)
+
+
 def connection(kubeconfig: str | None = None) -> kopf.ConnectionInfo:
     """The service account in a pod (no kubeconfig named), else the kubeconfig (this file,
     ``$KUBECONFIG`` or ``~/.kube/config``), read by kopf's own parsers: what kopf logs in
@@ -559,6 +568,9 @@ class Kube:
                 "kind": involved.get("kind", "Node"),
                 "name": meta.get("name"),
                 "uid": meta.get("uid"),
+                # a namespaced object's (the operator's Pod): the API server refuses an Event
+                # outside `default` whose involvedObject names no namespace (422)
+                **({"namespace": meta["namespace"]} if meta.get("namespace") else {}),
             },
             "reason": reason,
             "message": redact_urls(message)[:1024],
@@ -641,7 +653,10 @@ class Kube:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # any failure: blind for a while, never "healthy"
-                yield WatchEvent("BLIND", {"message": f"{type(exc).__name__}: {exc}"})
+                failure: JSON = {"message": f"{type(exc).__name__}: {exc}", "status": None}
+                if isinstance(exc, ApiError):  # 403: RBAC; the Status's own sentence says who
+                    failure.update(status=exc.status, detail=_status_message(exc))
+                yield WatchEvent("BLIND", failure)
                 await asyncio.sleep(backoff * random.uniform(0.5, 1.0))  # noqa: S311 - jitter
                 backoff = min(max_backoff, backoff * 2)
                 rv = None

@@ -32,6 +32,7 @@ from gpuheal_bridge.client import (
     BridgeConflict,
     BridgeError,
     BridgeNotFound,
+    BridgeUnauthorized,
     BridgeUnavailable,
 )
 
@@ -155,6 +156,26 @@ class BridgeSlurm:
             return (await self.client.ready()).ready
         except (httpx.HTTPError, ValueError):
             return False
+
+    async def misconfigured(self) -> tuple[str, str] | None:
+        """("refused" or "unreachable", what to fix) when a call behind the token cannot get
+        through: the bridge refuses the token (401/403), or nothing answers at its URL. None
+        when it answered, slurmctld's own outage included (`ready` and its gauge tell that)."""
+        where = f"the Slurm bridge at {self.client.base_url}"
+        try:
+            await self.client.capabilities()
+        except BridgeUnauthorized as exc:
+            return "refused", (
+                f"{where} refused the operator's token ({exc.status}): the token file must "
+                "hold a token listed in the bridge's --token-file"
+            )
+        except BridgeUnavailable as exc:
+            if exc.status is None:  # no HTTP answer at all
+                cause = exc.__cause__ or exc
+                return "unreachable", f"{where} cannot be reached ({type(cause).__name__}: {cause})"
+        except (BridgeError, httpx.HTTPError, ValueError):
+            pass  # it answered: whatever it said, the URL and the token are right
+        return None
 
     async def node(self, node: str) -> NodeState:
         return await self._guard("node", self.client.get_node(node))

@@ -31,6 +31,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
+from gpuheal.readiness import Readiness
 from gpuheal.xid.identity import (
     GPU_MAP_ANNOTATION,
     GPU_REPORT_ANNOTATION,
@@ -60,6 +61,10 @@ Clock = Callable[[], dt.datetime]
 PAIR_WINDOW = dt.timedelta(seconds=10)
 """How far apart the kernel log's record and NVML's event of one XID may be read."""
 NVML_WAIT_MS = 500
+KERNEL_LOG = "kernel-log"
+"""The readiness problem of an agent that hears no XID: no kernel log, no NVML."""
+NO_SOURCE_REASON = "KernelLogUnreadable"
+"""Its Warning Event on the Node (`kubectl describe node` shows it)."""
 
 
 def utcnow() -> dt.datetime:
@@ -88,6 +93,8 @@ class AgentOptions:
     expected_gpus: int | None = None
     dry_run: bool = False
     poll_interval: float = 0.25
+    ready_port: int = 0  # /readyz (0: off)
+    reopen_interval: float = 10.0  # how often an unreadable kernel log is tried again
 
 
 class Sink(Protocol):
@@ -319,36 +326,25 @@ class Agent:
         self.pairing = SourcePairing(PAIR_WINDOW)
         self.nvml_xids: collections.deque[Any] = collections.deque(maxlen=10_000)
         self.listener: Any = None
+        self.readiness = Readiness(log)
+        self._next_open = 0.0
 
     # ---- set-up ---------------------------------------------------------------------------
     async def start(self) -> None:
-        now = self.clock()
         if self.opts.nvml != "off":
             from .nvml import load_nvml
 
             self.nvml = load_nvml()
             if self.nvml is None and self.opts.nvml == "on":
                 raise SystemExit("gpuheal agent: --nvml on, but NVML is not available here")
-        path = self.opts.kmsg
-        if rec.is_char_device(path):
-            boot_id = self.opts.boot_id or rec.read_boot_id() or "unknown"
-            try:
-                self._kmsg = rec.KmsgDevice(path, rec.boot_time(now))
-            except OSError as exc:
-                if self.nvml is None or not self.opts.nvml_events:
-                    raise SystemExit(
-                        f"gpuheal agent: cannot read the kernel log {path} ({exc.strerror}); "
-                        "the agent needs it mounted and readable (CAP_SYSLOG, as the chart's "
-                        "DaemonSet runs it), or NVML to hear XIDs from"
-                    ) from exc
-                log.warning(
-                    "cannot read the kernel log %s (%s): XIDs from NVML events only",
-                    path,
-                    exc.strerror,
-                )
-            self._set_stream(rec.boot_stream_id(boot_id))
-        else:
-            self._text = rec.TextLog(path)
+        failed = self.open_kernel_log()
+        nvml_only = failed is not None and self.nvml is not None and self.opts.nvml_events
+        if nvml_only:
+            log.warning("%s: XIDs from NVML events only", failed)
+            if self.stream is None:  # where NVML's findings go
+                self._set_stream(rec.boot_stream_id(self._boot_id()))
+        elif failed is not None and self.opts.once:
+            raise SystemExit(f"gpuheal agent: {failed}")
         node_obj = await self.sink.get_node(self.opts.node)
         if node_obj is None:
             raise SystemExit(f"gpuheal agent: node {self.opts.node!r} not found")
@@ -360,6 +356,73 @@ class Agent:
             clock=self.clock,
         )
         self.detector.learn(self.publisher.gpus)
+        if failed is not None and not nvml_only:
+            await self._no_source(failed)
+
+    def _boot_id(self) -> str:
+        return self.opts.boot_id or rec.read_boot_id() or "unknown"
+
+    def open_kernel_log(self) -> str | None:
+        """Open the kernel log (a /dev/kmsg device, else a text file); None when it opened,
+        else why it cannot be read."""
+        path = self.opts.kmsg
+        try:
+            if rec.is_char_device(path):
+                self._kmsg = rec.KmsgDevice(path, rec.boot_time(self.clock()))
+                if self.stream is None:
+                    self._set_stream(rec.boot_stream_id(self._boot_id()))
+            else:
+                self._text = rec.TextLog(path)
+        except OSError as exc:
+            return (
+                f"cannot read the kernel log {path} ({exc.strerror}): it must be mounted and "
+                "readable (/dev/kmsg needs CAP_SYSLOG, as the chart's DaemonSet runs it), or "
+                "NVML must be there to hear XIDs from"
+            )
+        return None
+
+    async def _no_source(self, why: str) -> None:
+        """Neither the kernel log nor NVML: no XID can be heard. Not a reason to exit (a
+        DaemonSet would restart it into the same wall, a crash loop that hides why): the
+        agent stays up, not ready with the reason, says it once in its log and once as a
+        Warning Event on its Node, and tries the log again every `reopen_interval`."""
+        self.readiness.problem(KERNEL_LOG, why)
+        assert self.publisher is not None
+        now = self.clock()
+        name = f"{self.opts.node}.{NO_SOURCE_REASON.lower()}.{int(now.timestamp()):x}"
+        body = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"name": name, "namespace": self.opts.namespace},
+            "involvedObject": {
+                "apiVersion": "v1",
+                "kind": "Node",
+                "name": self.opts.node,
+                "uid": self.publisher.node_uid,
+            },
+            "reason": NO_SOURCE_REASON,
+            "message": f"gpuheal agent hears no XID on this node: {why}"[:1024],
+            "type": "Warning",
+            "source": {"component": COMPONENT, "host": self.opts.node},
+            "reportingComponent": COMPONENT,
+            "reportingInstance": self.opts.node,
+            "firstTimestamp": rfc3339(now),
+            "lastTimestamp": rfc3339(now),
+            "count": 1,
+        }
+        try:
+            await self.sink.create_event(self.opts.namespace, body)
+        except Exception as exc:  # the log line and /readyz still say it
+            log.warning("could not post the %s Event: %s", NO_SOURCE_REASON, exc)
+
+    def reopen(self) -> bool:
+        """With no source, try the kernel log again (quietly); True when it opened now."""
+        if self._kmsg is not None or self._text is not None:
+            return False
+        if self.open_kernel_log() is not None:
+            return False
+        self.readiness.resolved(KERNEL_LOG)
+        return True
 
     def _set_stream(self, stream: str) -> None:
         """A new stream (boot, or text file): restore the state saved for it, if any."""
@@ -500,6 +563,14 @@ class Agent:
         )
 
     # ---- the loop -------------------------------------------------------------------------
+    def _try_log_again(self, loop: asyncio.AbstractEventLoop, wake: asyncio.Event) -> None:
+        """While the agent hears nothing, the kernel log again every `reopen_interval`."""
+        if not self.readiness.problems() or loop.time() < self._next_open:
+            return
+        self._next_open = loop.time() + self.opts.reopen_interval
+        if self.reopen() and self._kmsg is not None:
+            loop.add_reader(self._kmsg.fd, wake.set)
+
     async def run(self, stop: asyncio.Event | None = None) -> int:
         await self.start()
         stop = stop or asyncio.Event()
@@ -510,8 +581,10 @@ class Agent:
         listening = threading.Event()
         thread = self._start_listener(lambda: loop.call_soon_threadsafe(wake.set), listening)
         failures = 0
+        self._next_open = loop.time() + self.opts.reopen_interval
         try:
             while True:
+                self._try_log_again(loop, wake)
                 self.read(final=self.opts.once)
                 self.take_nvml_xids()
                 if loop.time() >= self._next_probe:
@@ -571,7 +644,10 @@ async def _main(opts: AgentOptions) -> int:
 
     kube = await AgentKube.connect(opts.kubeconfig)
     try:
-        return await Agent(opts, kube).run(stop)
+        agent = Agent(opts, kube)
+        if opts.ready_port:
+            agent.readiness.serve(opts.ready_port)
+        return await agent.run(stop)
     finally:
         await kube.close()
 
@@ -595,6 +671,8 @@ def _options(args: argparse.Namespace) -> AgentOptions:
         nvml_events=args.nvml_events == "on",
         expected_gpus=args.expected_gpus,
         dry_run=args.dry_run,
+        ready_port=args.ready_port,
+        reopen_interval=args.reopen_interval,
     )
 
 
@@ -675,6 +753,19 @@ def add_agent_arguments(p: argparse.ArgumentParser) -> None:
         type=int,
         help="GPU count below which a GpuCountDropped Event is posted (default: the count "
         "NVML saw first)",
+    )
+    p.add_argument(
+        "--ready-port",
+        type=int,
+        default=int(env("GPUHEAL_AGENT_READY_PORT") or 0),
+        help="serve GET /readyz here: 503 with the reason while no XID can be heard (the "
+        "kernel log unreadable and no NVML) (default: 0, off)",
+    )
+    p.add_argument(
+        "--reopen-interval",
+        type=float,
+        default=10.0,
+        help="seconds between tries of a kernel log that could not be read (default: 10)",
     )
     p.add_argument(
         "--dry-run",

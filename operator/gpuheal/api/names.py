@@ -221,6 +221,10 @@ class EventReason(enum.StrEnum):
     JOB_LEFT_BEHIND = "JobNotRequeued"  # a job of the faulty node gpuheal did not requeue
     JOB_HELD = "JobHeld"  # requeued held: it names the faulty node in its --nodelist
     NODE_DOWN_FOR_STUCK_JOB = "NodeDownForStuckJob"  # its processes outlived SIGKILL
+    # on the operator's own Pod: a misconfiguration that keeps it not ready (/readyz says why)
+    BRIDGE_AUTH_REFUSED = "BridgeTokenRefused"
+    BRIDGE_UNREACHABLE = "BridgeUnreachable"
+    FORBIDDEN = "Forbidden"  # the API server refused a list/watch: RBAC lacks a verb
 
 
 _DNS_BAD = re.compile(r"[^a-z0-9-]+")

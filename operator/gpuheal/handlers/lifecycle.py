@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import threading
 from typing import Any
 
@@ -120,15 +121,28 @@ def run(
     crashpoints.arm(cfg.crash_at)  # tests only
     rt = Runtime(config=cfg, metrics=Metrics(registry) if registry is not None else Metrics())
     memo = kopf.Memo(runtime=rt, serve_metrics=serve_metrics)
+    if cfg.ready_port:
+        # Before kopf and the Lease: a copy waiting for the Lease answers too (ready: it has
+        # nothing to do yet), and a misconfiguration found later keeps the process up, not
+        # ready, saying why, where a crash would only loop.
+        rt.ports.readiness.serve(cfg.ready_port)
     liveness = f"http://0.0.0.0:{cfg.health_port}/healthz" if cfg.health_port else None
     kopf.run(
         clusterwide=True,
         standalone=True,
+        # kopf's own default asks the passwd database for the user's name: the image's
+        # uid 65532 has no entry there, and it died at start with KeyError: getpwuid().
+        identity=peering_identity(),
         liveness_endpoint=liveness,
         memo=memo,
         stop_flag=stop_flag,
         ready_flag=ready_flag,
     )
+
+
+def peering_identity() -> Any:  # kopf's Identity: a NewType of str it does not export
+    """Who this copy is to kopf (unused standalone, but always computed): the pod's name."""
+    return os.environ.get("POD_NAME") or socket.gethostname()
 
 
 def run_in_thread(cfg: OperatorConfig) -> tuple[threading.Thread, threading.Event]:

@@ -23,7 +23,7 @@ from gpuheal.adapters.events import EventOutbox
 from gpuheal.adapters.kube import ApiError, Kube
 from gpuheal.adapters.notify import WebhookSender
 from gpuheal.adapters.slurm import BridgeSlurm
-from gpuheal.api.names import HISTORY_PLURAL, POLICY_PLURAL, POOL_PLURAL
+from gpuheal.api.names import HISTORY_PLURAL, POLICY_PLURAL, POOL_PLURAL, EventReason
 from gpuheal.config import bridge_targets, parse_events, parse_webhooks, secret_item
 from gpuheal.remediation import historywriter, objects, report, sources
 from gpuheal.remediation.lease import Lease
@@ -112,11 +112,28 @@ async def start(
 async def _watch_bridge(
     ports: Ports, cluster: str, bridge: BridgeSlurm, every: float = 15.0
 ) -> None:
-    """`gpuheal_bridge_up{cluster}`: does the bridge answer /readyz (slurmctld reachable)?"""
+    """`gpuheal_bridge_up{cluster}`: does the bridge answer /readyz (slurmctld reachable)?
+    And does a call behind the token get through? A refused token or a URL where nothing
+    answers is a misconfiguration: /readyz says it, one log line and one Event on the
+    operator's Pod when it starts or changes, one line when it ends. Looked at again every
+    5 s while it lasts, so the fix shows soon."""
     gauge = ports.metrics.bridge_up.labels(cluster)
+    key = f"bridge:{cluster}"
     while True:
         gauge.set(1 if await bridge.ready() else 0)
-        await asyncio.sleep(every)
+        wrong = await bridge.misconfigured()
+        if wrong is None:
+            ports.readiness.resolved(key)
+        else:
+            kind, message = wrong
+            if ports.readiness.problem(key, f"Slurm cluster {cluster}: {message}"):
+                reason = (
+                    EventReason.BRIDGE_AUTH_REFUSED
+                    if kind == "refused"
+                    else EventReason.BRIDGE_UNREACHABLE
+                )
+                sources.tell_on_pod(ports, reason, f"Slurm cluster {cluster}: {message}")
+        await asyncio.sleep(every if wrong is None else min(every, 5.0))
 
 
 def _breakers_from_incidents(cluster: ClusterView) -> None:

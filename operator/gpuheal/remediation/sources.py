@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import logging
+import os
 from typing import Any
 
 from gpuheal.adapters.dcgm import DcgmScraper, ScrapeFailed
@@ -38,16 +39,48 @@ def _now() -> dt.datetime:
     return dt.datetime.now(dt.UTC)
 
 
-def _blind(ports: Ports, cluster: ClusterView, source: str, message: str) -> None:
+def tell_on_pod(ports: Ports, reason: EventReason, message: str) -> None:
+    """A Warning Event on the operator's own Pod ($POD_NAME/$POD_NAMESPACE, set by the chart
+    from the downward API), where `kubectl describe pod` shows it; outside a pod, the log
+    line alone."""
+    name = os.environ.get("POD_NAME")
+    if ports.events is None or not name:
+        return
+    # with its uid, or `kubectl describe pod` does not list it (it selects on the uid)
+    meta = {
+        "name": name,
+        "namespace": os.environ.get("POD_NAMESPACE"),
+        "uid": os.environ.get("POD_UID"),
+    }
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": meta}
+    ports.events.post(pod, reason=reason, message=message, type_="Warning")
+
+
+def _blind(ports: Ports, cluster: ClusterView, source: str, failure: dict[str, Any]) -> None:
     ports.metrics.source_up.labels(source).set(0)
     ports.metrics.source_errors.labels(source).inc()
     cluster.set_blind(source)
-    log.warning("%s source blind: %s", source, message)
+    if not forbidden(ports, source, failure):
+        log.warning("%s source blind: %s", source, failure["message"])
+
+
+def forbidden(ports: Ports, what: str, failure: dict[str, Any]) -> bool:
+    """A list/watch the API server refused with 403: the ServiceAccount lacks a verb, which
+    no retry fixes. Said once (a log line, /readyz, an Event on the operator's Pod) instead of
+    a warning at every relist; True then."""
+    if failure.get("status") != 403:
+        return False
+    detail = failure.get("detail") or failure["message"]
+    message = f"the API server forbids reading {what}: {detail}"
+    if ports.readiness.problem(f"forbidden:{what}", message):
+        tell_on_pod(ports, EventReason.FORBIDDEN, message)
+    return True
 
 
 def _seeing(ports: Ports, cluster: ClusterView, source: str) -> None:
     ports.metrics.source_up.labels(source).set(1)
     cluster.set_seeing(source, _now())
+    ports.readiness.resolved(f"forbidden:{source}")
 
 
 async def _follow(  # noqa: PLR0917
@@ -61,7 +94,7 @@ async def _follow(  # noqa: PLR0917
 ) -> None:
     async for ev in ports.require_kube().list_watch(resource, namespace=namespace):
         if ev.type == "BLIND":
-            _blind(ports, cluster, source, ev.obj["message"])
+            _blind(ports, cluster, source, ev.obj)
         elif ev.type == "SYNCED":
             _seeing(ports, cluster, source)
             if ready is not None:
@@ -124,7 +157,8 @@ async def watch_incidents(
                 incident_changed(ports, cluster, books, "DELETED", {"metadata": {"name": gone}})
             if ready is not None:
                 ready.set()
-        elif ev.type == "BLIND":
+            ports.readiness.resolved("forbidden:noderemediations")
+        elif ev.type == "BLIND" and not forbidden(ports, "noderemediations", ev.obj):
             log.warning("NodeRemediation watch failed, relisting: %s", ev.obj["message"])
 
 

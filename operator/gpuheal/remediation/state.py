@@ -22,6 +22,7 @@ import asyncio
 import bisect
 import dataclasses
 import datetime as dt
+import logging
 from collections import Counter, deque
 from collections.abc import Collection, Iterable, Iterator, Mapping, MutableMapping
 from dataclasses import dataclass, field
@@ -57,6 +58,7 @@ from gpuheal.policy.types import (
     Observation,
     PoolCounts,
 )
+from gpuheal.readiness import Readiness
 from gpuheal.remediation.lease import Lease
 from gpuheal.remediation.notify import (
     Notice,
@@ -575,6 +577,10 @@ class Ports:
     notify_sender: WebhookSender | None = None
     notify_targets: list[Target] = field(default_factory=list)  # --notify-webhooks
     events: EventOutbox | None = None
+    # What stands in the way (a bridge refusing the token, a forbidden list): /readyz says it
+    readiness: Readiness = field(
+        default_factory=lambda: Readiness(logging.getLogger("gpuheal.readiness"))
+    )
 
     def require_kube(self) -> Kube:
         if self.kube is None:

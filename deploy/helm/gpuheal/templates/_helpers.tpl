@@ -274,6 +274,24 @@ starting) and otherwise needs /healthz to answer 200 within the timeout. */}}
   urllib.request.urlopen("http://127.0.0.1:{{ $port }}/healthz", timeout={{ $timeout }})
 {{- end -}}
 
+{{/* Readiness probe command (list port timeout), for the operator and the agent: fails
+printing /readyz's body (the reasons), which `kubectl describe pod` shows in the probe's
+Event; an httpGet probe would show only the status code. */}}
+{{- define "gpuheal.readinessCommand" -}}
+{{- $port := int (index . 0) -}}
+{{- $timeout := int (index . 1) -}}
+- python
+- -c
+- |
+  import sys, urllib.error, urllib.request
+  try:
+      urllib.request.urlopen("http://127.0.0.1:{{ $port }}/readyz", timeout={{ $timeout }})
+  except urllib.error.HTTPError as e:
+      sys.exit(e.read().decode(errors="replace").strip())
+  except OSError as e:
+      sys.exit(f"not serving /readyz yet: {e}")
+{{- end }}
+
 {{/* Pod-level placement shared by the operator and its test pods. */}}
 {{- define "gpuheal.operator.placement" -}}
 {{- $op := .Values.operator -}}
