@@ -215,6 +215,7 @@ class EventReason(enum.StrEnum):
     JOB_LEFT_BEHIND = "JobNotRequeued"  # a job of the faulty node gpuheal did not requeue
     JOB_HELD = "JobHeld"  # requeued held: it names the faulty node in its --nodelist
     NODE_DOWN_FOR_STUCK_JOB = "NodeDownForStuckJob"  # its processes outlived SIGKILL
+    NODE_DOWN_FOR_LOST_GPU = "NodeDownForLostGpu"  # slurmDrain.nodeDown: no wait for the job
 
 
 _DNS_BAD = re.compile(r"[^a-z0-9-]+")
