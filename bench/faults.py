@@ -50,6 +50,10 @@ GRACE = "2s"
 SIGKILL_AFTER = 5.0
 
 
+#: the default policy's XID 79 Slurm step: the GPU is lost, jobs off at once (node DOWN)
+LOST_GPU_DRAIN = {"action": "slurmDrain", "slurmDrain": {"requeue": "requeue", "nodeDown": True}}
+
+
 def slurm_drain(grace: str = GRACE) -> dict[str, Any]:
     return {
         "action": "slurmDrain",
@@ -97,20 +101,28 @@ class Stack:
             self.operator = None
 
     def job(
-        self, name: str, node: str | None = None, ckpt_every: int = CKPT_EVERY
+        self,
+        name: str,
+        node: str | None = None,
+        ckpt_every: int = CKPT_EVERY,
+        *,
+        on: list[str] | None = None,
+        sbatch: tuple[str, ...] = (),
     ) -> tuple[int, Path]:
-        """The demo job, RUNNING on ``node`` (the others held meanwhile), past a checkpoint."""
+        """The demo job, RUNNING on ``node`` (or the nodes ``on``; the others held meanwhile),
+        past a checkpoint; ``sbatch``: more options (``-N 2``, ``--requeue=expedite``)."""
         self.submitted += 1
         workdir = self.workdir / f"{name}-{self.submitted}"
         run = RunConfig(
             workdir=workdir, steps=10_000_000, ckpt_every=ckpt_every, step_seconds=STEP_SECONDS
         )
         script = write_sbatch(workdir / "job.sh", ModelConfig(), run, env=self.gpus.env())
-        held = [n for n in self.nodes if node is not None and n != node]
+        wanted = on if on is not None else ([node] if node is not None else None)
+        held = [n for n in self.nodes if wanted is not None and n not in wanted]
         for n in held:
             self.slurm.run("scontrol", "update", f"NodeName={n}", "State=DRAIN", "Reason=hold")
         try:
-            job = submit(self.slurm, script, f"--job-name={name}")
+            job = submit(self.slurm, script, f"--job-name={name}", *sbatch)
             self.jobs.append(job)
             wait_until(lambda: job_info(self.slurm, job).state == "RUNNING", f"{name} RUNNING", 60)
         finally:
@@ -155,12 +167,19 @@ class Stack:
 
 
 @contextlib.contextmanager
-def stack(ctx: Context, gpu_nodes: int, spares: int = 0) -> Iterator[Stack]:
+def stack(
+    ctx: Context, gpu_nodes: int, spares: int = 0, release: str | None = None
+) -> Iterator[Stack]:
     from gpuheal_dev.sandbox import Sandbox, SandboxConfig
+    from gpuheal_dev.sandbox.slurmroot import HOST_SLURM
 
+    release = release or HOST_SLURM
     root = ctx.tmpdir("sb")
-    ctx.progress(f"sandbox: {gpu_nodes} GPU nodes + {spares} spare(s), Slurm ...")
-    sb = Sandbox.up(SandboxConfig(root=root, gpu_nodes=gpu_nodes, spare_nodes=spares, slurm=True))
+    ctx.progress(f"sandbox: {gpu_nodes} GPU nodes + {spares} spare(s), Slurm {release} ...")
+    config = SandboxConfig(
+        root=root, gpu_nodes=gpu_nodes, spare_nodes=spares, slurm=True, slurm_version=release
+    )
+    sb = Sandbox.up(config)
     try:
         apply_crds(sb)
         work = ctx.tmpdir("work")
@@ -189,6 +208,14 @@ def stack(ctx: Context, gpu_nodes: int, spares: int = 0) -> Iterator[Stack]:
 # ---- fault -> training again, from the XID Event --------------------------------------------
 
 OPERATOR_VARIANTS = ("operator, job died with its GPU", "operator, job hung in the driver")
+#: a 2-node job (``-N 2 --requeue=expedite``) hit on one node: Slurm 26.05 only (expedite)
+TWO_NODE_VARIANT = "operator, 2-node job, --requeue=expedite"
+#: the releases ``fault_to_running``'s operator variants run on, each with its own stack
+RELEASES = ("22.05", "26.05")
+
+
+def release_variant(release: str, variant: str) -> str:
+    return f"Slurm {release}: {variant}"
 
 
 def _first_step_after(workdir: Path, restart: int) -> tuple[Record, Record] | None:
@@ -199,13 +226,15 @@ def _first_step_after(workdir: Path, restart: int) -> tuple[Record, Record] | No
     return None
 
 
-def _operator_timeline(st: Stack, node: str) -> dict[str, float]:
+def _operator_timeline(st: Stack, node: str) -> dict[str, Any]:
     """When the operator recorded Detected and the end of its Slurm step (wall clock)."""
-    out: dict[str, float] = {}
+    out: dict[str, Any] = {}
     with st.access.client() as http:
         for nrem in http.get("/apis/gpuheal.io/v1alpha1/noderemediations").json()["items"]:
             if nrem["spec"]["nodeName"] != node:
                 continue
+            for j in (nrem.get("status") or {}).get("jobs") or []:
+                out["job_message"] = j.get("message", "")
             for e in (nrem.get("status") or {}).get("timeline") or []:
                 at = dt.datetime.fromisoformat(e["time"].replace("Z", "+00:00")).timestamp()
                 if e["step"] == "Detected":
@@ -215,22 +244,28 @@ def _operator_timeline(st: Stack, node: str) -> dict[str, float]:
     return out
 
 
-def one_operator_run(st: Stack, variant: str, i: int) -> dict[str, Any]:
+def one_operator_run(st: Stack, variant: str, i: int, release: str = "22.05") -> dict[str, Any]:
     node = st.nodes[0]
-    job, workdir = st.job("ftr", node)
+    if variant == TWO_NODE_VARIANT:
+        job, workdir = st.job(
+            "ftr", on=st.nodes[:2], sbatch=("-N", "2", "-n", "2", "--requeue=expedite")
+        )
+    else:
+        job, workdir = st.job("ftr", node)
     # the fault comes anywhere in a checkpoint interval (seeded): lost steps as they fall
     time.sleep(random.Random(i).uniform(0, CKPT_EVERY * STEP_SECONDS))
-    died = variant == OPERATOR_VARIANTS[0]
-    st.gpus.set(node, GpuState.LOST if died else GpuState.HUNG)
-    if died:
+    if variant == OPERATOR_VARIANTS[0]:
+        st.gpus.set(node, GpuState.LOST)
         wait_until(lambda: job_info(st.slurm, job).state == "FAILED", "job FAILED", 30, every=0.05)
-    else:
+    elif variant == OPERATOR_VARIANTS[1]:
+        st.gpus.set(node, GpuState.HUNG)
         wait_until(
             lambda: any(r["event"] == "gpu_hang" for r in read_records(workdir / "metrics.jsonl")),
             "job hung",
             30,
             every=0.05,
         )
+    # TWO_NODE_VARIANT: the XID Event alone (the job's processes carry on until Slurm acts)
     t0 = st.xid(node)
     running = wait_until(
         lambda: (
@@ -249,13 +284,15 @@ def one_operator_run(st: Stack, variant: str, i: int) -> dict[str, Any]:
     marks = _operator_timeline(st, node)
     after = job_info(st.slurm, job)
     row = {
-        "variant": variant,
+        "variant": release_variant(release, variant),
+        "release": release,
         "run": i,
         "node_before": node,
         "node_after": after.batch_host,
         "to_detected": round(marks.get("detected", float("nan")) - t0, 3),
         "to_slurm_step_done": round(marks.get("slurm_done", float("nan")) - t0, 3),
         "to_running": round(float(running) - t0, 3),
+        "job_message": marks.get("job_message"),
         "to_resumed": round(float(start["time"]) - t0, 3),
         "to_training": round(float(step["time"]) - t0, 3),
         "resume_step": int(start.get("resume_step") or 0),
@@ -269,18 +306,24 @@ def one_operator_run(st: Stack, variant: str, i: int) -> dict[str, Any]:
     return row
 
 
-def operator_runs(ctx: Context, n: int) -> list[dict[str, Any]]:
-    """The operator variants of ``fault_to_running``: n runs each, one stack for all."""
+def operator_variants(release: str) -> tuple[str, ...]:
+    return (*OPERATOR_VARIANTS, TWO_NODE_VARIANT) if release != "22.05" else OPERATOR_VARIANTS
+
+
+def operator_runs(ctx: Context, n: int, release: str = "22.05") -> list[dict[str, Any]]:
+    """The operator variants of ``fault_to_running`` on Slurm ``release``: n runs each, one
+    stack for all, under the default policy's XID 79 Slurm step (``nodeDown``: no checkpoint
+    grace, the node DOWN at once)."""
     rows: list[dict[str, Any]] = []
-    with stack(ctx, gpu_nodes=3) as st:
-        create_policy_ready(st, [{"action": "cordon"}, slurm_drain()])
+    with stack(ctx, gpu_nodes=3, release=release) as st:
+        create_policy_ready(st, [{"action": "cordon"}, LOST_GPU_DRAIN])
         st.start_operator()
-        for variant in OPERATOR_VARIANTS:
+        for variant in operator_variants(release):
             for i in range(n):
-                row = one_operator_run(st, variant, i)
+                row = one_operator_run(st, variant, i, release)
                 rows.append(row)
                 ctx.sample(
-                    variant,
+                    row["variant"],
                     i,
                     n,
                     row["to_training"],

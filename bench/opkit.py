@@ -643,6 +643,9 @@ def start_bridge(cluster: Any, workdir: Path, token: str) -> Bridge:
         "--slurm-conf", str(cluster.conf_path), "--state-dir", str(state),
         "--expedite-timeout", "15", "--log-level", "warning",
     ]  # fmt: skip
+    # that Slurm's own clients (26.05: wrappers into its root; the host's are 22.05)
+    if getattr(cluster, "bin_dir", None) is not None:
+        argv += ["--slurm-bin-dir", str(cluster.bin_dir)]
     proc = Measured(argv, workdir / "bridge.log", env=dict(cluster.subprocess_env())).start()
     url = f"http://127.0.0.1:{port}"
 

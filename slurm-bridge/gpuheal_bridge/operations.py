@@ -430,6 +430,9 @@ class Operations:
             await self._wait(job_id, lambda p: p.state not in TRANSIENT_STATES, self.settle_timeout)
             job = await self.backend.get_job(job_id)
         base = {"job_id": job_id, "state_before": job.state}
+        if await self._requeued_by_node_down(job, opts, from_node):
+            requeued = _Requeued(job, opts, from_node, JobOutcome.REQUEUED, False, self._clock())
+            return await self._after_requeue(replace(requeued, already_pending=True), self._wall())
         if from_node is not None and from_node not in job.nodes:
             return JobResult(
                 **base,
@@ -451,7 +454,7 @@ class Operations:
             return await self._requeue_now(job, opts, from_node, signalled=False)
 
         signalled = False
-        if opts.checkpoint is not None:
+        if opts.checkpoint is not None and not opts.down_node:
             await self.backend.signal(job_id, opts.checkpoint.signal, opts.checkpoint.target)
             signalled = True
             probe = await self._wait(
@@ -507,6 +510,7 @@ class Operations:
         answer_now = not (
             opts.wait_running_seconds
             or opts.stuck_after_seconds is not None
+            or opts.down_node
             or opts.requeue_ended
             or opts.release_node
         )
@@ -635,6 +639,8 @@ class Operations:
         has processes SIGKILL cannot end (hung in the driver): the node is set DOWN, which
         makes Slurm release the job, and the wait goes on."""
         job_id = job.job_id
+        if opts.down_node:
+            return await self._leave_down_node(job, bad, t0=t0, notes=notes)
         if opts.stuck_after_seconds is None:
             limit = self.settle_timeout
         else:
@@ -670,12 +676,55 @@ class Operations:
         return _Left(probe, seconds, stuck, node_down)
 
     async def _set_down(self, node: str, job_id: int) -> str:
-        """DOWN with the node's current reason (its drain keeps its owner), under its lock."""
+        """DOWN with the node's current reason (its drain keeps its owner), under its lock;
+        a node DOWN already is left as it is (one DOWN for all the jobs of a lost GPU)."""
         async with self.lock(f"node:{node}"):
             current = await self.backend.get_node(node)
             reason = current.reason or f"{REASON_PREFIX} job {job_id} stuck after requeue"
-            await self.backend.set_down(node, reason)
+            if current.state != "DOWN":
+                await self.backend.set_down(node, reason)
             return reason
+
+    async def _requeued_by_node_down(
+        self, job: JobState, opts: RequeueOptions, from_node: str | None
+    ) -> bool:
+        """down_node: the job is PENDING again because ``from_node`` went DOWN for another job
+        of that node (Slurm requeued it, NODE_FAIL) before this call looked at it."""
+        if not (opts.down_node and from_node and job.state in PENDING_STATES):
+            return False
+        if job.restart_count < 1 or job.nodes:
+            return False
+        return (await self.backend.get_node(from_node)).state == "DOWN"
+
+    async def _leave_down_node(
+        self, job: JobState, bad: list[str], *, t0: float, notes: list[str]
+    ) -> _Left:
+        """down_node: the GPU is lost, its processes may never die: the node goes DOWN now
+        (drain and reason kept), Slurm releases the job whatever they do."""
+        job_id = job.job_id
+        node_down = False
+        if len(bad) > 1:
+            notes.append(
+                f"GPU lost on one of {','.join(bad)} (no from_node): none set DOWN, the job "
+                "waits for its processes"
+            )
+            bad = []
+        for node in bad:
+            try:
+                reason = await self._set_down(node, job_id)
+                node_down = True
+                notes.append(f"GPU lost: {node} set DOWN at once (reason {reason!r}), no wait")
+            except BackendError as exc:
+                notes.append(f"GPU lost: setting {node} DOWN failed: {exc}")
+        probe = await self._wait(
+            job_id, lambda p: p.state not in TRANSIENT_STATES, self.settle_timeout
+        )
+        seconds = None
+        if probe.state not in TRANSIENT_STATES:
+            seconds = round(self._clock() - t0, 3)
+        else:
+            notes.append(f"still {probe.state} after {self.settle_timeout:g}s")
+        return _Left(probe, seconds, stuck=False, node_down=node_down)
 
     async def _kill_wait(self) -> float:
         now = self._clock()

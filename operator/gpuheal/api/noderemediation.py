@@ -177,8 +177,9 @@ class JobRecord(Model):
     )
     node_down: bool = Field(
         default=False,
-        description="It still held the node past KillWait + stuckJobTimeout and gpuheal set "
-        "the Slurm node DOWN to release it.",
+        description="gpuheal set the Slurm node DOWN to release it: at once where its GPU is "
+        "lost (slurmDrain.nodeDown), or because it still held the node past KillWait + "
+        "stuckJobTimeout.",
     )
 
 

@@ -414,6 +414,14 @@ CHECKPOINT_WITHOUT_REQUEUE = (
     "checkpointSignal is sent only before a requeue, and requeue is none: set requeue to "
     "requeue or requeueHold, or drop checkpointSignal"
 )
+NODE_DOWN_WITH_CHECKPOINT = (
+    "nodeDown takes the jobs off at once (their GPU is lost, nothing can be saved), so no "
+    "checkpointSignal is sent: drop checkpointSignal, or nodeDown for a fault the job survives"
+)
+NODE_DOWN_WITHOUT_REQUEUE = (
+    "nodeDown requeues the node's jobs (Slurm requeues them as NODE_FAIL), and requeue is "
+    "none: set requeue to requeue, or drop nodeDown"
+)
 _GRACE_RANGE = DurationRange(
     "gracePeriod", "10m", "the Slurm bridge waits at most 10 minutes for a checkpoint"
 )
@@ -434,6 +442,16 @@ _SLURM_DRAIN_RULES = (
     check(
         "!has(self.checkpointSignal) || !has(self.requeue) || self.requeue != 'none'",
         CHECKPOINT_WITHOUT_REQUEUE,
+    ),
+    check(
+        "!has(self.nodeDown) || !self.nodeDown || !has(self.checkpointSignal)",
+        NODE_DOWN_WITH_CHECKPOINT,
+        field_path=".nodeDown",
+    ),
+    check(
+        "!has(self.nodeDown) || !self.nodeDown || !has(self.requeue) || self.requeue != 'none'",
+        NODE_DOWN_WITHOUT_REQUEUE,
+        field_path=".nodeDown",
     ),
     _GRACE_RANGE.cel(),
 )
@@ -498,6 +516,16 @@ class SlurmDrainOptions(Model):
         "drains the node itself after UnkillableStepTimeout).",
     )
 
+    node_down: bool = Field(
+        default=False,
+        description="For faults where the GPU is lost (XID 79 fell off the bus, a driver that "
+        "says only a reboot recovers it): nothing can be checkpointed and the job's processes "
+        "may hang in the driver, never dying until the node reboots. The jobs are requeued and "
+        "the Slurm node set DOWN at once (its drain and reason kept: it stays drained), so "
+        "that Slurm releases them whatever their processes do; no checkpointSignal, no wait "
+        "for KillWait and SIGKILL. Keep it false where the job can still save (XID 94).",
+    )
+
     @model_validator(mode="after")
     def _mirror_cel(self) -> SlurmDrainOptions:
         signal = self.checkpoint_signal
@@ -507,6 +535,10 @@ class SlurmDrainOptions(Model):
             raise ValueError(CHECKPOINT_SIGNAL_MESSAGE)
         if signal is not None and self.requeue is RequeueMode.NONE:
             raise ValueError(CHECKPOINT_WITHOUT_REQUEUE)
+        if self.node_down and signal is not None:
+            raise ValueError(NODE_DOWN_WITH_CHECKPOINT)
+        if self.node_down and self.requeue is RequeueMode.NONE:
+            raise ValueError(NODE_DOWN_WITHOUT_REQUEUE)
         _GRACE_RANGE.check(self.grace_period)
         return self
 

@@ -76,6 +76,7 @@ def base_options(opts: SlurmDrainOptions) -> RequeueOptions:
         expedite=not hold,
         requeue_ended=True,
         stuck_after_seconds=stuck,
+        down_node=opts.node_down,
     )
 
 
@@ -127,7 +128,7 @@ async def requeue_victims(
     final = [by_id.get(r.job_id, r) for r in records]
     for before, after in zip(todo, done, strict=True):
         if after.outcome is not JobOutcome.PLANNED and after != before:
-            await _announce(after, post_event)
+            await _announce(after, post_event, lost_gpu=opts.node_down)
     for r in records:  # left alone from the start: announced once, when planned
         if r.outcome is JobOutcome.LEFT and not recorded:
             await _announce(r, post_event)
@@ -232,6 +233,8 @@ def _not_running_reason(result: JobResult) -> JobReason:
 
 
 def _left(result: JobResult) -> str:
+    if result.node_down and not result.stuck:
+        return "off the node at once: its GPU is lost, gpuheal set the node DOWN"
     if result.node_down:
         return "off the node only after gpuheal set it DOWN"
     if result.left_node_seconds is not None:
@@ -252,9 +255,16 @@ def _update(
     )
 
 
-async def _announce(record: JobRecord, post_event: PostEvent) -> None:
+async def _announce(record: JobRecord, post_event: PostEvent, *, lost_gpu: bool = False) -> None:
     who = f"job {record.job_id}" + (f" ({record.name})" if record.name else "")
-    if record.node_down:
+    if record.node_down and lost_gpu:
+        await post_event(
+            EventReason.NODE_DOWN_FOR_LOST_GPU,
+            f"{who}: its GPU is lost; the Slurm node was set DOWN at once (still drained) so "
+            "that Slurm released it without waiting for its processes",
+            "Normal",
+        )
+    elif record.node_down:
         await post_event(
             EventReason.NODE_DOWN_FOR_STUCK_JOB,
             f"{who}: its processes outlived SIGKILL; the Slurm node was set DOWN to release it",

@@ -224,6 +224,25 @@ class RequeueOptions(_Model):
         "processes outlived it (hung in the driver), set the node DOWN so that Slurm releases "
         "the job (the node's drain reason is kept). None: only wait and report.",
     )
+    down_node: bool = Field(
+        default=False,
+        description="The job's GPU is lost (e.g. XID 79): nothing can be saved and its "
+        "processes may never die (stuck in the driver). Right after the requeue the node "
+        "(from_node, else the job's nodes) is set DOWN, its drain and reason kept, so that "
+        "Slurm releases the job at once whatever its processes do; no checkpoint signal, no "
+        "wait for SIGKILL. A job Slurm already requeued because that node went DOWN (another "
+        "job's call got there first) is taken as requeued. The node stays drained (DOWN+DRAIN; "
+        "slurmd registering again leaves it drained) until it is resumed.",
+    )
+
+    @model_validator(mode="after")
+    def _down_without_checkpoint(self) -> RequeueOptions:
+        if self.down_node and self.checkpoint is not None:
+            raise ValueError(
+                "down_node: a job whose GPU is lost gets no checkpoint signal (the node goes "
+                "DOWN at once); leave checkpoint out"
+            )
+        return self
 
 
 class JobOutcome(StrEnum):
@@ -274,7 +293,9 @@ class JobResult(_Model):
         description="The job still held the node past KillWait + stuck_after_seconds.",
     )
     node_down: bool = Field(
-        default=False, description="The bridge set the node DOWN to release the stuck job."
+        default=False,
+        description="The bridge set the node DOWN to release the job (stuck, or down_node), "
+        "or found it DOWN already (down_node).",
     )
     released_node: bool = Field(
         default=False, description="The node was dropped from the job's required nodes."

@@ -200,6 +200,10 @@ class FakeSlurm:
         for job in self.jobs.values():  # Slurm releases what still holds a DOWN node
             if node in job.nodes and job.script and job.script[0][0] == "COMPLETING":
                 job.script = [s for s in job.script if s[0] != "COMPLETING"]
+            elif node in job.nodes and job.state == "RUNNING" and job.requeue and not job.script:
+                # and requeues its running jobs (NODE_FAIL), held for BeginTime like a requeue
+                job.restart_count += 1
+                job.state, job.reason, job.nodes = "PENDING", "BeginTime", []
 
     async def requeue(self, job_id: int, hold: bool) -> None:
         self._check("requeue", job_id, hold)

@@ -539,6 +539,52 @@ async def test_a_job_that_outlives_sigkill_gets_its_node_set_down(
     assert slurm.mutating_calls() == ["drain", "requeue", "set_down", "start_now"]
 
 
+async def test_down_node_takes_a_stuck_job_off_at_once_and_keeps_the_node_drained(
+    ops: Operations, slurm: FakeSlurm, clock: FakeClock
+) -> None:
+    """A lost GPU: no checkpoint signal, no KillWait: the node goes DOWN right after the
+    requeue (our drain reason kept) and Slurm releases the job whatever its processes do."""
+    await ops.drain("node1", "node1", DrainRequest(incident="nrem-abc", xid=79))
+    slurm.add_job(FakeJob(7, ["node1"], stuck_probes=10_000))
+    t0 = clock.now
+    result = await ops.requeue_job(
+        7, RequeueOptions(expedite=True, down_node=True), from_node="node1"
+    )
+    assert (result.outcome, result.node_down, result.stuck) == (JobOutcome.REQUEUED, True, False)
+    assert clock.now - t0 < 2  # not KillWait (2 s) + anything
+    assert slurm.nodes["node1"].state == "DOWN"
+    assert slurm.nodes["node1"].drain
+    assert slurm.nodes["node1"].reason == "gpuheal: nrem-abc xid=79"
+    assert "GPU lost" in (result.detail or "")
+    assert slurm.mutating_calls() == ["drain", "requeue", "set_down", "start_now"]
+
+
+async def test_down_node_sets_the_node_down_once_for_all_its_jobs(
+    ops: Operations, slurm: FakeSlurm
+) -> None:
+    """Two jobs on the lost node, requeued at once: the first call's DOWN makes Slurm requeue
+    the other (NODE_FAIL) before its own call looks; that one is taken as requeued, excluded
+    from the node and expedited all the same."""
+    await ops.drain("node1", "node1", DrainRequest(incident="nrem-abc", xid=79))
+    slurm.add_job(FakeJob(7, ["node1"], stuck_probes=10_000))
+    slurm.add_job(FakeJob(8, ["node1"]))
+    opts = RequeueOptions(expedite=True, down_node=True)
+    first = await ops.requeue_job(7, opts, from_node="node1")
+    second = await ops.requeue_job(8, opts, from_node="node1")
+    assert [first.outcome, second.outcome] == [JobOutcome.REQUEUED, JobOutcome.REQUEUED]
+    assert second.node_down
+    assert second.excluded_nodes == ["node1"]
+    assert slurm.mutating_calls().count("set_down") == 1
+    assert slurm.mutating_calls().count("start_now") == 2
+    again = await ops.requeue_job(8, opts, from_node="node2")  # not where it ran: left alone
+    assert again.outcome is JobOutcome.NOT_ON_NODE
+
+
+def test_down_node_sends_no_checkpoint_signal() -> None:
+    with pytest.raises(ValueError, match="down_node: a job whose GPU is lost"):
+        RequeueOptions(down_node=True, checkpoint=CheckpointSignal(signal="USR1"))
+
+
 async def test_a_stuck_job_on_an_admin_drained_node_keeps_the_admin_reason(
     ops: Operations, slurm: FakeSlurm
 ) -> None:
