@@ -8,6 +8,7 @@ import threading
 from typing import Any
 
 import kopf
+from kopf._core.engines.peering import Identity  # kopf.run's type, not re-exported
 from prometheus_client import CollectorRegistry
 
 from gpuheal import crashpoints
@@ -17,6 +18,7 @@ from gpuheal.config import OperatorConfig
 from gpuheal.handlers import objects as _objects  # noqa: F401 - registers its handlers
 from gpuheal.metrics import Metrics
 from gpuheal.remediation import service
+from gpuheal.remediation.lease import default_identity
 from gpuheal.remediation.state import Runtime
 
 
@@ -124,6 +126,10 @@ def run(
     kopf.run(
         clusterwide=True,
         standalone=True,
+        # kopf's own default is user@host from getpass.getuser(), which raises KeyError in the
+        # image: the chart runs it as uid 65532, which has no passwd entry (a crash loop at
+        # start, seen first as real pods under the chart). Only peering uses it, and it is off.
+        identity=Identity(default_identity()),
         liveness_endpoint=liveness,
         memo=memo,
         stop_flag=stop_flag,
