@@ -301,7 +301,14 @@ E2E_OBJECTS = [
         "spec": {
             "priority": 10,
             "nodeSelector": {"matchLabels": {"kubernetes.io/hostname": REAL_NODE_NAME}},
-            "safety": {"maxUnhealthy": 1, "stormCooldown": "0s", "dryRun": False},
+            # replace waits for a person: the incident stays open for helm upgrade and the
+            # leader's deletion (test_xid79...)
+            "safety": {
+                "maxUnhealthy": 1,
+                "stormCooldown": "0s",
+                "dryRun": False,
+                "requireApproval": ["replace"],
+            },
             "returnToService": {"enabled": False},
             "rules": [
                 {
@@ -334,12 +341,15 @@ E2E_OBJECTS = [
 ]
 
 
-def test_xid79_in_the_kernel_log_through_agent_operator_and_bridge_pods(
+def test_xid79_through_the_pods_across_a_helm_upgrade_and_the_leaders_deletion(
     sb: Sandbox, release: str, evidence: Evidence, tmp_path: Path
 ) -> None:
-    """The agent pod reads the line, posts its Event; the operator pod cordons and claims the
-    spare; the bridge pod drains the node in Slurm and requeues the job, which resumes from
-    its checkpoint on another node. Each hop is checked in the API or in Slurm."""
+    """The agent pod reads the line, posts its Event; the operator pod cordons; the bridge pod
+    drains the node in Slurm and requeues the job, which resumes from its checkpoint on another
+    node; while the spare waits for approval, `helm upgrade` with a changed value rolls the
+    operator pods and the leader pod is deleted: the standby takes the Lease and, once
+    approved, claims the spare; one incident, one cordon, one requeue, one spare, the breaker
+    as it was. Each hop is checked in the API or in Slurm."""
     slurm = sb.slurm
     other, spare = "gpu-node-0", "gpu-spare-0"
     with evidence.kept("xid79"):
@@ -372,12 +382,33 @@ def test_xid79_in_the_kernel_log_through_agent_operator_and_bridge_pods(
         [nrem] = wait_for(lambda: nrems(sb, REAL_NODE_NAME), "the NodeRemediation", timeout=60)
         name = nrem["metadata"]["name"]
         wait_for(lambda: sb.core_v1().read_node(REAL_NODE_NAME).spec.unschedulable, "cordon", 60)
+        # the bridge pod's drain and requeue: the job runs on another node (before replace)
+        moved = wait_for(
+            lambda: (s := job_state(sb, jid))[0] == "RUNNING" and s[1] != REAL_NODE_NAME and s[1],
+            "the job running on another node",
+            timeout=120,
+        )
+        took = time.monotonic() - t0
+        wait_for(
+            lambda: (
+                (c := condition(nrems(sb, REAL_NODE_NAME)[0], "Blocked"))
+                and c["reason"] == "ApprovalPending"
+            ),
+            "replace waiting for approval",
+        )
+        mid_incident_upgrade_and_failover(sb, evidence)
+        sb.kubectl("annotate", "noderemediation", name, "gpuheal.io/approve=replace", "--overwrite")
         done = wait_for(
             lambda: next((n for n in nrems(sb, REAL_NODE_NAME) if is_completed(n)), None),
             "the incident completed",
             timeout=180,
         )
-        took = time.monotonic() - t0
+        # one incident, one cordon, one requeue, one spare: nothing done twice across the
+        # upgrade and the failover
+        assert len(nrems(sb, REAL_NODE_NAME)) == 1
+        steps = [e["step"] for e in done["status"]["timeline"]]
+        for step in ("replace/cordon", "replace/slurmDrain", "replace/replace"):
+            assert steps.count(step) == 1, steps
         assert condition(done, "Completed")["reason"] == "Replaced", done["status"]
         assert done["status"]["replacementNode"] == spare, done["status"]
         assert [j["jobId"] for j in done["status"]["requeuedJobs"]] == [jid], done["status"]
@@ -386,11 +417,6 @@ def test_xid79_in_the_kernel_log_through_agent_operator_and_bridge_pods(
         assert "DRAIN" in node, node
         assert f"Reason=gpuheal: {name}" in node, node
         assert "DRAIN" not in slurm.run("scontrol", "show", "node", "-o", spare).stdout
-        moved = wait_for(
-            lambda: (s := job_state(sb, jid))[0] == "RUNNING" and s[1] != REAL_NODE_NAME and s[1],
-            "the job running on another node",
-            timeout=120,
-        )
         assert "Restarts=1" in slurm.run("scontrol", "show", "job", jid).stdout
         starts = wait_for(
             lambda: len(r := re.findall(r"START host=(\S+) restart=(\d+) resume_step=(\d+)",
@@ -400,8 +426,56 @@ def test_xid79_in_the_kernel_log_through_agent_operator_and_bridge_pods(
         assert starts[0][0] == REAL_NODE_NAME
         assert starts[1][0] == moved
         assert int(starts[1][2]) >= 10, "resumed from its checkpoint"
-        print(f"XID 79 line -> incident Replaced, job {jid} on {moved}: {took:.1f}s")
+        print(f"XID 79 line -> job {jid} running on {moved}: {took:.1f}s")
         slurm.run("scancel", jid)
+
+
+def lease_holder(sb: Sandbox) -> str:
+    lease = yaml.safe_load(
+        sb.kubectl("get", "lease", "gpuheal-operator", "-n", NS, "-o", "yaml").stdout
+    )
+    return str(lease["spec"].get("holderIdentity") or "")
+
+
+def holder_pod(sb: Sandbox) -> str | None:
+    holder = lease_holder(sb)
+    names = [p.metadata.name for p in pods(sb, NS, "app.kubernetes.io/component=operator")]
+    return next((n for n in names if holder.rsplit("-", 1)[0] == n), None)
+
+
+def breaker(sb: Sandbox) -> tuple[str, str] | None:
+    policy = yaml.safe_load(sb.kubectl("get", "remediationpolicy", POLICY, "-o", "yaml").stdout)
+    c = condition(policy, "CircuitBreakerOpen")
+    return (c["status"], c["lastTransitionTime"]) if c else None
+
+
+def mid_incident_upgrade_and_failover(sb: Sandbox, evidence: Evidence) -> None:
+    """`helm upgrade` with a changed value (new operator pods), then the leader pod deleted:
+    the incident and the policy's breaker state go on as they were."""
+    before = breaker(sb)
+    old = {p.metadata.name for p in pods(sb, NS, "app.kubernetes.io/component=operator")}
+    got = subprocess.run(
+        ["helm", "upgrade", RELEASE, str(ROOT / "deploy" / "helm" / "gpuheal"), "-n", NS,
+         "--reuse-values", "--set", "operator.logFormat=plain", "--wait", "--timeout", "4m"],
+        env={**os.environ, **sb.env()}, capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert got.returncode == 0, got.stdout + got.stderr
+
+    def new_pods_one_holder() -> str | None:
+        now = pods(sb, NS, "app.kubernetes.io/component=operator")
+        names = {p.metadata.name for p in now}
+        if len(now) != 2 or names & old or not all(ready(p) for p in now):
+            return None
+        return holder_pod(sb)
+
+    leader = wait_for(new_pods_one_holder, "the upgraded pods, one holding the Lease", 180)
+    sb.kubectl("delete", "pod", leader, "-n", NS, "--wait=false")
+    wait_for(
+        lambda: (h := holder_pod(sb)) is not None and h != leader,
+        "the standby holding the Lease",
+        timeout=120,
+    )
+    assert breaker(sb) == before
 
 
 def test_helm_uninstall_leaves_no_workload_admission_rbac_or_namespace_but_the_crds(
