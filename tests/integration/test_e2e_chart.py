@@ -141,18 +141,22 @@ def sb(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sandbox]:
     # slurm.conf from the sandbox's root
     root = Path(tempfile.mkdtemp(prefix="gpuheal-e2e-"))
     root.chmod(0o755)
-    sandbox = Sandbox.up(
-        SandboxConfig(
-            root=root,
-            gpu_nodes=1,
-            spare_nodes=1,
-            slurm=True,
-            slurm_restd=True,
-            slurm_version="26.05",
-            real_node=True,
-            real_node_images=tars,
+    try:
+        sandbox = Sandbox.up(
+            SandboxConfig(
+                root=root,
+                gpu_nodes=1,
+                spare_nodes=1,
+                slurm=True,
+                slurm_restd=True,
+                slurm_version="26.05",
+                real_node=True,
+                real_node_images=tars,
+            )
         )
-    )
+    except BaseException:  # up stopped what it started; its folder goes too
+        shutil.rmtree(root, ignore_errors=True)
+        raise
     try:
         yield sandbox
     finally:
