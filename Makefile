@@ -13,13 +13,14 @@ PYTEST_ARGS ?=
 DEMO_FAULT ?= dies
 export UV  # the packaging test builds the wheel with this exact uv
 
-.PHONY: help venv lint types unit bins system-deps images realnode-deps integration kind test demo bench clean
+.PHONY: help venv lint types unit bins system-deps images realnode-deps integration e2e kind test demo bench clean
 help:
 	@echo "make test   - lint + types + unit + integration (builds/caches the sandbox binaries)"
 	@echo "make demo   - sandbox up (GPU nodes + Slurm), show an XID remediation, tear down"
 	@echo "              (DEMO_FAULT=dies|hangs|gentle: what the fault does to the job)"
 	@echo "make bench  - benchmarks into bench/out/ (JSON + PNG)"
 	@echo "make images - the operator and bridge images as tars in ~/.cache/gpuheal/images/ (buildah)"
+	@echo "make e2e    - the README's helm install on the sandbox's real node, an XID through the pods"
 
 $(UV):
 	python3 -m venv $(CACHE)/uv-$(UV_VERSION)
@@ -73,6 +74,12 @@ realnode-deps:
 XDIST ?= 4
 integration: venv bins system-deps images realnode-deps
 	$(VENV)/bin/pytest tests/integration -m "integration" -n $(XDIST) --durations=15 $(PYTEST_ARGS)
+
+# gpuheal as it ships: the README's install block on the sandbox's real node with both images,
+# Slurm 26.05, the XID story through the pods, helm uninstall (tests/integration/test_e2e_chart.py;
+# README, Install). One sandbox, serially; `make integration` (so `make test`) runs it too.
+e2e: venv bins system-deps images realnode-deps
+	$(VENV)/bin/pytest tests/integration/test_e2e_chart.py -m integration -p no:xdist --durations=15 $(PYTEST_ARGS)
 
 kind: venv
 	$(VENV)/bin/pytest -m "kind" $(PYTEST_ARGS)

@@ -220,6 +220,19 @@ class Sandbox:
             raise SandboxError("load_image: this sandbox has no real node (`up --real-node`)")
         self.real_node.load_image(tar)
 
+    def pod_url(self, url: str) -> str:
+        """``url`` of a host daemon on 127.0.0.1 (e.g. ``slurm.restd_url``) as the real node's
+        pods reach it: at the node's bridge address (``RealNode.expose_host_port``)."""
+        from urllib.parse import urlsplit
+
+        if self.real_node is None:
+            raise SandboxError("pod_url: this sandbox has no real node (`up --real-node`)")
+        parts = urlsplit(url)
+        if parts.hostname != "127.0.0.1" or parts.port is None:
+            raise SandboxError(f"pod_url: {url} is not a 127.0.0.1:<port> URL")
+        address = self.real_node.expose_host_port(parts.port)
+        return parts._replace(netloc=address).geturl()
+
     def down(self) -> None:
         # the real node first: its kubelet would otherwise log the apiserver's absence
         if self.real_node is not None:

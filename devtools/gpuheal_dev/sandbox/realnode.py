@@ -32,6 +32,7 @@ import logging
 import os
 import shutil
 import subprocess
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,6 +41,7 @@ from typing import Any, cast
 import yaml
 from kubernetes import client
 
+from gpuheal_dev.sandbox import podnet
 from gpuheal_dev.sandbox._proc import (
     all_pids,
     free_tcp_ports,
@@ -168,6 +170,11 @@ class RealNodeLayout:
         """The bridge's address on the host (the pods' gateway, host-local's default)."""
         return self.subnet.removesuffix("0/24") + "1"
 
+    @property
+    def host_ports_file(self) -> Path:
+        """Host ports (one a line) pods reach at ``node_ip`` (``RealNode.expose_host_port``)."""
+        return self.root / "host-ports"
+
     def log_path(self, name: str) -> Path:
         return self.root / "logs" / f"{name}.log"
 
@@ -219,6 +226,8 @@ def cni_config(layout: RealNodeLayout) -> dict[str, Any]:
                 "type": "bridge",
                 "bridge": layout.bridge,
                 "isGateway": True,
+                # the pods' default route: Service IPs (podnet) are off the pods' subnet
+                "isDefaultGateway": True,
                 # pods talk to loopback and each other only: no NAT rules on the host
                 "ipMasq": False,
                 "hairpinMode": True,
@@ -269,6 +278,9 @@ def kubelet_config(layout: RealNodeLayout, ca: Path, ports: Mapping[str, int]) -
         "imageGCLowThresholdPercent": 99,
         "nodeStatusUpdateFrequency": "10s",
         "maxPods": 30,
+        # pods resolve Service names through podnet's DNS server on the bridge's gateway
+        "clusterDNS": [layout.node_ip],
+        "clusterDomain": podnet.CLUSTER_DOMAIN,
     }
 
 
@@ -330,6 +342,7 @@ class RealNode:
             self._make_cgroup_parent()
             self._make_bridge()
             self._start_kubelet(kubelet, control_plane, labels or {})
+            self._start_podnet(control_plane)
             core = client.CoreV1Api(_api_client(control_plane.kubeconfig))
             self._wait_ready(core, timeout)
             # Advertise the GPUs as an extended resource (the documented way for resources
@@ -389,6 +402,9 @@ class RealNode:
             out = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=30)
             if out.returncode != 0 and "File exists" not in out.stderr:
                 raise SandboxError(f"{' '.join(argv)}: {out.stderr.strip()}")
+        # packets from pods may be sent on to 127.0.0.1 (podnet: the API server, slurmrestd);
+        # this bridge's setting only, gone with it
+        Path(f"/proc/sys/net/ipv4/conf/{lay.bridge}/route_localnet").write_text("1\n")
 
     def _start_kubelet(
         self, kubelet: Path, control_plane: ControlPlane, labels: Mapping[str, str]
@@ -429,6 +445,31 @@ class RealNode:
         )
         self.pids["kubelet"] = proc.pid
         self._save()
+
+    def _start_podnet(self, control_plane: ControlPlane) -> None:
+        """Services and cluster DNS for the pods (``podnet``)."""
+        lay = self.layout
+        lay.host_ports_file.touch()
+        argv = [
+            sys.executable, "-m", "gpuheal_dev.sandbox.podnet",
+            f"--kubeconfig={control_plane.kubeconfig}", f"--key={lay.key}",
+            f"--bridge={lay.bridge}", f"--subnet={lay.subnet}",
+            f"--gateway={lay.node_ip}", f"--host-ports-file={lay.host_ports_file}",
+        ]  # fmt: skip
+        proc = spawn(
+            argv,
+            lay.log_path("podnet"),
+            env={**os.environ, TAG_ENV: str(lay.root)},
+        )
+        self.pids["podnet"] = proc.pid
+        self._save()
+
+    def expose_host_port(self, port: int) -> str:
+        """Let pods reach the host's ``127.0.0.1:port`` at ``<node_ip>:port``; returns that
+        address (e.g. slurmrestd's, for the in-cluster bridge)."""
+        ports = set(podnet.read_ports(self.layout.host_ports_file)) | {port}
+        self.layout.host_ports_file.write_text("".join(f"{p}\n" for p in sorted(ports)))
+        return f"{self.layout.node_ip}:{port}"
 
     def _wait_ready(self, core: client.CoreV1Api, timeout: float) -> None:
         def ready() -> bool:
@@ -476,6 +517,8 @@ class RealNode:
         lay = self.layout
         if (pid := self.pids.pop("kubelet", None)) is not None:
             stop_pid(pid, {"kubelet"})
+        if (pid := self.pids.pop("podnet", None)) is not None:
+            stop_pid(pid, {"python", "python3", Path(os.path.realpath(sys.executable)).name})
         containerd = self.pids.get("containerd")
         if containerd is not None and pid_alive(containerd):
             self._remove_containers()
@@ -487,6 +530,7 @@ class RealNode:
         if left:
             log.error("real node: processes %s survived SIGKILL", left)
         self._unmount_all()
+        podnet.cleanup(lay.key, lay.bridge)  # again: a podnet killed had no time to
         subprocess.run(
             ["ip", "link", "delete", lay.bridge], capture_output=True, check=False, timeout=30
         )

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import logging
 import os
-import socket
 import threading
 from typing import Any
 
 import kopf
+from kopf._core.engines.peering import Identity  # kopf.run's type, not re-exported
 from prometheus_client import CollectorRegistry
 
 from gpuheal import crashpoints
@@ -18,6 +18,7 @@ from gpuheal.config import OperatorConfig
 from gpuheal.handlers import objects as _objects  # noqa: F401 - registers its handlers
 from gpuheal.metrics import Metrics
 from gpuheal.remediation import service
+from gpuheal.remediation.lease import default_identity
 from gpuheal.remediation.state import Runtime
 
 
@@ -130,19 +131,15 @@ def run(
     kopf.run(
         clusterwide=True,
         standalone=True,
-        # kopf's own default asks the passwd database for the user's name: the image's
-        # uid 65532 has no entry there, and it died at start with KeyError: getpwuid().
-        identity=peering_identity(),
+        # kopf's own default is user@host from getpass.getuser(), which raises KeyError in the
+        # image: the chart runs it as uid 65532, which has no passwd entry (a crash loop at
+        # start, seen first as real pods under the chart). Only peering uses it, and it is off.
+        identity=Identity(default_identity()),
         liveness_endpoint=liveness,
         memo=memo,
         stop_flag=stop_flag,
         ready_flag=ready_flag,
     )
-
-
-def peering_identity() -> Any:  # kopf's Identity: a NewType of str it does not export
-    """Who this copy is to kopf (unused standalone, but always computed): the pod's name."""
-    return os.environ.get("POD_NAME") or socket.gethostname()
 
 
 def run_in_thread(cfg: OperatorConfig) -> tuple[threading.Thread, threading.Event]:

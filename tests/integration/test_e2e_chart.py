@@ -1,0 +1,526 @@
+"""``make e2e``: gpuheal as it ships, its own images running as pods under its chart.
+
+One sandbox for the module (``--real-node`` with both images imported, Slurm 26.05 with
+slurmrestd and JWT): the README's install block, read from the README and run as it is with
+its placeholders set (``$REGISTRY``, ``$SLURMRESTD_URL``, ``./bridge-token``, ``./slurm-jwt``,
+``./site-values.yaml``), so the two cannot drift; then the XID story through the pods, and
+``helm uninstall``. The tests run in order and share the release.
+
+Every pod's logs, descriptions and the Events are written under the module's evidence folder
+when a test fails; the failure message names it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from gpuheal_dev.sandbox import Sandbox, SandboxConfig
+from gpuheal_dev.sandbox.realnode import REAL_NODE_NAME
+from tests.integration.test_bridge_slurm import JOB
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
+IMAGES = Path(os.environ.get("GPUHEAL_CACHE", Path.home() / ".cache" / "gpuheal")) / "images"
+README_MARK = "<!-- make e2e runs this block"
+NS = "gpuheal-system"
+RELEASE = "gpuheal"
+# the README's placeholders: the sandbox's node imported the images under these names
+REGISTRY = "docker.io/library"
+BRIDGE_TOKEN = "e2e-bridge-token-" + "0123456789abcdef"
+# Site values of this machine: the real node is the sandbox's only node whose pods run (kwok
+# only pretends), and a GPU node, so the operator may run there (values.yaml: "Replace for
+# all-GPU clusters"); the
+# agent replays the kernel log since boot, where other tests of this machine wrote XID lines:
+# only a signal of the last 30 s starts an incident.
+SITE_VALUES = {
+    "operator": {
+        "affinity": None,
+        "nodeSelector": {"kubernetes.io/hostname": REAL_NODE_NAME},
+        "extraArgs": ["--event-max-age=30"],
+    },
+    "slurmBridge": {"nodeSelector": {"kubernetes.io/hostname": REAL_NODE_NAME}},
+}
+POLICY = "e2e-real-node"
+# the real node's (fake) GPU as the driver names it in the kernel log
+PCI = "0000:1b:00"
+# as the driver prints it (DESIGN-NOTES, Signals)
+XID79_LINE = (
+    f"NVRM: Xid (PCI:{PCI}): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus."
+)
+
+
+def readme_install_block() -> str:
+    text = (ROOT / "README.md").read_text()
+    start = text.index(README_MARK)
+    m = re.compile(r"```console\n(.*?)```", re.S).search(text, start)
+    assert m is not None, "README: no ```console block after the make e2e mark"
+    return m.group(1)
+
+
+def wait_for(pred: Callable[[], Any], what: str, timeout: float = 120, every: float = 0.5) -> Any:
+    deadline = time.monotonic() + timeout
+    last: Exception | None = None
+    while time.monotonic() < deadline:
+        try:
+            got = pred()
+        except Exception as exc:  # not there yet
+            last = exc
+        else:
+            if got:
+                return got
+        time.sleep(every)
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what} (last: {last!r})")
+
+
+class Evidence:
+    """Pods' logs, descriptions and Events under ``out``, written when a check fails."""
+
+    def __init__(self, sb: Sandbox, out: Path) -> None:
+        self.sb, self.out = sb, out
+
+    def dump(self, label: str) -> Path:
+        d = self.out / label
+        d.mkdir(parents=True, exist_ok=True)
+        kubectl = self.sb.kubectl
+        nss = [NS, f"{RELEASE}-agent", f"{RELEASE}-node-jobs"]
+        for ns in nss:
+            pods = kubectl("get", "pods", "-n", ns, "-o", "name", check=False).stdout.split()
+            for pod in pods:
+                name = pod.split("/")[-1]
+                for prev in ("", "--previous"):
+                    args = ["logs", pod, "-n", ns, "--all-containers", "--timestamps"]
+                    logs = kubectl(*args, *([prev] if prev else []), check=False)
+                    suffix = ".previous" if prev else ""
+                    (d / f"{ns}.{name}{suffix}.log").write_text(logs.stdout + logs.stderr)
+            for what in ("describe", "events"):
+                args = [what, "pods"] if what == "describe" else ["events"]
+                got = kubectl(*args, "-n", ns, check=False)
+                (d / f"{ns}.{what}.txt").write_text(got.stdout + got.stderr)
+        for args in (
+            ["get", "events", "-A", "-o", "wide"],
+            ["get", "nodes", "-o", "wide"],
+            ["get", "noderemediations,remediationpolicies,reservepools", "-o", "yaml"],
+        ):
+            got = kubectl(*args, check=False)
+            (d / f"{'_'.join(args[1:2])}.txt").write_text(got.stdout + got.stderr)
+        if self.sb.slurm is not None:
+            got = self.sb.slurm.run("squeue", "-t", "all", "-o", "%i %T %N %r", check=False)
+            (d / "squeue.txt").write_text(got.stdout + got.stderr)
+        return d
+
+    @contextlib.contextmanager
+    def kept(self, label: str) -> Iterator[None]:
+        try:
+            yield
+        except BaseException as exc:
+            where = self.dump(label)
+            raise AssertionError(f"{exc}\n(pods' logs, describe, events: {where})") from exc
+
+
+@pytest.fixture(scope="module")
+def sb(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sandbox]:
+    tars = (IMAGES / "gpuheal.tar", IMAGES / "gpuheal-slurm-bridge.tar")
+    missing = [str(t) for t in tars if not t.exists()]
+    assert not missing, f"{missing}: `make images` builds them"
+    # not under pytest's 0700 temp folder: slurmrestd (26.05) runs as nobody and reads
+    # slurm.conf from the sandbox's root
+    root = Path(tempfile.mkdtemp(prefix="gpuheal-e2e-"))
+    root.chmod(0o755)
+    try:
+        sandbox = Sandbox.up(
+            SandboxConfig(
+                root=root,
+                gpu_nodes=1,
+                spare_nodes=1,
+                slurm=True,
+                slurm_restd=True,
+                slurm_version="26.05",
+                real_node=True,
+                real_node_images=tars,
+            )
+        )
+    except BaseException:  # up stopped what it started; its folder goes too
+        shutil.rmtree(root, ignore_errors=True)
+        raise
+    try:
+        yield sandbox
+    finally:
+        sandbox.down()
+        keep = tmp_path_factory.mktemp("e2e-sandbox-logs")
+        for logs in (root / "realnode" / "logs", root / "slurm" / "log", root / "k8s" / "logs"):
+            if logs.is_dir():
+                shutil.copytree(logs, keep / logs.parent.name, dirs_exist_ok=True)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def evidence(sb: Sandbox, tmp_path_factory: pytest.TempPathFactory) -> Evidence:
+    return Evidence(sb, tmp_path_factory.mktemp("e2e-evidence"))
+
+
+def run_readme_block(sb: Sandbox, workdir: Path) -> subprocess.CompletedProcess[str]:
+    assert sb.slurm.restd_url is not None
+    assert sb.slurm.restd_token_file is not None
+    workdir.mkdir(parents=True, exist_ok=True)
+    (workdir / "deploy").symlink_to(ROOT / "deploy")
+    (workdir / "bridge-token").write_text(BRIDGE_TOKEN)
+    (workdir / "slurm-jwt").write_text(sb.slurm.restd_token_file.read_text().strip())
+    (workdir / "site-values.yaml").write_text(yaml.safe_dump(SITE_VALUES))
+    env = {
+        **os.environ,
+        **sb.env(),
+        "REGISTRY": REGISTRY,
+        "SLURMRESTD_URL": sb.pod_url(sb.slurm.restd_url),
+    }
+    return subprocess.run(
+        ["bash", "-euo", "pipefail", "-c", readme_install_block()],
+        cwd=workdir,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+
+
+@pytest.fixture(scope="module")
+def release(sb: Sandbox, evidence: Evidence, tmp_path_factory: pytest.TempPathFactory) -> str:
+    t0 = time.monotonic()
+    with evidence.kept("install"):
+        done = run_readme_block(sb, tmp_path_factory.mktemp("e2e-install"))
+        assert done.returncode == 0, f"the README's install block: {done.stdout}\n{done.stderr}"
+    print(f"README install block (helm install --wait + helm test): {time.monotonic() - t0:.1f}s")
+    return done.stdout
+
+
+def pods(sb: Sandbox, ns: str, selector: str) -> list[Any]:
+    return list(sb.core_v1().list_namespaced_pod(ns, label_selector=selector).items)
+
+
+def ready(pod: Any) -> bool:
+    conds = pod.status.conditions or []
+    return pod.status.phase == "Running" and any(
+        c.type == "Ready" and c.status == "True" for c in conds
+    )
+
+
+def test_the_readme_install_runs_every_pod_ready_one_leader(
+    sb: Sandbox, release: str, evidence: Evidence
+) -> None:
+    with evidence.kept("pods-ready"):
+        assert "Phase:          Succeeded" in release, release  # helm test's pods
+        operators = wait_for(
+            lambda: (
+                [p for p in pods(sb, NS, "app.kubernetes.io/component=operator") if ready(p)]
+                if len(pods(sb, NS, "app.kubernetes.io/component=operator")) == 2
+                else None
+            ),
+            "both operator pods Ready",
+        )
+        assert len(operators) == 2
+        assert all(p.spec.node_name == REAL_NODE_NAME for p in operators)
+        # one leader: the Lease's holder is one of them (the other waits for it)
+        lease = yaml.safe_load(sb.kubectl("get", "lease", "gpuheal-operator", "-n", NS,
+                                          "-o", "yaml").stdout)  # fmt: skip
+        holder = lease["spec"]["holderIdentity"]
+        assert any(p.metadata.name in holder for p in operators), (holder, operators)
+        # (the DaemonSet's pods on the kwok nodes only seem to run: kwok plays their kubelet)
+        agents = pods(sb, f"{RELEASE}-agent", "app.kubernetes.io/component=agent")
+        [agent] = [p for p in agents if p.spec.node_name == REAL_NODE_NAME]
+        assert ready(agent)
+        assert agent.status.container_statuses[0].restart_count == 0
+        [bridge] = [p for p in pods(sb, NS, "app.kubernetes.io/component=slurm-bridge") if ready(p)]
+        assert bridge.status.container_statuses[0].restart_count == 0
+        # the chart's default backend on 26.05: requeues over slurmrestd; no reboot there
+        request = urllib.request.Request(
+            f"http://{bridge.status.pod_ip}:8787/v1/capabilities",
+            headers={"Authorization": f"Bearer {BRIDGE_TOKEN}"},
+        )
+        with urllib.request.urlopen(request, timeout=30) as resp:
+            caps = json.loads(resp.read())
+        assert caps["backend"] == "rest", caps
+        assert caps["slurm_version"].startswith("26.05"), caps
+        assert "requeue" in caps["capabilities"], caps
+        assert "reboot" in caps["missing"], caps
+
+
+def nrems(sb: Sandbox, node: str) -> list[dict[str, Any]]:
+    items = yaml.safe_load(sb.kubectl("get", "noderemediations", "-o", "yaml").stdout)["items"]
+    return [n for n in items if n["spec"]["nodeName"] == node]
+
+
+def condition(obj: dict[str, Any], type_: str) -> dict[str, Any] | None:
+    conds = (obj.get("status") or {}).get("conditions") or []
+    return next((c for c in conds if c["type"] == type_), None)
+
+
+def is_completed(nrem: dict[str, Any]) -> bool:
+    c = condition(nrem, "Completed")
+    return c is not None and c["status"] == "True"
+
+
+def job_state(sb: Sandbox, jid: str) -> tuple[str, str]:
+    out = sb.slurm.run("squeue", "-h", "-t", "all", "-j", jid, "-o", "%T|%N", check=False)
+    state, _, nodes = out.stdout.strip().partition("|")
+    return state, nodes
+
+
+E2E_OBJECTS = [
+    {
+        "apiVersion": "gpuheal.io/v1alpha1",
+        "kind": "ReservePool",
+        "metadata": {"name": "e2e-spares"},
+        "spec": {
+            "nodeSelector": {"matchLabels": {"gpuheal.io/pool": "reserve"}},
+            "minAvailable": 1,
+            "promotion": {
+                "setLabels": {"gpuheal.io/pool": "training"},
+                "slurm": {"resume": True, "reserveReason": "reserve pool"},
+            },
+        },
+    },
+    {
+        # Above the chart's default policy (priority 0, dry run) for the real node: live, and
+        # without the default XID 79 rung's reboot, whose node-reboot Job would reboot the
+        # machine these tests run on, nor a pod drain, which would evict gpuheal's own pods
+        # from the sandbox's only node that runs pods.
+        "apiVersion": "gpuheal.io/v1alpha1",
+        "kind": "RemediationPolicy",
+        "metadata": {"name": POLICY},
+        "spec": {
+            "priority": 10,
+            "nodeSelector": {"matchLabels": {"kubernetes.io/hostname": REAL_NODE_NAME}},
+            # replace waits for a person: the incident stays open for helm upgrade and the
+            # leader's deletion (test_xid79...)
+            "safety": {
+                "maxUnhealthy": 1,
+                "stormCooldown": "0s",
+                "dryRun": False,
+                "requireApproval": ["replace"],
+            },
+            "returnToService": {"enabled": False},
+            "rules": [
+                {
+                    "name": "fell-off-bus",
+                    "signals": {"xids": [79]},
+                    "ladder": [
+                        {
+                            "name": "replace",
+                            "steps": [
+                                {"action": "cordon"},
+                                {
+                                    "action": "slurmDrain",
+                                    "slurmDrain": {
+                                        "requeue": "requeue",
+                                        "checkpointSignal": "USR1",
+                                        "gracePeriod": "2s",
+                                    },
+                                },
+                                {
+                                    "action": "replace",
+                                    "replace": {"reservePoolRef": {"name": "e2e-spares"}},
+                                },
+                            ],
+                        }
+                    ],
+                }
+            ],
+        },
+    },
+]
+
+
+def test_xid79_through_the_pods_across_a_helm_upgrade_and_the_leaders_deletion(
+    sb: Sandbox, release: str, evidence: Evidence, tmp_path: Path
+) -> None:
+    """The agent pod reads the line, posts its Event; the operator pod cordons; the bridge pod
+    drains the node in Slurm and requeues the job, which resumes from its checkpoint on another
+    node; while the spare waits for approval, `helm upgrade` with a changed value rolls the
+    operator pods and the leader pod is deleted: the standby takes the Lease and, once
+    approved, claims the spare; one incident, one cordon, one requeue, one spare, the breaker
+    as it was. Each hop is checked in the API or in Slurm."""
+    slurm = sb.slurm
+    other, spare = "gpu-node-0", "gpu-spare-0"
+    with evidence.kept("xid79"):
+        sb.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(E2E_OBJECTS))
+        # the spare waits drained as a pool leaves it; the job lands on the real node
+        slurm.run("scontrol", "update", f"NodeName={spare}", "State=DRAIN", "Reason=reserve pool")
+        slurm.run("scontrol", "update", f"NodeName={other}", "State=DRAIN", "Reason=hold")
+        script, ckpt, out = tmp_path / "job.sh", tmp_path / "job.state", tmp_path / "job.out"
+        script.write_text(JOB)
+        script.chmod(0o755)
+        jid = slurm.run("sbatch", "--parsable", "-o", str(out), str(script), str(ckpt), "0.2")
+        jid = jid.stdout.strip().split(";")[0]
+        wait_for(lambda: job_state(sb, jid) == ("RUNNING", REAL_NODE_NAME), f"job {jid} here")
+        slurm.run("scontrol", "update", f"NodeName={other}", "State=RESUME")
+        wait_for(lambda: ckpt.exists() and int(ckpt.read_text() or 0) >= 10, "a checkpoint")
+        assert nrems(sb, REAL_NODE_NAME) == []
+
+        t0 = time.monotonic()
+        Path("/dev/kmsg").write_text(XID79_LINE + "\n")
+
+        # the agent pod's Event
+        def xid_event() -> Any:
+            sel = f"involvedObject.kind=Node,involvedObject.name={REAL_NODE_NAME},reason=GpuXid"
+            events = sb.core_v1().list_event_for_all_namespaces(field_selector=sel).items
+            return [e for e in events if PCI in (e.message or "") and "79" in e.message]
+
+        [event] = wait_for(xid_event, "the agent's GpuXid Event", timeout=60)
+        assert (event.reporting_component or event.source.component) == "gpuheal-agent", event
+        # the operator pod's incident, cordon and spare
+        [nrem] = wait_for(lambda: nrems(sb, REAL_NODE_NAME), "the NodeRemediation", timeout=60)
+        name = nrem["metadata"]["name"]
+        wait_for(lambda: sb.core_v1().read_node(REAL_NODE_NAME).spec.unschedulable, "cordon", 60)
+        # the bridge pod's drain and requeue: the job runs on another node (before replace)
+        moved = wait_for(
+            lambda: (s := job_state(sb, jid))[0] == "RUNNING" and s[1] != REAL_NODE_NAME and s[1],
+            "the job running on another node",
+            timeout=120,
+        )
+        took = time.monotonic() - t0
+        wait_for(
+            lambda: (
+                (c := condition(nrems(sb, REAL_NODE_NAME)[0], "Blocked"))
+                and c["reason"] == "ApprovalPending"
+            ),
+            "replace waiting for approval",
+        )
+        mid_incident_upgrade_and_failover(sb, evidence)
+        sb.kubectl("annotate", "noderemediation", name, "gpuheal.io/approve=replace", "--overwrite")
+        done = wait_for(
+            lambda: next((n for n in nrems(sb, REAL_NODE_NAME) if is_completed(n)), None),
+            "the incident completed",
+            timeout=180,
+        )
+        # one incident, one cordon, one requeue, one spare: nothing done twice across the
+        # upgrade and the failover
+        assert len(nrems(sb, REAL_NODE_NAME)) == 1
+        steps = [e["step"] for e in done["status"]["timeline"]]
+        for step in ("replace/cordon", "replace/slurmDrain", "replace/replace"):
+            assert steps.count(step) == 1, steps
+        assert condition(done, "Completed")["reason"] == "Replaced", done["status"]
+        assert done["status"]["replacementNode"] == spare, done["status"]
+        assert [j["jobId"] for j in done["status"]["requeuedJobs"]] == [jid], done["status"]
+        # the bridge pod's drain and requeue, as Slurm has them
+        node = slurm.run("scontrol", "show", "node", "-o", REAL_NODE_NAME).stdout
+        assert "DRAIN" in node, node
+        assert f"Reason=gpuheal: {name}" in node, node
+        assert "DRAIN" not in slurm.run("scontrol", "show", "node", "-o", spare).stdout
+        assert "Restarts=1" in slurm.run("scontrol", "show", "job", jid).stdout
+        starts = wait_for(
+            lambda: len(r := re.findall(r"START host=(\S+) restart=(\d+) resume_step=(\d+)",
+                                        out.read_text())) >= 2 and r,
+            "the job's second start",
+        )  # fmt: skip
+        assert starts[0][0] == REAL_NODE_NAME
+        assert starts[1][0] == moved
+        assert int(starts[1][2]) >= 10, "resumed from its checkpoint"
+        print(f"XID 79 line -> job {jid} running on {moved}: {took:.1f}s")
+        slurm.run("scancel", jid)
+
+
+def lease_holder(sb: Sandbox) -> str:
+    lease = yaml.safe_load(
+        sb.kubectl("get", "lease", "gpuheal-operator", "-n", NS, "-o", "yaml").stdout
+    )
+    return str(lease["spec"].get("holderIdentity") or "")
+
+
+def holder_pod(sb: Sandbox) -> str | None:
+    holder = lease_holder(sb)
+    names = [p.metadata.name for p in pods(sb, NS, "app.kubernetes.io/component=operator")]
+    return next((n for n in names if holder.rsplit("-", 1)[0] == n), None)
+
+
+def breaker(sb: Sandbox) -> tuple[str, str] | None:
+    policy = yaml.safe_load(sb.kubectl("get", "remediationpolicy", POLICY, "-o", "yaml").stdout)
+    c = condition(policy, "CircuitBreakerOpen")
+    return (c["status"], c["lastTransitionTime"]) if c else None
+
+
+def mid_incident_upgrade_and_failover(sb: Sandbox, evidence: Evidence) -> None:
+    """`helm upgrade` with a changed value (new operator pods), then the leader pod deleted:
+    the incident and the policy's breaker state go on as they were."""
+    before = breaker(sb)
+    old = {p.metadata.name for p in pods(sb, NS, "app.kubernetes.io/component=operator")}
+    got = subprocess.run(
+        ["helm", "upgrade", RELEASE, str(ROOT / "deploy" / "helm" / "gpuheal"), "-n", NS,
+         "--reuse-values", "--set", "operator.logFormat=plain", "--wait", "--timeout", "4m"],
+        env={**os.environ, **sb.env()}, capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert got.returncode == 0, got.stdout + got.stderr
+
+    def new_pods_one_holder() -> str | None:
+        now = pods(sb, NS, "app.kubernetes.io/component=operator")
+        names = {p.metadata.name for p in now}
+        if len(now) != 2 or names & old or not all(ready(p) for p in now):
+            return None
+        return holder_pod(sb)
+
+    leader = wait_for(new_pods_one_holder, "the upgraded pods, one holding the Lease", 180)
+    sb.kubectl("delete", "pod", leader, "-n", NS, "--wait=false")
+    wait_for(
+        lambda: (h := holder_pod(sb)) is not None and h != leader,
+        "the standby holding the Lease",
+        timeout=120,
+    )
+    assert breaker(sb) == before
+
+
+def test_helm_uninstall_leaves_no_workload_admission_rbac_or_namespace_but_the_crds(
+    sb: Sandbox, release: str, evidence: Evidence
+) -> None:
+    with evidence.kept("uninstall"):
+        sb.kubectl("delete", "remediationpolicy", POLICY, "--ignore-not-found")
+        got = subprocess.run(
+            ["helm", "uninstall", RELEASE, "-n", NS, "--wait", "--timeout", "3m"],
+            env={**os.environ, **sb.env()},
+            capture_output=True,
+            text=True,
+            timeout=240,
+            check=False,
+        )
+        assert got.returncode == 0, got.stdout + got.stderr
+        instance = f"app.kubernetes.io/instance={RELEASE}"
+
+        def left() -> list[str]:
+            found = []
+            for kind in (
+                "deployments,daemonsets,services,pods,jobs,serviceaccounts,roles,rolebindings",
+                "clusterroles,clusterrolebindings,validatingadmissionpolicies,"
+                "validatingadmissionpolicybindings,validatingwebhookconfigurations,"
+                "mutatingwebhookconfigurations,namespaces",
+            ):
+                names = sb.kubectl("get", kind, "-A", "-l", instance, "-o", "name").stdout
+                found += names.split()
+            named = sb.kubectl(
+                "get", "clusterroles,clusterrolebindings,validatingadmissionpolicies,"
+                "validatingadmissionpolicybindings,namespaces", "-o", "name",
+            ).stdout.split()  # fmt: skip
+            found += [n for n in named if "gpuheal" in n.split("/")[-1] and NS not in n]
+            return sorted(set(found))
+
+        def nothing_left() -> bool:
+            found = left()
+            assert found == [], found  # wait_for's message shows the last
+            return True
+
+        wait_for(nothing_left, "nothing of the release left", timeout=180, every=2)
+        crds = sb.kubectl("get", "crds", "-o", "name").stdout
+        for kind in ("remediationpolicies", "reservepools", "noderemediations"):
+            assert f"{kind}.gpuheal.io" in crds, crds  # kept, as the chart documents
