@@ -351,7 +351,8 @@ def test_hostile_names_ids_bodies_and_signals_change_nothing_in_slurm(
     # the audit log: who asked for what, refusals too; a 401 names no one but its address
     lines = _audit(tmp_path)
     unauthorized = [x for x in lines if x["status"] == 401]
-    assert [(x["who"], bool(x["peer"])) for x in unauthorized] == [(None, True)] * 2
+    # two 401s from one address within the minute: one line, the second only counted
+    assert [(x["who"], bool(x["peer"])) for x in unauthorized] == [(None, True)]
     lines = [x for x in lines if x["status"] != 401]
     assert len(lines) == len(posts), (len(lines), len(posts))
     assert {x["who"] for x in lines} == {"operator"}

@@ -437,10 +437,11 @@ def test_auth_validation_and_not_found(bridge: Bridge) -> None:
         resp = h.post(f"/v1/nodes/{NODES[0]}/drain", headers=headers, json={"incident": "x"})
         assert resp.status_code == 401
     assert bridge.cluster.node_states()[NODES[0]] == "idle"  # 401 touched nothing
-    # each 401 written down with the caller's address, and no one's name
+    # a 401 written down with the caller's address, and no one's name; the second from the
+    # same address within the minute is only counted (the next line says how many: suppressed)
     assert [(e["who"], e["peer"], e["status"], e["op"]) for e in bridge.audit()] == [
         (None, "127.0.0.1", 401, "drain_node")
-    ] * 2
+    ]
     for bad in ("node1;reboot", "node[1-100]", "-rf"):
         resp = h.post(f"/v1/nodes/{bad}/drain", headers=AUTH, json={"incident": "x"})
         assert resp.status_code == 422, bad
