@@ -603,6 +603,8 @@ def test_rbac_is_least_privilege(helm: Helm, values: Path) -> None:
         "noderemediations/status",
         "faulthistories",  # written by gpuheal only (issue 12)
         "faulthistories/status",
+        # quarantineDevice: one GPU out; no more than the node cordon it already has (README)
+        "devicetaintrules",
     }
     bindings = _objects(docs, "ClusterRoleBinding") + _objects(docs, "RoleBinding")
     mine = ("r-gpuheal-agent", reset_sa)
