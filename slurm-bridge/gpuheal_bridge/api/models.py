@@ -182,6 +182,18 @@ class RequeueMode(StrEnum):
 class RequeueOptions(_Model):
     """How to requeue a job (alone or as part of a drain)."""
 
+    # the OpenAPI document says what the validator below refuses (down_node with a checkpoint)
+    model_config = ConfigDict(
+        extra="forbid",
+        frozen=True,
+        json_schema_extra={
+            "not": {
+                "required": ["down_node", "checkpoint"],
+                "properties": {"down_node": {"const": True}, "checkpoint": {"type": "object"}},
+            }
+        },
+    )
+
     mode: RequeueMode = RequeueMode.REQUEUE
     checkpoint: CheckpointSignal | None = Field(
         default=None, description="Send this signal and wait before requeueing."

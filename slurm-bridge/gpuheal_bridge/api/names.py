@@ -60,7 +60,11 @@ REASON_PREFIX = "gpuheal:"
 #: by line), no ``[``/``]`` (Slurm appends ``[user@time]``), and not starting with gpuheal's
 #: prefix (the pool's drain would read as an incident's, and be lifted as one).
 DRAIN_REASON_MAX = 128
-DRAIN_REASON_PATTERN = r"^[^\[\]\x00-\x1f\x7f]+$"
+# C1 controls (\x80-\x9f) too, and at least one character that is not a space: the validator
+# strips the reason (Python's str.strip(), \x85 included) and refuses what is left empty. No
+# lookahead: the CRD's CEL (RE2) checks the same pattern.
+_REASON_CHAR = r"[^\[\]\x00-\x1f\x7f-\x9f]"
+DRAIN_REASON_PATTERN = rf"^{_REASON_CHAR}*[^\s\[\]\x00-\x1f\x7f-\x9f]{_REASON_CHAR}*$"
 OWN_REASON_PATTERN = r"^\s*gpuheal:"
 _DRAIN_REASON_RE = re.compile(DRAIN_REASON_PATTERN)
 _OWN_REASON_RE = re.compile(OWN_REASON_PATTERN)
