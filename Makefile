@@ -69,11 +69,12 @@ realnode-deps:
 
 # The integration tests wait far more than they compute: XDIST pytest-xdist workers run them
 # side by side, each with its own sandbox (README, Tests); XDIST=0 runs them one after another
-# in one process. The 15 slowest are listed at the end of each run. Every integration test
+# in one process. A module marked xdist_group (one real-node sandbox) stays on one worker. The
+# 15 slowest are listed at the end of each run. Every integration test
 # lives in tests/integration: the workers collect only that folder.
 XDIST ?= 4
 integration: venv bins system-deps images realnode-deps
-	$(VENV)/bin/pytest tests/integration -m "integration" -n $(XDIST) --durations=15 $(PYTEST_ARGS)
+	$(VENV)/bin/pytest tests/integration -m "integration" -n $(XDIST) --dist loadgroup --durations=15 $(PYTEST_ARGS)
 
 # gpuheal as it ships: the README's install block on the sandbox's real node with both images,
 # Slurm 26.05, the XID story through the pods, helm uninstall (tests/integration/test_e2e_chart.py;

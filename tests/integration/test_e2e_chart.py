@@ -32,7 +32,8 @@ from gpuheal_dev.sandbox import Sandbox, SandboxConfig
 from gpuheal_dev.sandbox.realnode import REAL_NODE_NAME
 from tests.integration.test_bridge_slurm import JOB
 
-pytestmark = pytest.mark.integration
+# one real-node sandbox for the module: its tests go to one xdist worker (--dist loadgroup)
+pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("test_e2e_chart")]
 
 ROOT = Path(__file__).resolve().parents[2]
 IMAGES = Path(os.environ.get("GPUHEAL_CACHE", Path.home() / ".cache" / "gpuheal")) / "images"

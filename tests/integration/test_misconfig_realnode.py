@@ -39,7 +39,8 @@ from tests.integration.bridge_harness import start_bridge, stop
 from tests.integration.operator_harness import REPO, free_port, wait_for
 from tests.integration.test_helm_agent import AGENT_NS, agent_objects, daemonset, render
 
-pytestmark = pytest.mark.integration
+# one real-node sandbox for the module: its tests go to one xdist worker (--dist loadgroup)
+pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("test_misconfig_realnode")]
 
 IMAGE_TAR = Path.home() / ".cache" / "gpuheal" / "images" / "gpuheal.tar"
 

@@ -25,7 +25,8 @@ from gpuheal_dev.sandbox.realnode import REAL_NODE_NAME
 from tests.integration.operator_harness import wait_for
 from tests.integration.test_helm_agent import daemonset, render
 
-pytestmark = pytest.mark.integration
+# one real-node sandbox for the module: its tests go to one xdist worker (--dist loadgroup)
+pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("test_realnode")]
 
 
 @pytest.fixture(scope="module")
