@@ -65,6 +65,33 @@ TAG_ENV = "GPUHEAL_REALNODE"
 #: left out of the real node's labels: the kubelet sets the first three itself, and
 #: ``type=kwok`` is kwok's mark of its fake nodes
 _LABELS_NOT_PASSED = ("kubernetes.io/hostname", "kubernetes.io/os", "kubernetes.io/arch", "type")
+#: the kubernetes.io/k8s.io labels a kubelet may set on itself (kubelet 1.36 refuses the rest
+#: of those namespaces in --node-labels, and NodeRestriction would too); e.g. the rack's
+#: topology.kubernetes.io/rack is set by whoever provisions the node: here, the sandbox
+_KUBELET_SETS = (
+    "beta.kubernetes.io/arch",
+    "beta.kubernetes.io/instance-type",
+    "beta.kubernetes.io/os",
+    "failure-domain.beta.kubernetes.io/region",
+    "failure-domain.beta.kubernetes.io/zone",
+    "kubernetes.io/arch",
+    "kubernetes.io/hostname",
+    "kubernetes.io/os",
+    "node.kubernetes.io/instance-type",
+    "topology.kubernetes.io/region",
+    "topology.kubernetes.io/zone",
+)
+
+
+def kubelet_may_set(key: str) -> bool:
+    """Whether a kubelet may give itself this label (``--node-labels``)."""
+    domain = key.split("/", 1)[0] if "/" in key else ""
+    restricted = any(domain == d or domain.endswith("." + d) for d in ("kubernetes.io", "k8s.io"))
+    return (
+        not restricted
+        or key in _KUBELET_SETS
+        or domain.endswith(("kubelet.kubernetes.io", "node.kubernetes.io"))
+    )
 
 
 def kubelet_bin() -> Path:
@@ -345,6 +372,18 @@ class RealNode:
             self._start_podnet(control_plane)
             core = client.CoreV1Api(_api_client(control_plane.kubeconfig))
             self._wait_ready(core, timeout)
+            # what the kubelet may not set on itself, set as a provisioner would
+            provisioned = {
+                k: v
+                for k, v in gpu_node_manifest(self.name, labels=dict(labels or {}))["metadata"][
+                    "labels"
+                ].items()
+                if k not in _LABELS_NOT_PASSED and not kubelet_may_set(k)
+            }
+            if provisioned:
+                core.patch_node(
+                    self.name, cast(client.V1Node, {"metadata": {"labels": provisioned}})
+                )
             # Advertise the GPUs as an extended resource (the documented way for resources
             # no device plugin reports): the kubelet keeps it on every status update.
             # (allocatable too: the kubelet derives it from capacity, but only at its next
@@ -425,7 +464,7 @@ class RealNode:
             for k, v in gpu_node_manifest(self.name, labels=dict(labels))["metadata"][
                 "labels"
             ].items()
-            if k not in _LABELS_NOT_PASSED
+            if k not in _LABELS_NOT_PASSED and kubelet_may_set(k)
         }
         proc = spawn(
             [
