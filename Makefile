@@ -69,7 +69,7 @@ realnode-deps:
 
 # The integration tests wait far more than they compute: XDIST pytest-xdist workers run them
 # side by side, each with its own sandbox (README, Tests); XDIST=0 runs them one after another
-# in one process. A module marked xdist_group (one real-node sandbox) stays on one worker. The
+# in one process. The modules of one xdist_group (the real-node ones) run on one worker. The
 # 15 slowest are listed at the end of each run. Every integration test
 # lives in tests/integration: the workers collect only that folder.
 XDIST ?= 4

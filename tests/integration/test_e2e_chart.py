@@ -32,8 +32,10 @@ from gpuheal_dev.sandbox import Sandbox, SandboxConfig
 from gpuheal_dev.sandbox.realnode import REAL_NODE_NAME
 from tests.integration.test_bridge_slurm import JOB
 
-# one real-node sandbox for the module: its tests go to one xdist worker (--dist loadgroup)
-pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("test_e2e_chart")]
+# one worker for the real-node modules (--dist loadgroup), one after another: the host's kernel
+# log is one for every sandbox, and an XID line one module writes would reach the agent pod of
+# another (all real nodes are gpu-real-0) and open an incident there
+pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("host-kmsg")]
 
 ROOT = Path(__file__).resolve().parents[2]
 IMAGES = Path(os.environ.get("GPUHEAL_CACHE", Path.home() / ".cache" / "gpuheal")) / "images"

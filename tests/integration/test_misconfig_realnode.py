@@ -39,8 +39,10 @@ from tests.integration.bridge_harness import start_bridge, stop
 from tests.integration.operator_harness import REPO, free_port, wait_for
 from tests.integration.test_helm_agent import AGENT_NS, agent_objects, daemonset, render
 
-# one real-node sandbox for the module: its tests go to one xdist worker (--dist loadgroup)
-pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("test_misconfig_realnode")]
+# one worker for the real-node modules (--dist loadgroup), one after another: the host's kernel
+# log is one for every sandbox, and an XID line one module writes would reach the agent pod of
+# another (all real nodes are gpu-real-0) and open an incident there
+pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("host-kmsg")]
 
 IMAGE_TAR = Path.home() / ".cache" / "gpuheal" / "images" / "gpuheal.tar"
 
