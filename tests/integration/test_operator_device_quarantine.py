@@ -28,6 +28,7 @@ from gpuheal.xid.identity import GPU_REPORT_ANNOTATION, format_gpu_report
 from gpuheal_dev.sandbox import Sandbox
 from gpuheal_dev.sandbox.dra import gpu_claim, publish_gpu_slices, withdraw_gpu_slices
 from gpuheal_dev.sandbox.slurm import SlurmCluster
+from tests.fixtures.slurm import on_every_release
 from tests.integration.operator_harness import (
     SANDBOX_GPUS,
     Objects,
@@ -299,14 +300,16 @@ def _gres(cluster: SlurmCluster, job: str) -> str | None:
     return m.group(1) if m else None
 
 
+@on_every_release
 def test_xid94_on_one_gpu_requeues_only_the_slurm_job_holding_its_index(
     xid79_scene: Callable[..., Xid79Scene], sandbox: Sandbox
 ) -> None:
-    """Slurm (real 22.05, gres.conf with one File= per GPU) runs two jobs of four GPUs on the
-    node: IDX 0-3 and 4-7. XID 94 on gpu-3: the DRA device is tainted, the job holding GRES
-    index 3 is requeued (off the node), the other keeps running where it is, and the Slurm
-    node is neither drained nor changed, which is what the README documents: Slurm cannot
-    take one index out, and hands index 3 to the next job that asks for it."""
+    """Slurm (real, 26.05 and 22.05; gres.conf with one File= per GPU; the bridge's CLI
+    backend) runs two jobs of four GPUs on the node: IDX 0-3 and 4-7. XID 94 on gpu-3: the
+    DRA device is tainted, the job holding GRES index 3 is requeued (off the node), the
+    other keeps running where it is, and the Slurm node is neither drained nor changed,
+    which is what the README documents: Slurm cannot take one index out, and hands index 3
+    to the next job that asks for it."""
     rule = {
         "name": "ecc",
         "signals": {"xids": [94]},
