@@ -217,11 +217,17 @@ class BridgeClient:
     async def get_node(self, node: str) -> NodeState:
         return await self._call("GET", f"/v1/nodes/{node}", NodeState)
 
-    async def node_jobs(self, node: str, ended_since: dt.datetime | None = None) -> JobsResponse:
-        """The node's unfinished jobs, and those that ended there since ``ended_since``."""
-        path = f"/v1/nodes/{node}/jobs"
+    async def node_jobs(
+        self, node: str, ended_since: dt.datetime | None = None, *, gpus: bool = False
+    ) -> JobsResponse:
+        """The node's unfinished jobs, and those that ended there since ``ended_since``;
+        with ``gpus`` the GPU indexes each unfinished job holds on the node."""
+        query = []
         if ended_since is not None:
-            path += f"?ended_since={ended_since.timestamp():.3f}"
+            query.append(f"ended_since={ended_since.timestamp():.3f}")
+        if gpus:
+            query.append("gpus=true")
+        path = f"/v1/nodes/{node}/jobs" + (f"?{'&'.join(query)}" if query else "")
         return await self._call("GET", path, JobsResponse)
 
     async def get_job(self, job_id: int) -> JobState:

@@ -184,10 +184,17 @@ class Operations:
         return node_state(k8s_name, await self.backend.get_node(slurm_name))
 
     async def jobs(
-        self, k8s_name: str, slurm_name: str, ended_since: dt.datetime | None = None
+        self,
+        k8s_name: str,
+        slurm_name: str,
+        ended_since: dt.datetime | None = None,
+        *,
+        gpus: bool = False,
     ) -> JobsResponse:
         """The node's unfinished jobs, and with ``ended_since`` the jobs that ended there
-        since then (``ended`` says how), as long as slurmctld remembers them.
+        since then (``ended`` says how), as long as slurmctld remembers them; with ``gpus``
+        the unfinished ones carry the GPU indexes they hold there (a read more per job on
+        the CLI backend: asked for only where a single GPU matters).
 
         The three reads go out together: this listing sits between the drain and the first
         requeue of a fault, where every round trip to slurmctld delays the job's move."""
@@ -201,7 +208,9 @@ class Operations:
 
         # get_node: a 404 for an unknown node, not an empty list
         _, running, gone = await asyncio.gather(
-            self.backend.get_node(slurm_name), self.backend.jobs_on_node(slurm_name), ended()
+            self.backend.get_node(slurm_name),
+            self.backend.jobs_on_node(slurm_name, gpus=gpus),
+            ended(),
         )
         return JobsResponse(node=k8s_name, slurm_node=slurm_name, jobs=running + gone)
 

@@ -658,7 +658,8 @@ async def test_rest_backend_on_26_05_reads_drains_and_resumes_with_jwt(
     cluster = make_slurm_cluster(NODES, name="restd26", restd=True, slurm="26.05")
     assert cluster.restd_url is not None
     assert cluster.restd_token_file is not None
-    jid = submit(cluster, job_script, str(job_script.parent / "s"), sbatch=("-w", NODES[0]))
+    gres = ("--gres=gpu:2",)
+    jid = submit(cluster, job_script, str(job_script.parent / "s"), sbatch=("-w", NODES[0], *gres))
     running_on(cluster, jid)
     token = cluster.restd_token_file.read_text().strip()
     rest = RestBackend(cluster.restd_url, user="root", token=token)
@@ -668,6 +669,9 @@ async def test_rest_backend_on_26_05_reads_drains_and_resumes_with_jwt(
         assert (ping.up, ping.version, rest.version) == (True, ping.version, "v0.0.45")
         assert str(ping.version).startswith("26.05.")
         assert [j.job_id for j in await rest.jobs_on_node(NODES[0])] == [jid]
+        # the GPUs the job holds there: gres_detail (REST), scontrol show job -d (CLI)
+        gpus = [j.gpus for j in await rest.jobs_on_node(NODES[0], gpus=True)]
+        assert gpus == [j.gpus for j in await cli.jobs_on_node(NODES[0], gpus=True)] == [[0, 1]]
         assert (await rest.get_job(jid)).state == "RUNNING"
         await rest.drain(NODES[1], "gpuheal: nrem-r26")
         for name in NODES:

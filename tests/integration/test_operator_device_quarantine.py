@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import re
 import threading
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, HTTPServer
@@ -26,10 +27,13 @@ from gpuheal.cli.simulate import simulate_xid
 from gpuheal.xid.identity import GPU_REPORT_ANNOTATION, format_gpu_report
 from gpuheal_dev.sandbox import Sandbox
 from gpuheal_dev.sandbox.dra import gpu_claim, publish_gpu_slices, withdraw_gpu_slices
+from gpuheal_dev.sandbox.slurm import SlurmCluster
+from tests.fixtures.slurm import on_every_release
 from tests.integration.operator_harness import (
     SANDBOX_GPUS,
     Objects,
     OperatorProcess,
+    Xid79Scene,
     agent_reports_gpus,
     completed,
     condition,
@@ -283,4 +287,81 @@ def test_no_verified_reset_no_release_the_rule_stays_and_the_incident_says_so(
     finally:
         for r in _rules(custom, name) if name else []:  # the rule gpuheal leaves for a person
             custom.delete_cluster_custom_object(*RESOURCE, r["metadata"]["name"])
+        withdraw_gpu_slices(api, [node])
+
+
+def _show(cluster: SlurmCluster, job: str) -> str:
+    return cluster.run("scontrol", "show", "job", "-d", job).stdout
+
+
+def _gres(cluster: SlurmCluster, job: str) -> str | None:
+    """The job's GRES indexes as Slurm prints them (``IDX:0-3``), None while it holds none."""
+    m = re.search(r"GRES=gpu:\d+\(IDX:([^)]*)\)", _show(cluster, job))
+    return m.group(1) if m else None
+
+
+@on_every_release
+def test_xid94_on_one_gpu_requeues_only_the_slurm_job_holding_its_index(
+    xid79_scene: Callable[..., Xid79Scene], sandbox: Sandbox
+) -> None:
+    """Slurm (real, 26.05 and 22.05; gres.conf with one File= per GPU; the bridge's CLI
+    backend) runs two jobs of four GPUs on the node: IDX 0-3 and 4-7. XID 94 on gpu-3: the
+    DRA device is tainted, the job holding GRES index 3 is requeued (off the node), the
+    other keeps running where it is, and the Slurm node is neither drained nor changed,
+    which is what the README documents: Slurm cannot take one index out, and hands index 3
+    to the next job that asks for it."""
+    rule = {
+        "name": "ecc",
+        "signals": {"xids": [94]},
+        "ladder": [{"name": "gpu", "steps": [{"action": "quarantineDevice"}]}],
+    }
+    scene = xid79_scene(work=1, spares=0, slurm=True, rules=[rule])
+    node, objects, cluster = scene.broken, scene.objects, scene.cluster
+    assert cluster is not None
+    api = sandbox.api_client()
+    publish_gpu_slices(api, [node], SANDBOX_GPUS)
+    try:
+        sbatch = ("sbatch", "--parsable", "--requeue", "-o", "/dev/null", "--gres=gpu:4")
+        low = cluster.run(*sbatch, "-w", node, "--wrap", "sleep 600").stdout.strip()
+        wait_for(lambda: _gres(cluster, low), f"job {low} running with its GPUs")
+        high = cluster.run(*sbatch, "-w", node, "--wrap", "sleep 600").stdout.strip()
+        wait_for(lambda: _gres(cluster, high), f"job {high} running with its GPUs")
+        assert (_gres(cluster, low), _gres(cluster, high)) == ("0-3", "4-7")
+
+        scene.start()
+        simulate_xid(scene.core, node, 94, pci=BAD_PCI)  # gpu-3: GRES index 3
+        nrem = wait_for(
+            lambda: condition(o := objects.incident(node), "DeviceQuarantined") and o,
+            "DeviceQuarantined",
+        )
+        said = condition(nrem, "DeviceQuarantined") or {}
+        assert (said["status"], said["reason"]) == ("True", "DeviceTainted"), dump(nrem["status"])
+        held = nrem["status"]["quarantinedDevice"]
+        assert (held["device"], held["slurmGpuIndex"]) == ("gpu-3", 3), dump(held)
+        assert held["requeuedJobs"] == [low], dump(held)
+        assert f"job(s) {low} holding GRES index 3 requeued" in held["slurm"], held["slurm"]
+        assert "1 other job(s) keep running" in held["slurm"], held["slurm"]
+
+        # The job on GPUs 0-3 left the node (excluded: it would get index 3 again there).
+        moved = wait_for(
+            lambda: "JobState=PENDING" in (shown := _show(cluster, low)) and shown,
+            f"job {low} requeued",
+        )
+        assert "Restarts=1" in moved, moved
+        assert re.search(rf"\bExcNodeList={node}\b", moved), moved
+        # The job on GPUs 4-7 runs on, untouched.
+        kept = _show(cluster, high)
+        assert "JobState=RUNNING" in kept, kept
+        assert "Restarts=0" in kept, kept
+        assert _gres(cluster, high) == "4-7"
+        # The Slurm node stays in service, as documented, and Slurm still gives out index 3.
+        slurm_node = cluster.run("scontrol", "show", "node", node, "-o").stdout
+        assert "DRAIN" not in slurm_node, slurm_node
+        assert "Gres=gpu:8" in slurm_node, slurm_node
+        late = cluster.run(*sbatch, "-w", node, "--wrap", "sleep 600").stdout.strip()
+        wait_for(lambda: _gres(cluster, late), f"job {late} running with its GPUs")
+        assert _gres(cluster, late) == "0-3", "Slurm hands out the bad GPU's index again"
+        spec = objects.node(node).spec
+        assert spec is None or not spec.unschedulable, "the Kubernetes node stays in service"
+    finally:
         withdraw_gpu_slices(api, [node])

@@ -196,9 +196,13 @@ class BridgeSlurm:
             ),
         )
 
-    async def jobs(self, node: str, *, ended_since: dt.datetime | None = None) -> JobsResponse:
-        """The node's unfinished jobs and those that ended there since ``ended_since``."""
-        return await self._guard("jobs", self.client.node_jobs(node, ended_since=ended_since))
+    async def jobs(
+        self, node: str, *, ended_since: dt.datetime | None = None, gpus: bool = False
+    ) -> JobsResponse:
+        """The node's unfinished jobs and those that ended there since ``ended_since``; with
+        ``gpus`` the GPU indexes each holds there."""
+        listing = self.client.node_jobs(node, ended_since=ended_since, gpus=gpus)
+        return await self._guard("jobs", listing)
 
     async def requeue_job(
         self, job_id: int, options: RequeueOptions, *, from_node: str, idempotency_key: str

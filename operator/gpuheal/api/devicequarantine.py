@@ -9,9 +9,18 @@ from __future__ import annotations
 import datetime as dt
 import enum
 
-from pydantic import Field
+from pydantic import ConfigDict, Field, model_validator
 
-from gpuheal.api.meta import DNS_SUBDOMAIN_PATTERN, MAX_MESSAGE, MAX_NAME, Model
+from gpuheal.api.meta import (
+    DNS_SUBDOMAIN_PATTERN,
+    MAX_MESSAGE,
+    MAX_NAME,
+    Duration,
+    DurationRange,
+    Model,
+    cel,
+)
+from gpuheal_bridge.api.names import CATCHABLE_SIGNALS
 
 NVIDIA_DRA_DRIVER = "gpu.nvidia.com"
 """The driver name of NVIDIA's DRA driver (k8s-dra-driver-gpu), its ResourceSlices' spec.driver."""
@@ -23,6 +32,46 @@ DEVICE_TAINT_KEY = "gpuheal.io/xid"
 class DeviceTaintEffect(enum.StrEnum):
     NO_EXECUTE = "NoExecute"  # kube-controller-manager evicts the pods whose claims hold it
     NO_SCHEDULE = "NoSchedule"  # no new claim gets it; running pods keep it
+
+
+_GRACE = DurationRange("gracePeriod", "10m", "the Slurm bridge waits at most 10 minutes")
+
+
+class DeviceSlurmJobs(Model):
+    """The Slurm jobs that hold the GPU (its GRES index on the node) are requeued through the
+    bridge, the node's other jobs keep running, and the Slurm node stays in service: Slurm
+    cannot take one GRES index out of a running node (`scontrol update gres=gpu:7` is
+    refused with File= GPUs, and a count names no index), so a site that wants no new job
+    on the node's GPUs adds a slurmDrain step (requeue none) to the rung."""
+
+    model_config = ConfigDict(json_schema_extra=cel(_GRACE.cel()))
+
+    requeue: bool = Field(
+        default=True,
+        description="Requeue the running jobs whose GRES indexes on the node include the "
+        "GPU's (the N of its DRA device gpu-N); false: leave Slurm alone.",
+    )
+    checkpoint_signal: str | None = Field(
+        default=None,
+        max_length=16,
+        pattern=f"^(SIG)?({'|'.join(CATCHABLE_SIGNALS)})$",
+        description="Signal sent to those jobs before the requeue so they can checkpoint "
+        "(e.g. USR1); none when omitted.",
+    )
+    grace_period: Duration = Field(
+        default="60s", description="How long to wait after the checkpoint signal (at most 10m)."
+    )
+    exclude_node: bool = Field(
+        default=True,
+        description="Keep the requeued job off the node (ExcNodeList). Slurm still hands out "
+        "the bad GPU's index (it gives the lowest free ones first), so a job back on the "
+        "node would likely get the same GPU; false lets it return to the node.",
+    )
+
+    @model_validator(mode="after")
+    def _mirror_cel(self) -> DeviceSlurmJobs:
+        _GRACE.check(self.grace_period)
+        return self
 
 
 class QuarantineDeviceOptions(Model):
@@ -43,6 +92,15 @@ class QuarantineDeviceOptions(Model):
         description="The DRA driver whose ResourceSlice lists the node's GPUs (its devices' "
         "pcieBusID and uuid attributes name them).",
     )
+    slurm: DeviceSlurmJobs | None = Field(
+        default=None,
+        description="Where the node is a Slurm node (a bridge configured): the jobs holding "
+        "the GPU are requeued, the others keep running (requeue, no checkpoint signal, node "
+        "excluded for the requeued job, when omitted).",
+    )
+
+    def slurm_options(self) -> DeviceSlurmJobs:
+        return self.slurm or DeviceSlurmJobs()
 
 
 class QuarantinedDevice(Model):
@@ -65,3 +123,16 @@ class QuarantinedDevice(Model):
         default=None, description="When gpuheal deleted the rule after a verified reset."
     )
     message: str = Field(default="", max_length=MAX_MESSAGE, description="What was seen last.")
+    slurm_gpu_index: int | None = Field(
+        default=None, ge=0, description="The GPU's Slurm GRES index on the node (gpu-N: N)."
+    )
+    requeued_jobs: list[str] = Field(
+        default_factory=list,
+        max_length=256,
+        description="The Slurm jobs that held the GPU, requeued by gpuheal.",
+    )
+    slurm: str | None = Field(
+        default=None,
+        max_length=MAX_MESSAGE,
+        description="What Slurm was told (absent: not asked yet).",
+    )

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -30,6 +31,7 @@ from gpuheal.api.devicequarantine import DEVICE_TAINT_KEY, DeviceTaintEffect, Qu
 from gpuheal.api.names import GROUP
 from gpuheal.api.noderemediation import RepairRecord
 from gpuheal.xid.parse import normalize_pci
+from gpuheal_bridge.api.models import JobState
 
 RULE_API_VERSION = "resource.k8s.io/v1beta2"
 MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
@@ -177,3 +179,41 @@ def may_release(quarantined: QuarantinedDevice, repair: RepairRecord | None) -> 
     ):
         return False, f"the verified reset did not cover GPU {gpu}: it stays quarantined"
     return True, f"GPU {gpu} reset and verified at {repair.verified_at.isoformat()}"
+
+
+_DEVICE_INDEX = re.compile(r"^gpu-(\d+)$")
+
+
+def gpu_index(device: str) -> int | None:
+    """The Slurm GRES index of a DRA device: NVIDIA's driver names a GPU `gpu-<minor>`, and a
+    gres.conf of `File=/dev/nvidia[0-7]` gives index i to /dev/nvidia<i>, the same minor.
+    None for any other name (no index can be assumed)."""
+    m = _DEVICE_INDEX.match(device)
+    return int(m.group(1)) if m else None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class JobsOnGpu:
+    """The node's running Slurm jobs by whether they hold the GPU's index."""
+
+    holding: list[int]  # hold the index: requeued
+    others: list[int]  # hold other GPUs (or none): left running
+    unknown: list[int]  # Slurm gave no index (or an old bridge): left running, named
+
+
+def jobs_on_gpu(jobs: Iterable[JobState], index: int) -> JobsOnGpu:
+    """Split the node's listed jobs (the bridge's listing with `gpus`) by GRES index; jobs
+    that are not running (pending, completing) hold nothing to move."""
+    holding: list[int] = []
+    others: list[int] = []
+    unknown: list[int] = []
+    for job in jobs:
+        if job.state != "RUNNING":
+            continue
+        if job.gpus is None:
+            unknown.append(job.job_id)
+        elif index in job.gpus:
+            holding.append(job.job_id)
+        else:
+            others.append(job.job_id)
+    return JobsOnGpu(sorted(holding), sorted(others), sorted(unknown))

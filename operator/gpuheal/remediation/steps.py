@@ -32,6 +32,7 @@ from gpuheal.adapters.slurm import (
 )
 from gpuheal.api.devicequarantine import (
     DEVICE_TAINT_KEY,
+    DeviceSlurmJobs,
     QuarantinedDevice,
     QuarantineDeviceOptions,
 )
@@ -92,6 +93,7 @@ from gpuheal.xid.identity import (
     parse_gpu_report,
 )
 from gpuheal_bridge.api.models import (
+    CheckpointSignal,
     DrainOutcome,
     DrainResponse,
     JobSignalOutcome,
@@ -99,6 +101,7 @@ from gpuheal_bridge.api.models import (
     RequeueOptions,
     ResumeOutcome,
 )
+from gpuheal_bridge.api.models import JobOutcome as BridgeOutcome
 
 log = logging.getLogger("gpuheal.adapters.steps")
 
@@ -1278,6 +1281,9 @@ async def retire(kube: Kube, node: str, incident: str, why: str) -> StepResult:
 
 
 # ---- one GPU out: a DRA DeviceTaintRule ------------------------------------------------------
+SlurmFor = Callable[[], "BridgeSlurm | None"]
+
+
 async def quarantine_device(  # noqa: PLR0911 - one exit per outcome
     kube: Kube,
     nrem: NodeRemediation,
@@ -1285,19 +1291,24 @@ async def quarantine_device(  # noqa: PLR0911 - one exit per outcome
     *,
     xid: int | None,
     now: dt.datetime,
+    slurm_for: SlurmFor | None = None,
+    attempt: int = 0,
 ) -> StepResult:
     """Taint the one GPU the fault names (`policy.devicequarantine.find_device`) through one
     DeviceTaintRule named after the incident and the device; the node stays schedulable and
-    its other GPUs in service. Idempotent: the rule's name is fixed, a retry finds its own
-    rule (409) and records it. Skipped, saying why, where the cluster has no DRA slice for
-    the node, the signal names no GPU, or DeviceTaintRules are not served."""
+    its other GPUs in service. Then, on a Slurm node, requeue the jobs holding that GPU
+    (`requeue_gpu_jobs`). Idempotent: the rule's name is fixed, a retry finds its own rule
+    (409) and records it; Slurm is asked until the record says it was (``slurm``). Skipped,
+    saying why, where the cluster has no DRA slice for the node, the signal names no GPU, or
+    DeviceTaintRules are not served."""
     cond = C.DEVICE_QUARANTINED
     node, name = nrem.spec.node_name, nrem.metadata.name
     held = nrem.status.quarantined_device
     if held is not None and held.released_at is None:
-        return StepResult.done(
-            cond, "DeviceTainted", f"{held.device} already quarantined by {held.rule}"
-        )
+        said = f"{held.device} already quarantined by {held.rule}"
+        if held.slurm is not None:
+            return StepResult.done(cond, "DeviceTainted", f"{said}; Slurm: {held.slurm}")
+        return await _tell_slurm(slurm_for, nrem, held, opts.slurm_options(), said, attempt)
     signal = next((s for s in reversed(nrem.spec.signals) if s.pci_bus_id or s.gpu_uuid), None)
     slices = await kube.resource_slices(node)
     if slices is None:
@@ -1343,13 +1354,120 @@ async def quarantine_device(  # noqa: PLR0911 - one exit per outcome
         tainted_at=now,
         message=f"tainted {DEVICE_TAINT_KEY}:{opts.effect.value}",
     )
-    return StepResult.done(
-        cond,
-        "DeviceTainted",
+    said = (
         f"{found.describe()} tainted {DEVICE_TAINT_KEY}={xid}:{opts.effect.value} by "
-        f"DeviceTaintRule {rule}; {node} and its other GPUs stay in service",
-        quarantinedDevice=record.to_k8s(),
+        f"DeviceTaintRule {rule}; {node} and its other GPUs stay in service"
     )
+    return await _tell_slurm(slurm_for, nrem, record, opts.slurm_options(), said, attempt)
+
+
+async def _tell_slurm(  # noqa: PLR0917
+    slurm_for: SlurmFor | None,
+    nrem: NodeRemediation,
+    record: QuarantinedDevice,
+    opts: DeviceSlurmJobs,
+    said: str,
+    attempt: int,
+) -> StepResult:
+    """The DeviceQuarantined result once the rule is written: done with what Slurm was
+    told in the record, or wait (the record kept) while the bridge cannot answer."""
+    cond = C.DEVICE_QUARANTINED
+    try:
+        slurm = slurm_for() if slurm_for is not None else None
+    except UnknownCluster as exc:
+        return StepResult.wait(cond, "SlurmClusterUnknown", str(exc), _bridge_delay(attempt))
+    told = await requeue_gpu_jobs(slurm, nrem.spec.node_name, nrem.metadata.name, record, opts)
+    if isinstance(told, StepResult):
+        return told
+    return StepResult.done(
+        cond, "DeviceTainted", f"{said}; Slurm: {told.slurm}", quarantinedDevice=told.to_k8s()
+    )
+
+
+def _device_requeue_options(opts: DeviceSlurmJobs) -> RequeueOptions:
+    checkpoint = None
+    if opts.checkpoint_signal:
+        grace = min(600.0, parse_duration(opts.grace_period).total_seconds())
+        checkpoint = CheckpointSignal(signal=opts.checkpoint_signal, grace_seconds=grace)
+    return RequeueOptions(
+        checkpoint=checkpoint,
+        exclude_node=opts.exclude_node,
+        # a job pinned to the node (-w) and excluded from it would wait forever
+        release_node=opts.exclude_node,
+        expedite=True,
+        requeue_ended=True,  # one that ends in the checkpoint grace was stopped by it
+    )
+
+
+async def requeue_gpu_jobs(  # noqa: PLR0911, PLR0912 - one exit per outcome
+    slurm: BridgeSlurm | None,
+    node: str,
+    incident: str,
+    record: QuarantinedDevice,
+    opts: DeviceSlurmJobs,
+) -> QuarantinedDevice | StepResult:
+    """Requeue the node's running Slurm jobs whose GRES indexes include the GPU's (gpu-N: N,
+    `policy.devicequarantine.jobs_on_gpu`), each through the bridge's requeue with the key
+    ``<incident>-gpu-requeue-<job>``; the node's other jobs keep running and the Slurm node
+    stays in service (see `DeviceSlurmJobs`). The record comes back with what Slurm was told
+    (``slurm``, set once: the step does not ask again), or a wait/failed result."""
+    cond = C.DEVICE_QUARANTINED
+
+    def told(what: str, **more: Any) -> QuarantinedDevice:
+        return record.model_copy(update={"slurm": what[:1024], **more})
+
+    if not opts.requeue:
+        return told("not asked (slurm.requeue false)")
+    if slurm is None:
+        return told("not asked: no Slurm bridge configured (--bridge-url)")
+    index = dq.gpu_index(record.device)
+    if index is None:
+        return told(f"no job requeued: device {record.device} gives no GRES index (gpu-N)")
+    try:
+        jobs = (await slurm.jobs(node, gpus=True)).jobs
+    except SlurmNotFound:
+        return told(f"not asked: Slurm does not know {node}")
+    except SlurmUnavailable as exc:
+        return StepResult.wait(
+            cond, "BridgeUnavailable", str(exc), _bridge_delay(0, exc.retry_after)
+        )
+    except SlurmError as exc:
+        return StepResult.failed(cond, "BridgeError", str(exc))
+    split = dq.jobs_on_gpu(jobs, index)
+    base = _device_requeue_options(opts)
+    requeued: list[str] = []
+    left: list[str] = []
+    for job_id in split.holding:
+        try:
+            answer = await slurm.requeue_job(
+                job_id, base, from_node=node, idempotency_key=f"{incident}-gpu-requeue-{job_id}"
+            )
+        except SlurmNotFound:
+            left.append(f"{job_id} (gone)")
+            continue
+        except SlurmUnavailable as exc:
+            delay = _bridge_delay(0, exc.retry_after)
+            return StepResult.wait(cond, "BridgeUnavailable", f"job {job_id}: {exc}", delay)
+        except SlurmError as exc:
+            return StepResult.failed(cond, "BridgeError", f"job {job_id}: {exc}")
+        if answer.outcome in (BridgeOutcome.REQUEUED, BridgeOutcome.REQUEUED_BY_JOB):
+            requeued.append(str(job_id))
+        else:
+            left.append(f"{job_id} ({answer.outcome.value})")
+    parts = [
+        f"job(s) {', '.join(requeued)} holding GRES index {index} requeued"
+        if requeued
+        else f"no running job holds GRES index {index}"
+    ]
+    if left:
+        parts.append(f"not requeued: {', '.join(left)}")
+    if split.others:
+        parts.append(f"{len(split.others)} other job(s) keep running")
+    if split.unknown:
+        ids = ", ".join(str(j) for j in split.unknown)
+        parts.append(f"job(s) {ids} left running: Slurm gave no GRES index for them")
+    parts.append(f"the Slurm node stays in service (Slurm still schedules index {index})")
+    return told("; ".join(parts), slurm_gpu_index=index, requeued_jobs=requeued)
 
 
 async def release_device(
@@ -1428,7 +1546,13 @@ async def execute(  # noqa: PLR0911, PLR0912 - one branch per action
         return await _checkpoint_step(ports, slurm, nrem, rec, step, attempt=attempt)
     if action is Action.QUARANTINE_DEVICE:
         return await quarantine_device(
-            kube, nrem, step.quarantine_device_options(), xid=xid, now=now
+            kube,
+            nrem,
+            step.quarantine_device_options(),
+            xid=xid,
+            now=now,
+            slurm_for=partial(ports.slurm_for, cluster, node),
+            attempt=attempt,
         )
     if action is Action.DRAIN:
         result, counts = await drain_pods(

@@ -138,6 +138,13 @@ class JobState(_Model):
     exit_signal: int | None = Field(
         default=None, description="Signal that killed the batch script, when one did."
     )
+    gpus: list[int] | None = Field(
+        default=None,
+        description="The GPUs the job holds on the node listed (GET /v1/nodes/{node}/jobs): "
+        "their Slurm GRES indexes (IDX of `scontrol show job -d`, slurmrestd's gres_detail; "
+        "with gres.conf File=/dev/nvidia[0-7] the index is the GPU's minor number), [] for "
+        "none. None where not read (other listings) or where Slurm gave no index.",
+    )
 
 
 class SignalTarget(StrEnum):

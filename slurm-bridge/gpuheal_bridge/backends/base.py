@@ -125,8 +125,9 @@ class Backend(Protocol):
         """Raise NotFound for an unknown node."""
         ...
 
-    async def jobs_on_node(self, node: str) -> list[JobState]:
-        """Jobs allocated on ``node`` that are not finished (RUNNING, SUSPENDED, COMPLETING...)."""
+    async def jobs_on_node(self, node: str, *, gpus: bool = False) -> list[JobState]:
+        """Jobs allocated on ``node`` that are not finished (RUNNING, SUSPENDED, COMPLETING...);
+        with ``gpus``, each with the GPU indexes it holds there (``JobState.gpus``)."""
         ...
 
     async def ended_jobs_on_node(self, node: str, since: dt.datetime) -> list[JobState]:

@@ -40,6 +40,7 @@ from gpuheal_bridge.backends.parse import (
     jobs_on,
     parse_excluded_lines,
     parse_exit_code,
+    parse_job_gpus,
     parse_job_lines,
     parse_node_lines,
     parse_probe_line,
@@ -192,8 +193,21 @@ class CliBackend:
         except ValueError as exc:
             raise Unavailable(f"squeue gave unexpected output: {exc}") from exc
 
-    async def jobs_on_node(self, node: str) -> list[JobState]:
-        return jobs_on(await self._jobs("-w", node), node)
+    async def jobs_on_node(self, node: str, *, gpus: bool = False) -> list[JobState]:
+        """With ``gpus``: one ``scontrol show job -d ID`` per job (squeue 22.05 has no field
+        with the GRES indexes); a job that ended meanwhile keeps ``gpus`` None."""
+        jobs = jobs_on(await self._jobs("-w", node), node)
+        if not gpus:
+            return jobs
+        shown = await asyncio.gather(
+            *(self.run("scontrol", "show", "job", "-d", str(j.job_id)) for j in jobs)
+        )
+        return [
+            job.model_copy(update={"gpus": parse_job_gpus(result.stdout, node)})
+            if result.returncode == 0
+            else job
+            for job, result in zip(jobs, shown, strict=True)
+        ]
 
     async def ended_jobs_on_node(self, node: str, since: dt.datetime) -> list[JobState]:
         """``squeue -t all -w NODE`` lists the jobs that ended there too (while slurmctld

@@ -206,9 +206,14 @@ def job_from_json(item: Mapping[str, Any]) -> JobState:
     )
 
 
-def parse_jobs_json(doc: Mapping[str, Any]) -> list[JobState]:
+def parse_jobs_json(doc: Mapping[str, Any], gpus_on: str | None = None) -> list[JobState]:
+    """The jobs of ``squeue --json`` / slurmrestd; with ``gpus_on`` each with the GPUs it
+    holds on that node (`with_gpus_from_json`)."""
     _check_errors(doc, "squeue --json")
-    return [job_from_json(j) for j in doc.get("jobs") or []]
+    items = doc.get("jobs") or []
+    if gpus_on is None:
+        return [job_from_json(j) for j in items]
+    return [with_gpus_from_json(j, job_from_json(j), gpus_on) for j in items]
 
 
 def _none(text: str) -> str | None:
@@ -286,6 +291,89 @@ def parse_exit_code(show_job: str) -> tuple[int | None, int | None]:
         return None, None
     status, signal = int(m.group(1)), int(m.group(2))
     return (None, signal) if signal else (status, None)
+
+
+def _gres_entries(detail: str) -> list[str]:
+    """``gpu:a100:1(IDX:0,2),gpu:h100:1(IDX:5)`` -> its entries (commas inside the
+    parentheses belong to the index list)."""
+    entries: list[str] = []
+    current: list[str] = []
+    depth = 0
+    for ch in detail:
+        depth += {"(": 1, ")": -1}.get(ch, 0)
+        if ch == "," and depth == 0:
+            entries.append("".join(current))
+            current = []
+        else:
+            current.append(ch)
+    entries.append("".join(current))
+    return [e for e in entries if e]
+
+
+_GPU_ENTRY = re.compile(r"^gpu(?::[^:()]+)?(?::\d+)?\(IDX:([^)]*)\)$")
+_INDEX_RANGE = re.compile(r"^(\d+)(?:-(\d+))?$")
+
+
+def gpu_indexes(detail: str) -> list[int] | None:
+    """One node's GRES allocation of a job (``gpu:4(IDX:0-3)``, ``gpu:a100:2(IDX:0,2)``,
+    several types joined by commas, ``""`` for none; the GRES= of ``scontrol show job -d``,
+    an item of slurmrestd's ``gres_detail``) -> the GPU indexes, sorted; [] when it holds no
+    GPU; None when a GPU entry carries no index (``IDX:N/A``, an unknown shape)."""
+    held: set[int] = set()
+    for entry in _gres_entries(detail.strip()):
+        if not (entry == "gpu" or entry.startswith(("gpu:", "gpu("))):
+            continue  # another GRES (shard, mps, nic): not a GPU
+        m = _GPU_ENTRY.match(entry)
+        if m is None:
+            return None
+        for part in m.group(1).split(","):
+            r = _INDEX_RANGE.match(part)
+            if r is None:
+                return None
+            lo = int(r.group(1))
+            held.update(range(lo, int(r.group(2) or lo) + 1))
+    return sorted(held)
+
+
+#: A node's line of ``scontrol show job -d`` (not ``-o``): indented, on its own line, right
+#: after the ``JOB_GRES=`` line (Slurm 22.05 and 26.05 print the same).
+_JOB_GRES_LINE = re.compile(r"^\s+JOB_GRES=")
+_NODE_DETAIL_LINE = re.compile(r"^\s+Nodes=(\S+) CPU_IDs=\S+ Mem=\S+ GRES=(\S*)\s*$")
+
+
+def parse_job_gpus(show_job: str, node: str) -> list[int] | None:
+    """``scontrol show job -d ID`` -> the GPU indexes the job holds on ``node`` (see
+    `gpu_indexes`); None when the output has no line for the node.
+
+    The multi-line form, not ``-o``: there the job's free text (name, comment, command)
+    shares the line with the node details. Only the indented lines that follow the first
+    ``JOB_GRES=`` line are read; a job whose name forged such lines could only misreport
+    its own GPUs, since each job's detail is read from its own output."""
+    lines = show_job.splitlines()
+    start = next((i for i, line in enumerate(lines) if _JOB_GRES_LINE.match(line)), None)
+    if start is None:
+        return None
+    for line in lines[start + 1 :]:
+        m = _NODE_DETAIL_LINE.match(line)
+        if m is None:
+            break
+        if node in expand(m.group(1)):
+            return gpu_indexes(m.group(2))
+    return None
+
+
+def with_gpus_from_json(item: Mapping[str, Any], job: JobState, node: str) -> JobState:
+    """``job`` with ``gpus`` on ``node`` from slurmrestd's ``gres_detail`` (one item per node
+    of the allocation, in the order of its node list; v0.0.38 to v0.0.45 alike)."""
+    detail = item.get("gres_detail")
+    if not isinstance(detail, list) or node not in job.nodes:
+        return job
+    if not detail:
+        return job.model_copy(update={"gpus": []})
+    at = job.nodes.index(node)
+    if len(detail) != len(job.nodes) or not isinstance(detail[at], str):
+        return job
+    return job.model_copy(update={"gpus": gpu_indexes(detail[at])})
 
 
 #: States in which a job still holds (or is releasing) its nodes.

@@ -226,12 +226,13 @@ class RestBackend:
             raise NotFound(f"Node {node} not found")
         return nodes[0]
 
-    async def _jobs(self, path: str) -> list[JobState]:
+    async def _jobs(self, path: str, gpus_on: str | None = None) -> list[JobState]:
         api = await self._api()
-        return parse_jobs_json(await self._get_json(f"/slurm/{api}{path}"))
+        return parse_jobs_json(await self._get_json(f"/slurm/{api}{path}"), gpus_on)
 
-    async def jobs_on_node(self, node: str) -> list[JobState]:
-        return jobs_on(await self._jobs("/jobs"), node)
+    async def jobs_on_node(self, node: str, *, gpus: bool = False) -> list[JobState]:
+        """The GPUs come with the listing (gres_detail): read whether asked or not."""
+        return jobs_on(await self._jobs("/jobs", gpus_on=node), node)
 
     async def ended_jobs_on_node(self, node: str, since: dt.datetime) -> list[JobState]:
         return ended_on(await self._jobs("/jobs"), node, since)

@@ -124,7 +124,7 @@ class FakeSlurm:
             raise NotFound(f"Node {node} not found")
         return self.nodes[node]
 
-    async def jobs_on_node(self, node: str) -> list[JobState]:
+    async def jobs_on_node(self, node: str, *, gpus: bool = False) -> list[JobState]:
         self._check("jobs_on_node", node)
         return [
             j.view()

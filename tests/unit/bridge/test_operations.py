@@ -427,12 +427,12 @@ async def test_the_job_listing_asks_slurm_once_per_kind_all_at_once(slurm: FakeS
     everyone = asyncio.Event()
 
     def together(name: str, read: Any) -> Any:
-        async def call(*args: Any) -> Any:
+        async def call(*args: Any, **kwargs: Any) -> Any:
             asked.append(name)
             if len(asked) == 3:
                 everyone.set()
             await everyone.wait()
-            return await read(*args)
+            return await read(*args, **kwargs)
 
         return call
 

@@ -53,12 +53,14 @@ async def get_node(node: NodeName, services: Svc) -> NodeState:
 
 @router.get("/{node}/jobs", response_model=JobsResponse)
 async def node_jobs(
-    node: NodeName, services: Svc, ended_since: dt.datetime | None = None
+    node: NodeName, services: Svc, ended_since: dt.datetime | None = None, gpus: bool = False
 ) -> JobsResponse:
     """Jobs allocated on the node that have not finished; with ``ended_since`` (ISO time
     or Unix seconds) also the jobs that ended there since then, each with ``ended`` (how)
-    and ``end_time``, as long as slurmctld remembers them (MinJobAge)."""
-    return await services.ops.jobs(node, services.mapper.to_slurm(node), ended_since)
+    and ``end_time``, as long as slurmctld remembers them (MinJobAge); with ``gpus=true``
+    each unfinished job's ``gpus``: the GRES indexes it holds on the node."""
+    slurm_name = services.mapper.to_slurm(node)
+    return await services.ops.jobs(node, slurm_name, ended_since, gpus=gpus)
 
 
 @router.post("/{node}/drain", response_model=DrainResponse)
