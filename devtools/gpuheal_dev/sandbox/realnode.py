@@ -52,7 +52,7 @@ from gpuheal_dev.sandbox._proc import (
 )
 from gpuheal_dev.sandbox.kube import ControlPlane, repo_root
 from gpuheal_dev.sandbox.localimage import PAUSE_IMAGE, pause_image
-from gpuheal_dev.sandbox.nodes import GPU_RESOURCE, gpu_node_manifest
+from gpuheal_dev.sandbox.nodes import GPU_RESOURCE, RACK_LABEL, gpu_node_manifest
 from gpuheal_dev.sandbox.process import SandboxError, spawn, wait_ready
 
 log = logging.getLogger("gpuheal_dev.sandbox")
@@ -65,6 +65,9 @@ TAG_ENV = "GPUHEAL_REALNODE"
 #: left out of the real node's labels: the kubelet sets the first three itself, and
 #: ``type=kwok`` is kwok's mark of its fake nodes
 _LABELS_NOT_PASSED = ("kubernetes.io/hostname", "kubernetes.io/os", "kubernetes.io/arch", "type")
+#: set once the node registered: the kubelet refuses to start with a --node-labels key in
+#: kubernetes.io outside its allowed set (`topology.kubernetes.io/rack` is not in it)
+_LABELS_SET_AFTER = (RACK_LABEL,)
 
 
 def kubelet_bin() -> Path:
@@ -345,6 +348,9 @@ class RealNode:
             self._start_podnet(control_plane)
             core = client.CoreV1Api(_api_client(control_plane.kubeconfig))
             self._wait_ready(core, timeout)
+            wanted = gpu_node_manifest(self.name, labels=dict(labels or {}))["metadata"]["labels"]
+            after = {k: v for k, v in wanted.items() if k in _LABELS_SET_AFTER}
+            core.patch_node(self.name, cast(client.V1Node, {"metadata": {"labels": after}}))
             # Advertise the GPUs as an extended resource (the documented way for resources
             # no device plugin reports): the kubelet keeps it on every status update.
             # (allocatable too: the kubelet derives it from capacity, but only at its next
@@ -425,7 +431,7 @@ class RealNode:
             for k, v in gpu_node_manifest(self.name, labels=dict(labels))["metadata"][
                 "labels"
             ].items()
-            if k not in _LABELS_NOT_PASSED
+            if k not in _LABELS_NOT_PASSED + _LABELS_SET_AFTER
         }
         proc = spawn(
             [
