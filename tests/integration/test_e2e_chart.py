@@ -274,6 +274,7 @@ def test_the_readme_install_runs_every_pod_ready_one_leader(
 AGENT_NS, JOBS_NS = f"{RELEASE}-agent", f"{RELEASE}-node-jobs"
 ELSEWHERE = "e2e-elsewhere"
 PSS = "pod-security.kubernetes.io/"
+READ_TOKEN = "e2e-read-token-" + "0123456789abcdef"
 
 
 def pod_token(sb: Sandbox, ns: str, pod: Any) -> str:
@@ -462,16 +463,29 @@ def test_the_bridge_pods_operator_token_cannot_lift_an_admin_drain_or_requeue_un
 ) -> None:
     """Through the bridge pod with the install's token (a bare token: every scope but admin):
     an admin's drain stays (409 plain, 403 forced or named as a reserve pool's), and a requeue
-    that names no `from_node` is refused while the job runs on."""
+    that names no `from_node` is refused while the job runs on. A second token, scoped `read`
+    (added with `helm upgrade --reuse-values`, as docs/slurm-bridge.md describes), may not
+    resume at all."""
     slurm, node = sb.slurm, "gpu-node-0"
     with evidence.kept("bridge-scopes"):
+        tokens = [{"name": "GPUHEAL_BRIDGE_TOKENS", "value": f"dashboard:{READ_TOKEN}:read"}]
+        got = subprocess.run(
+            ["helm", "upgrade", RELEASE, str(ROOT / "deploy" / "helm" / "gpuheal"), "-n", NS,
+             "--reuse-values", "--set-json", f"slurmBridge.extraEnv={json.dumps(tokens)}",
+             "--wait", "--timeout", "3m"],
+            env={**os.environ, **sb.env()}, capture_output=True, text=True, timeout=240,
+            check=False,
+        )  # fmt: skip
+        assert got.returncode == 0, got.stdout + got.stderr
         [bridge] = [p for p in pods(sb, NS, "app.kubernetes.io/component=slurm-bridge") if ready(p)]
         url = f"http://{bridge.status.pod_ip}:8787"
 
-        def post(path: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        def post(
+            path: str, body: dict[str, Any], token: str = BRIDGE_TOKEN
+        ) -> tuple[int, dict[str, Any]]:
             request = urllib.request.Request(
                 url + path, data=json.dumps(body).encode(), method="POST",
-                headers={"Authorization": f"Bearer {BRIDGE_TOKEN}",
+                headers={"Authorization": f"Bearer {token}",
                          "Content-Type": "application/json"},
             )  # fmt: skip
             try:
@@ -495,6 +509,9 @@ def test_the_bridge_pods_operator_token_cannot_lift_an_admin_drain_or_requeue_un
         slurm.run("scontrol", "update", f"NodeName={node}", "State=DRAIN", f"Reason={reason}")
         try:
             path = f"/v1/nodes/{node}/resume"
+            status, said = post(path, {}, token=READ_TOKEN)
+            assert status == 403, said
+            assert "'dashboard' lacks the scope resume" in said["message"], said
             status, said = post(path, {})
             assert status == 409, said  # not gpuheal's drain
             status, said = post(path, {"force": True})
