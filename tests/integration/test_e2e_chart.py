@@ -13,6 +13,7 @@ when a test fails; the failure message names it.
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
 import os
 import re
@@ -20,6 +21,7 @@ import shutil
 import subprocess
 import tempfile
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -27,9 +29,13 @@ from typing import Any
 
 import pytest
 import yaml
+from kubernetes import client
 
+from gpuheal.cli.simulate import kernel_line, xid_event
 from gpuheal_dev.sandbox import Sandbox, SandboxConfig
 from gpuheal_dev.sandbox.realnode import REAL_NODE_NAME
+from tests.integration.test_admission import _job as node_job
+from tests.integration.test_admission import _refusal as refusal
 from tests.integration.test_bridge_slurm import JOB
 
 # one worker for the real-node modules (--dist loadgroup), one after another: the host's kernel
@@ -260,6 +266,267 @@ def test_the_readme_install_runs_every_pod_ready_one_leader(
         assert caps["slurm_version"].startswith("26.05"), caps
         assert "requeue" in caps["capabilities"], caps
         assert "reboot" in caps["missing"], caps
+
+
+# --- least privilege with the real pods' identities (issue 23, docs/security.md) ----------------
+# The same restrictions as test_admission.py, test_signal_trust.py, test_bridge_scopes.py and
+# test_helm_namespaces_network.py, here against the chart as the README installs it, each
+# request made with the token the kubelet mounted in the real pod (read through kubectl exec).
+
+AGENT_NS, JOBS_NS = f"{RELEASE}-agent", f"{RELEASE}-node-jobs"
+ELSEWHERE = "e2e-elsewhere"
+PSS = "pod-security.kubernetes.io/"
+READ_TOKEN = "e2e-read-token-" + "0123456789abcdef"
+
+
+def pod_token(sb: Sandbox, ns: str, pod: Any) -> str:
+    """The ServiceAccount token the kubelet mounted in ``pod`` (bound to it, its node in it)."""
+    container = pod.spec.containers[0].name
+    path = "/var/run/secrets/kubernetes.io/serviceaccount/token"
+    read = "import sys; sys.stdout.write(open(sys.argv[1]).read())"  # the images have no cat
+    got = sb.kubectl("exec", "-n", ns, pod.metadata.name, "-c", container, "--",
+                     "python", "-c", read, path)  # fmt: skip
+    return got.stdout.strip()
+
+
+def as_token(sb: Sandbox, token: str) -> client.ApiClient:
+    conf = client.Configuration()
+    conf.host = sb.control_plane.server
+    conf.ssl_ca_cert = str(sb.control_plane.pki.ca.cert)
+    conf.api_key = {"authorization": f"Bearer {token}"}
+    return client.ApiClient(conf)
+
+
+def real_agent_pod(sb: Sandbox) -> Any:
+    agents = pods(sb, AGENT_NS, "app.kubernetes.io/component=agent")
+    [agent] = [p for p in agents if p.spec.node_name == REAL_NODE_NAME and ready(p)]
+    return agent
+
+
+def operator_metrics(sb: Sandbox) -> dict[str, float]:
+    """gpuheal_signals_total of the leader (the standby serves no metrics: it reads nothing)."""
+    leader = holder_pod(sb)
+    [p] = [p for p in pods(sb, NS, "app.kubernetes.io/component=operator")
+           if p.metadata.name == leader]  # fmt: skip
+    with urllib.request.urlopen(f"http://{p.status.pod_ip}:9090/metrics", timeout=10) as r:
+        text = r.read().decode()
+    found = re.finditer(r"^gpuheal_signals_total\{([^}]*)\} (\S+)$", text, re.M)
+    # keyed "result/source" (the exposition's label order is the client library's)
+    return {
+        "/".join(v for _, v in sorted(re.findall(r'(\w+)="([^"]*)"', m.group(1)))): float(
+            m.group(2)
+        )
+        for m in found
+    }
+
+
+def signals(metrics: dict[str, float], result: str) -> float:
+    return metrics.get(f"{result}/events", 0.0)
+
+
+def test_the_release_namespace_enforces_restricted_the_privileged_ones_are_labelled(
+    sb: Sandbox, release: str, evidence: Evidence
+) -> None:
+    """The README's block labels the release namespace `restricted` before the install: the
+    operator and bridge pods were admitted under it, and the running ones pass it (a server
+    dry run of the label names every pod that would not); the agent's and the node Jobs'
+    namespaces are the chart's, labelled `privileged`."""
+    with evidence.kept("pod-security"):
+        core = sb.core_v1()
+        labels = core.read_namespace(NS).metadata.labels or {}
+        assert labels.get(f"{PSS}enforce") == "restricted", labels
+        for component in ("operator", "slurm-bridge"):
+            assert pods(sb, NS, f"app.kubernetes.io/component={component}"), component
+        again = sb.kubectl("label", "namespace", NS, "--overwrite", "--dry-run=server",
+                           f"{PSS}enforce=restricted")  # fmt: skip
+        assert "violate" not in again.stderr, again.stderr
+        for ns in (AGENT_NS, JOBS_NS):
+            labels = core.read_namespace(ns).metadata.labels or {}
+            for mode in ("enforce", "warn", "audit"):
+                assert labels.get(f"{PSS}{mode}") == "privileged", (ns, labels)
+
+
+def test_the_real_agent_pods_token_writes_its_own_node_only(
+    sb: Sandbox, release: str, evidence: Evidence
+) -> None:
+    """The agent pod's own token (its node: the real one): its node's status, admitted; a kwok
+    node's status, or an Event about that node, refused by the chart's admission policies."""
+    other = "gpu-node-0"
+    with evidence.kept("agent-token"):
+        agent = client.CoreV1Api(as_token(sb, pod_token(sb, AGENT_NS, real_agent_pod(sb))))
+        node = sb.core_v1().read_node(REAL_NODE_NAME)
+        # harmless: what the agent wrote already (its condition, else its GPU map), again
+        own = [c for c in node.status.conditions or [] if c.type == "GpuXid"]
+        same: dict[str, Any] = (
+            {"status": {"conditions": [{"type": c.type, "status": c.status, "reason": c.reason,
+                                        "message": c.message} for c in own]}}
+            if own
+            else {"metadata": {"annotations": {
+                "gpuheal.io/gpus": (node.metadata.annotations or {})["gpuheal.io/gpus"]}}}
+        )  # fmt: skip
+        assert refusal(lambda: agent.patch_node_status(REAL_NODE_NAME, same)) is None
+        forged = {"status": {"conditions": [{
+            "type": "GpuXid", "status": "True", "reason": "Forged", "message": "forged",
+        }]}}  # fmt: skip
+        said = refusal(lambda: agent.patch_node_status(other, forged))
+        assert said is not None, f"the real agent's token patched {other}'s status"
+        assert "the node agent may patch the status of its own node only" in said, said
+        assert f"token bound to a pod on node {REAL_NODE_NAME}), node {other}" in said, said
+        conds = sb.core_v1().read_node_status(other).status.conditions or []
+        assert not [c for c in conds if c.type == "GpuXid"], conds
+        body = sb.core_v1().api_client.sanitize_for_serialization(sb.core_v1().read_node(other))
+        event = xid_event(body, kernel_line(79))
+        event["source"]["component"] = event["reportingComponent"] = "gpuheal-agent"
+        said = refusal(lambda: agent.create_namespaced_event("default", event))
+        assert said is not None, f"the real agent's token posted an Event about {other}"
+        assert f"token bound to a pod on node {REAL_NODE_NAME}" in said, said
+
+
+def test_the_real_operator_pods_token_creates_only_the_charts_node_jobs(
+    sb: Sandbox, release: str, evidence: Evidence
+) -> None:
+    """Server-side dry runs in the node-jobs namespace with the operator pod's own token: the
+    chart's node Job (its ConfigMap's template, made a Job by the operator's own function) is
+    admitted; the same Job mounting a Secret, or running another image, is refused."""
+    with evidence.kept("node-jobs"):
+        [op, *_] = [p for p in pods(sb, NS, "app.kubernetes.io/component=operator") if ready(p)]
+        batch = client.BatchV1Api(as_token(sb, pod_token(sb, NS, op)))
+        cm = sb.core_v1().read_namespaced_config_map("gpuheal-node-jobs", JOBS_NS)
+        check = yaml.safe_load(cm.data["gpu-check"])
+
+        def create(change: Callable[[dict[str, Any]], None] | None = None) -> str | None:
+            job = node_job(copy.deepcopy(check), "e2e-check", node=REAL_NODE_NAME)
+            if change is not None:
+                change(job["spec"]["template"]["spec"])
+            return refusal(lambda: batch.create_namespaced_job(JOBS_NS, job, dry_run="All"))
+
+        assert create() is None
+        secret = {"name": "loot", "secret": {"secretName": "gpuheal-bridge-token"}}
+        said = create(lambda pod: pod.setdefault("volumes", []).append(secret))
+        assert said is not None, "a node Job mounting a Secret was admitted"
+        assert "mounts volume(s) not allowed for node Jobs: loot" in said, said
+        said = create(lambda pod: pod["containers"][0].update(image="busybox:1.36"))
+        assert said is not None, "a node Job running another image was admitted"
+        assert "runs an image not allowed for node Jobs: busybox:1.36" in said, said
+
+
+def test_an_event_about_the_real_node_from_another_namespace_starts_nothing(
+    sb: Sandbox, release: str, evidence: Evidence
+) -> None:
+    """The agent pod's own token, allowed here to post Events in another namespace too, posts
+    there the XID 79 the real node's live policy acts on: nothing starts. Then a control Event
+    in `default` (the same XID from an untrusted reporter, so that it opens nothing either)
+    shows the operator read Events after it: it counts it and warns on the Node."""
+    core = sb.core_v1()
+    with evidence.kept("event-namespace"):
+        sb.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(E2E_OBJECTS))
+        agent_pod = real_agent_pod(sb)
+        account = agent_pod.spec.service_account_name
+        sb.kubectl("create", "namespace", ELSEWHERE)
+        try:
+            sb.kubectl("create", "role", "events", "-n", ELSEWHERE, "--verb=create",
+                       "--resource=events")  # fmt: skip
+            sb.kubectl("create", "rolebinding", "events", "-n", ELSEWHERE, "--role=events",
+                       f"--serviceaccount={AGENT_NS}:{account}")  # fmt: skip
+            agent = client.CoreV1Api(as_token(sb, pod_token(sb, AGENT_NS, agent_pod)))
+            node = core.api_client.sanitize_for_serialization(core.read_node(REAL_NODE_NAME))
+            before = operator_metrics(sb)
+            elsewhere = xid_event(node, kernel_line(79), namespace=ELSEWHERE)
+            elsewhere["involvedObject"]["namespace"] = ELSEWHERE
+            elsewhere["source"]["component"] = elsewhere["reportingComponent"] = "gpuheal-agent"
+            # admitted: the agent's own node, its reserved name, a namespace its RBAC allows
+            wait_for(lambda: agent.create_namespaced_event(ELSEWHERE, elsewhere),
+                     "the RoleBinding in force", timeout=30)  # fmt: skip
+            control = core.create_namespaced_event("default", xid_event(node, kernel_line(79)))
+            wait_for(
+                lambda: signals(operator_metrics(sb), "untrusted") > signals(before, "untrusted"),
+                "the operator counting the control Event",
+                timeout=60,
+            )
+
+            def warned() -> bool:
+                sel = f"involvedObject.name={REAL_NODE_NAME},reason=UntrustedSignal"
+                found = core.list_namespaced_event("default", field_selector=sel).items
+                return any(control.metadata.name in (e.message or "") for e in found)
+
+            wait_for(warned, "the UntrustedSignal Warning on the real node", timeout=30)
+            after = operator_metrics(sb)
+            for result in ("incident", "attached", "wrong_namespace", "wrong_uid"):
+                assert signals(after, result) == signals(before, result), (result, after)
+            assert nrems(sb, REAL_NODE_NAME) == []
+            assert not core.read_node(REAL_NODE_NAME).spec.unschedulable
+            core.delete_namespaced_event(control.metadata.name, "default")
+        finally:
+            sb.kubectl("delete", "namespace", ELSEWHERE, "--wait=false", check=False)
+
+
+def test_the_bridge_pods_operator_token_cannot_lift_an_admin_drain_or_requeue_unnamed(
+    sb: Sandbox, release: str, evidence: Evidence
+) -> None:
+    """Through the bridge pod with the install's token (a bare token: every scope but admin):
+    an admin's drain stays (409 plain, 403 forced or named as a reserve pool's), and a requeue
+    that names no `from_node` is refused while the job runs on. A second token, scoped `read`
+    (added with `helm upgrade --reuse-values`, as docs/slurm-bridge.md describes), may not
+    resume at all."""
+    slurm, node = sb.slurm, "gpu-node-0"
+    with evidence.kept("bridge-scopes"):
+        tokens = [{"name": "GPUHEAL_BRIDGE_TOKENS", "value": f"dashboard:{READ_TOKEN}:read"}]
+        got = subprocess.run(
+            ["helm", "upgrade", RELEASE, str(ROOT / "deploy" / "helm" / "gpuheal"), "-n", NS,
+             "--reuse-values", "--set-json", f"slurmBridge.extraEnv={json.dumps(tokens)}",
+             "--wait", "--timeout", "3m"],
+            env={**os.environ, **sb.env()}, capture_output=True, text=True, timeout=240,
+            check=False,
+        )  # fmt: skip
+        assert got.returncode == 0, got.stdout + got.stderr
+        [bridge] = [p for p in pods(sb, NS, "app.kubernetes.io/component=slurm-bridge") if ready(p)]
+        url = f"http://{bridge.status.pod_ip}:8787"
+
+        def post(
+            path: str, body: dict[str, Any], token: str = BRIDGE_TOKEN
+        ) -> tuple[int, dict[str, Any]]:
+            request = urllib.request.Request(
+                url + path, data=json.dumps(body).encode(), method="POST",
+                headers={"Authorization": f"Bearer {token}",
+                         "Content-Type": "application/json"},
+            )  # fmt: skip
+            try:
+                with urllib.request.urlopen(request, timeout=30) as resp:
+                    return resp.status, json.loads(resp.read())
+            except urllib.error.HTTPError as exc:
+                return exc.code, json.loads(exc.read())
+
+        jid = slurm.run("sbatch", "--parsable", "-o", "/dev/null", "-w", node,
+                        "--wrap", "sleep 300").stdout.strip().split(";")[0]  # fmt: skip
+        try:
+            wait_for(lambda: job_state(sb, jid)[0] == "RUNNING", f"job {jid} running")
+            status, said = post(f"/v1/jobs/{jid}/requeue", {})
+            assert status == 422, said
+            assert "from_node" in said["message"], said
+            assert job_state(sb, jid)[0] == "RUNNING"
+            assert "Restarts=0" in slurm.run("scontrol", "show", "job", jid).stdout
+        finally:
+            slurm.run("scancel", jid, check=False)
+        reason = "admin: fan swap"
+        slurm.run("scontrol", "update", f"NodeName={node}", "State=DRAIN", f"Reason={reason}")
+        try:
+            path = f"/v1/nodes/{node}/resume"
+            status, said = post(path, {}, token=READ_TOKEN)
+            assert status == 403, said
+            assert "'dashboard' lacks the scope resume" in said["message"], said
+            status, said = post(path, {})
+            assert status == 409, said  # not gpuheal's drain
+            status, said = post(path, {"force": True})
+            assert status == 403, said
+            assert "lacks the scope admin" in said["message"], said
+            status, said = post(path, {"reserve_reason": reason})
+            assert status == 403, said
+            assert f"'{reason}' is not one of the bridge's reserve pool reasons" in said["message"]
+            shown = slurm.run("scontrol", "show", "node", "-o", node).stdout
+            assert "DRAIN" in shown, shown
+            assert f"Reason={reason}" in shown, shown
+        finally:
+            slurm.run("scontrol", "update", f"NodeName={node}", "State=RESUME", check=False)
 
 
 def nrems(sb: Sandbox, node: str) -> list[dict[str, Any]]:
