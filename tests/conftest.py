@@ -15,10 +15,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     docker_dead = not missing and not _docker_engine_answers()
     if not missing and not docker_dead:
         return
+    # kind's podman provider was tried on these machines: a node image made here comes up, but
+    # the tests also need images only a registry has (README, Known gaps).
+    podman = "kind's podman provider lacks kindest/node and CoreDNS without a registry"
     why = (
-        f"kind tests need Docker and kind; not on PATH: {', '.join(missing)}"
+        f"kind tests need Docker and kind (not on PATH: {', '.join(missing)}); {podman}"
         if missing
-        else "kind tests need a running Docker engine; `docker info` failed"
+        else f"kind tests need a running Docker engine (`docker info` failed); {podman}"
     )
     for item in items:
         if "kind" in item.keywords:
