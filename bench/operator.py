@@ -974,6 +974,7 @@ def _xid_latency_on(
     from gpuheal_dev.sandbox.slurm import SlurmCluster
 
     access = KubeAccess.from_kubeconfig(Path(sb.kubeconfig))
+    hit = [node for _, nodes_, _ in phases for node in nodes_]  # faulted: the Slurm nodes
     catch_up: dict[str, float] = {}
     cluster: SlurmCluster | None = None
     op: Measured | None = None
@@ -1115,14 +1116,14 @@ def _xid_latency_on(
                         for c in (i.get("status") or {}).get("conditions") or []
                     )
                 ]
-                return items if len(done) >= len(faulted) else None
+                return items if len(done) >= len(hit) else None
 
             try:
                 items = wait_until(slurm_done, "SlurmDrained everywhere", CATCH_UP_S, every=1.0)
             except TimeoutError:
                 items = list_custom(http, "noderemediations")
             try:  # our watch sees the last SlurmDrained=True a moment after the listing does
-                wait_until(lambda: len(recorded) >= len(faulted), "watch caught up", 10, every=0.2)
+                wait_until(lambda: len(recorded) >= len(hit), "watch caught up", 10, every=0.2)
             except TimeoutError:
                 ctx.progress(f"SlurmDrained=True seen in the watch for {len(recorded)} nodes")
             churned = churn.sent
@@ -1130,7 +1131,7 @@ def _xid_latency_on(
         cpu1 = op.sample()["cpu_s"]
         load1 = loadavg()
         by_node = {i["spec"]["nodeName"]: i for i in items}
-        for node in faulted:
+        for node in hit:
             nrem = by_node.get(node) or {}
             status = nrem.get("status") or {}
             timeline = status.get("timeline") or []
@@ -1184,7 +1185,7 @@ def _xid_latency_on(
         "load_avg_after_faults": load1,
         "operator_cpu_s_during_faults": round(cpu1 - cpu0, 2),
         "api_requests_during_faults": d_api,
-        "api_requests_per_fault": round(sum(d_api.values()) / len(faulted), 2),
+        "api_requests_per_fault": round(sum(d_api.values()) / len(hit), 2),
         "slurm_nodes_with_gpuheal_reason": sum(1 for line in reasons if "gpuheal" in line),
     }
 
@@ -1221,6 +1222,16 @@ def xid_latency(ctx: Context) -> Result:
     names = _names(total_nodes)
     faulted = names[: n + iso]
     phases = [(ISOLATED, faulted[:iso], iso_spacing), (PACED, faulted[iso:], spacing)]
+    # GPUHEAL_BENCH_XID_PHASES=isolated: only the isolated faults (the p99 <= 500 ms target),
+    # on the same Slurm of --runs slurmd; the paced burst is what a loaded machine cannot take
+    wanted = {
+        p.strip() for p in os.environ.get("GPUHEAL_BENCH_XID_PHASES", "").split(",") if p.strip()
+    }
+    if wanted:
+        phases = [ph for ph in phases if ph[0].split(" ")[0] in wanted]
+        if not phases:
+            raise ValueError("GPUHEAL_BENCH_XID_PHASES: isolated and/or paced")
+    hit = [node for _, nodes_, _ in phases for node in nodes_]
     passes: list[dict[str, Any]] = []
     try:
         for k, release in enumerate(releases):
@@ -1268,13 +1279,13 @@ def xid_latency(ctx: Context) -> Result:
         requeued = sum(1 for r in rows if r["jobs_requeued"] == "Requeued")
         ps["jobs_requeued"] = requeued
         notes.append(
-            f"Slurm {rel} ({ps['slurm_version']}): {requeued}/{len(faulted)} incidents report "
+            f"Slurm {rel} ({ps['slurm_version']}): {requeued}/{len(hit)} incidents report "
             f"JobsRequeued=Requeued; Slurm shows {ps['slurm_nodes_with_gpuheal_reason']} nodes "
             f"drained with a gpuheal reason; load {ps['load_avg_before_faults']} before the "
             f"faults, {ps['load_avg_after_faults']} after. Missing samples (not seen within "
             f"{CATCH_UP_S:.0f} s of the last XID): "
             + ", ".join(
-                f"{k} {len(faulted) - len(col(k))}"
+                f"{k} {len(hit) - len(col(k))}"
                 for k in ("cordon_s", "evicted_s", "slurm_drain_requeue_s", "slurm_step_recorded_s")
             )
         )
@@ -1294,8 +1305,8 @@ def xid_latency(ctx: Context) -> Result:
             "releases": releases,
             "slurm_versions": {ps["release"]: ps["slurm_version"] for ps in passes},
             "kwok_nodes": total_nodes,
-            "faults": len(faulted),
-            "faults_per_phase": {ISOLATED: iso, PACED: n},
+            "faults": len(hit),
+            "faults_per_phase": {ph: len(nodes_) for ph, nodes_, _ in phases},
             "fault_spacing_s": {ISOLATED: iso_spacing, PACED: spacing},
             "churn_patches_per_s": churn_rate,
             "slurm_nodes": len(faulted),
