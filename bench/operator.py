@@ -938,42 +938,55 @@ def _kopf_cordon_baseline(
     return [round(cordoned[n] - sent[n], 4) for n in nodes if n in cordoned]
 
 
-@benchmark(
-    "xid_latency",
-    title="XID -> cordon, Slurm drain + requeue, pod evicted (1,000 kwok nodes, churn)",
-    budget_s=530,
-    plot=latency_plot,
-    needs=("kube", "slurm"),
-)
-def xid_latency(ctx: Context) -> Result:
-    """Per fault (XID 79 Event on a distinct node, one kwok pod and one running Slurm job on
-    it): from just before the Event is POSTed to (a) spec.unschedulable seen in our own node
-    watch, (b) the Slurm drain + requeue issued: the operator's timeline entry for the
-    slurmDrain step, which carries the time Slurm accepted the job's requeue (the bridge's
-    clock, after the node's drain), (c) the step recorded: SlurmDrained=True seen in our
-    NodeRemediation watch (the bridge answers once the job is off its node, PENDING and
-    expedited), (d) the pod's deletionTimestamp (eviction accepted) seen in our pod watch.
-    1,000 kwok GPU nodes,
-    background churn (annotation patches on random nodes), faults spaced so that several
-    overlap; policy breaker/rate limit generous so that none is held back."""
+#: GPUHEAL_BENCH_SLURM: the Slurm releases ``xid_latency``'s Slurm part runs on, in that order
+SLURM_ENV = "GPUHEAL_BENCH_SLURM"
+
+
+def _xid_releases() -> list[str]:
+    """The releases from GPUHEAL_BENCH_SLURM (comma-separated, e.g. ``26.05`` or
+    ``26.05,22.05``); unset: both, 26.05 (the sandbox's default) first, back to back."""
+    from gpuheal_dev.sandbox.slurmroot import DEFAULT_SLURM, HOST_SLURM, SLURM_VERSIONS
+
+    raw = os.environ.get(SLURM_ENV, "")
+    releases = [r.strip() for r in raw.split(",") if r.strip()] or [DEFAULT_SLURM, HOST_SLURM]
+    wrong = [r for r in releases if r not in SLURM_VERSIONS]
+    if wrong or len(set(releases)) != len(releases):
+        raise ValueError(
+            f"{SLURM_ENV}={raw!r}: each of {', '.join(SLURM_VERSIONS)} at most once, "
+            "comma-separated"
+        )
+    return releases
+
+
+def _xid_latency_on(
+    ctx: Context,
+    sb: Any,
+    release: str,
+    *,
+    names: list[str],
+    faulted: list[str],
+    phases: list[tuple[str, list[str], float]],
+    churn_rate: float,
+) -> dict[str, Any]:
+    """One pass of ``xid_latency`` with its Slurm part on ``release``: a Slurm cluster of that
+    release (one slurmd per faulted node, one job each), the bridge with that release's own
+    clients, the operator; the XIDs of ``phases``; then everything stopped again."""
     from gpuheal_dev.sandbox.slurm import SlurmCluster
 
-    total = ctx.runs(200)
-    iso, iso_spacing = max(5, total // 5), 3.0
-    n = total - iso
-    total_nodes, churn_rate, spacing = 1000, 20.0, 0.5
-    catch_up: dict[str, float] = {}
-    sb = _sandbox(ctx, total_nodes)
     access = KubeAccess.from_kubeconfig(Path(sb.kubeconfig))
-    names = _names(total_nodes)
-    faulted = names[: n + iso]
+    hit = [node for _, nodes_, _ in phases for node in nodes_]  # faulted: the Slurm nodes
+    catch_up: dict[str, float] = {}
     cluster: SlurmCluster | None = None
     op: Measured | None = None
     bridge = None
     rows: list[dict[str, Any]] = []
+    load_start = loadavg()
     try:
         t0 = time.monotonic()
-        cluster = SlurmCluster(ctx.tmpdir("slurm"), faulted, cred_expire=5).start()
+        cluster = SlurmCluster(
+            ctx.tmpdir(f"s{release.replace('.', '')}"), faulted, cred_expire=5, slurm=release
+        ).start()
+        version = cluster.version()
         # One job per node, not an array: the first task of an array carries the array's own
         # job id, and `scontrol requeue <that id>` requeues every task of the array (seen:
         # one fault requeued 200 jobs).
@@ -985,9 +998,11 @@ def xid_latency(ctx: Context) -> Result:
             out = cluster.run("squeue", "-h", "-t", "R", "-o", "%N").stdout.split()
             return len(set(out)) >= len(faulted)
 
-        wait_until(jobs_running, f"{len(faulted)} Slurm jobs running", timeout=120, every=0.5)
-        ctx.progress(f"Slurm: {len(faulted)} nodes (subset of the kwok nodes), one job on each, "
-                     f"{time.monotonic() - t0:.1f} s")  # fmt: skip
+        wait_until(jobs_running, f"{len(faulted)} Slurm jobs running", timeout=180, every=0.5)
+        ctx.progress(f"Slurm {release} ({version}): {len(faulted)} nodes (subset of the kwok "
+                     f"nodes), one job on each, {time.monotonic() - t0:.1f} s, "
+                     f"load {loadavg()}")  # fmt: skip
+        # the bridge gets that release's own clients (--slurm-bin-dir, 26.05: its root's)
         bridge = start_bridge(cluster, ctx.tmpdir("bridge"), TOKEN)
         with access.client() as http:
             _pods(http, faulted)
@@ -1055,10 +1070,6 @@ def xid_latency(ctx: Context) -> Result:
         api0 = _api_requests(op)
         cpu0 = op.sample()["cpu_s"]
         load0 = loadavg()
-        phases = [
-            (ISOLATED, faulted[:iso], iso_spacing),
-            (PACED, faulted[iso:], spacing),
-        ]
         with (
             Watcher(access, "/api/v1/nodes", on_node),
             Watcher(access, f"/api/v1/namespaces/{NS}/pods", on_pod),
@@ -1068,7 +1079,7 @@ def xid_latency(ctx: Context) -> Result:
         ):
             ctx.progress(f"churn {churn_rate:.0f} node patches/s on the other nodes")
             for phase, nodes_, every in phases:
-                ctx.progress(f"{phase}: {len(nodes_)} XIDs, one every {every} s")
+                ctx.progress(f"Slurm {release}, {phase}: {len(nodes_)} XIDs, one every {every} s")
                 start = time.monotonic()
                 for i, node in enumerate(nodes_):
                     delay = start + i * every - time.monotonic()
@@ -1105,14 +1116,14 @@ def xid_latency(ctx: Context) -> Result:
                         for c in (i.get("status") or {}).get("conditions") or []
                     )
                 ]
-                return items if len(done) >= len(faulted) else None
+                return items if len(done) >= len(hit) else None
 
             try:
                 items = wait_until(slurm_done, "SlurmDrained everywhere", CATCH_UP_S, every=1.0)
             except TimeoutError:
                 items = list_custom(http, "noderemediations")
             try:  # our watch sees the last SlurmDrained=True a moment after the listing does
-                wait_until(lambda: len(recorded) >= len(faulted), "watch caught up", 10, every=0.2)
+                wait_until(lambda: len(recorded) >= len(hit), "watch caught up", 10, every=0.2)
             except TimeoutError:
                 ctx.progress(f"SlurmDrained=True seen in the watch for {len(recorded)} nodes")
             churned = churn.sent
@@ -1120,7 +1131,7 @@ def xid_latency(ctx: Context) -> Result:
         cpu1 = op.sample()["cpu_s"]
         load1 = loadavg()
         by_node = {i["spec"]["nodeName"]: i for i in items}
-        for node in faulted:
+        for node in hit:
             nrem = by_node.get(node) or {}
             status = nrem.get("status") or {}
             timeline = status.get("timeline") or []
@@ -1132,6 +1143,7 @@ def xid_latency(ctx: Context) -> Result:
             t0_ = sent[node]
             rows.append(
                 {
+                    "release": release,
                     "node": node,
                     "phase": phase_of.get(node),
                     "cordon_s": round(cordoned[node] - t0_, 4) if node in cordoned else None,
@@ -1152,9 +1164,6 @@ def xid_latency(ctx: Context) -> Result:
             )
         # Slurm's own view of a few drained nodes, as a cross-check
         reasons = cluster.run("sinfo", "-h", "-R", "-o", "%n|%E").stdout.splitlines()
-        op.stop()
-        op = None
-        baseline = _kopf_cordon_baseline(ctx, sb, access, names[len(faulted) :][:iso], iso_spacing)
     finally:
         if op is not None:
             op.stop()
@@ -1162,58 +1171,155 @@ def xid_latency(ctx: Context) -> Result:
             bridge.proc.stop()
         if cluster is not None:
             cluster.stop()
+    d_api = _delta(api1, api0)
+    return {
+        "release": release,
+        "slurm_version": version,
+        "bridge_slurm_bin_dir": str(cluster.bin_dir) if cluster.bin_dir else "host PATH",
+        "rows": rows,
+        "catch_up_after_last_xid_s": catch_up,
+        "churn_patches_sent": churned,
+        "operator_startup_s": round(startup, 2),
+        "load_avg_at_release_start": load_start,
+        "load_avg_before_faults": load0,
+        "load_avg_after_faults": load1,
+        "operator_cpu_s_during_faults": round(cpu1 - cpu0, 2),
+        "api_requests_during_faults": d_api,
+        "api_requests_per_fault": round(sum(d_api.values()) / len(hit), 2),
+        "slurm_nodes_with_gpuheal_reason": sum(1 for line in reasons if "gpuheal" in line),
+    }
+
+
+@benchmark(
+    "xid_latency",
+    title="XID -> cordon, Slurm drain + requeue, pod evicted (1,000 kwok nodes, churn), "
+    "per Slurm release",
+    budget_s=900,
+    plot=latency_plot,
+    needs=("kube", "slurm"),
+)
+def xid_latency(ctx: Context) -> Result:
+    """Per fault (XID 79 Event on a distinct node, one kwok pod and one running Slurm job on
+    it): from just before the Event is POSTed to (a) spec.unschedulable seen in our own node
+    watch, (b) the Slurm drain + requeue issued: the operator's timeline entry for the
+    slurmDrain step, which carries the time Slurm accepted the job's requeue (the bridge's
+    clock, after the node's drain), (c) the step recorded: SlurmDrained=True seen in our
+    NodeRemediation watch (the bridge answers once the job is off its node, PENDING and
+    expedited), (d) the pod's deletionTimestamp (eviction accepted) seen in our pod watch.
+    1,000 kwok GPU nodes,
+    background churn (annotation patches on random nodes), faults spaced so that several
+    overlap; policy breaker/rate limit generous so that none is held back. The Slurm part runs
+    on each release of GPUHEAL_BENCH_SLURM (default 26.05 then 22.05, back to back on the same
+    kwok sandbox, the same faults on the same nodes), the bridge with that release's clients;
+    ``--runs`` sets the number of faults = faulted nodes = slurmd (200)."""
+    releases = _xid_releases()
+    total = ctx.runs(200)
+    iso, iso_spacing = max(5, total // 5), 3.0
+    n = total - iso
+    total_nodes, churn_rate, spacing = 1000, 20.0, 0.5
+    sb = _sandbox(ctx, total_nodes)
+    access = KubeAccess.from_kubeconfig(Path(sb.kubeconfig))
+    names = _names(total_nodes)
+    faulted = names[: n + iso]
+    phases = [(ISOLATED, faulted[:iso], iso_spacing), (PACED, faulted[iso:], spacing)]
+    # GPUHEAL_BENCH_XID_PHASES=isolated: only the isolated faults (the p99 <= 500 ms target),
+    # on the same Slurm of --runs slurmd; the paced burst is what a loaded machine cannot take
+    wanted = {
+        p.strip() for p in os.environ.get("GPUHEAL_BENCH_XID_PHASES", "").split(",") if p.strip()
+    }
+    if wanted:
+        phases = [ph for ph in phases if ph[0].split(" ")[0] in wanted]
+        if not phases:
+            raise ValueError("GPUHEAL_BENCH_XID_PHASES: isolated and/or paced")
+    hit = [node for _, nodes_, _ in phases for node in nodes_]
+    passes: list[dict[str, Any]] = []
+    try:
+        for k, release in enumerate(releases):
+            if k:  # the next release starts on a clean cluster: no incident, cordon, pod
+                _reset(ctx, sb)
+            ctx.progress(f"Slurm part on {release}, load {loadavg()}")
+            passes.append(
+                _xid_latency_on(
+                    ctx,
+                    sb,
+                    release,
+                    names=names,
+                    faulted=faulted,
+                    phases=phases,
+                    churn_rate=churn_rate,
+                )
+            )
+        baseline = _kopf_cordon_baseline(ctx, sb, access, names[len(faulted) :][:iso], iso_spacing)
+    finally:
         _release(sb)
 
-    series_baseline = {f"cordon, {BASELINE}": baseline}
+    series: dict[str, list[float]] = {}
+    notes: list[str] = []
+    for ps in passes:
+        rows = ps["rows"]
 
-    def col(key: str, phase: str | None = None) -> list[float]:
-        return [
-            float(r[key])
-            for r in rows
-            if r[key] is not None and (phase is None or r["phase"] == phase)
-        ]
+        def col(
+            key: str, phase: str | None = None, rows: list[dict[str, Any]] = rows
+        ) -> list[float]:
+            return [
+                float(r[key])
+                for r in rows
+                if r[key] is not None and (phase is None or r["phase"] == phase)
+            ]
 
-    d_api = _delta(api1, api0)
-    api_total = sum(d_api.values())
-    series = {
-        f"{what}, {phase}": col(key, phase)
-        for phase in (ISOLATED, PACED)
-        for what, key in (
-            ("cordon", "cordon_s"),
-            ("Slurm drain+requeue issued", "slurm_drain_requeue_s"),
-            ("Slurm step recorded", "slurm_step_recorded_s"),
-            ("pod evicted", "evicted_s"),
+        rel = ps["release"]
+        for phase in (ISOLATED, PACED):
+            for what, key in (
+                ("cordon", "cordon_s"),
+                ("Slurm drain+requeue issued", "slurm_drain_requeue_s"),
+                ("Slurm step recorded", "slurm_step_recorded_s"),
+                ("pod evicted", "evicted_s"),
+            ):
+                series[f"Slurm {rel}: {what}, {phase}"] = col(key, phase)
+        requeued = sum(1 for r in rows if r["jobs_requeued"] == "Requeued")
+        ps["jobs_requeued"] = requeued
+        notes.append(
+            f"Slurm {rel} ({ps['slurm_version']}): {requeued}/{len(hit)} incidents report "
+            f"JobsRequeued=Requeued; Slurm shows {ps['slurm_nodes_with_gpuheal_reason']} nodes "
+            f"drained with a gpuheal reason; load {ps['load_avg_before_faults']} before the "
+            f"faults, {ps['load_avg_after_faults']} after. Missing samples (not seen within "
+            f"{CATCH_UP_S:.0f} s of the last XID): "
+            + ", ".join(
+                f"{k} {len(hit) - len(col(k))}"
+                for k in ("cordon_s", "evicted_s", "slurm_drain_requeue_s", "slurm_step_recorded_s")
+            )
         )
-    }
-    series.update(series_baseline)
-    requeued = sum(1 for r in rows if r["jobs_requeued"] == "Requeued")
-    ours = sum(1 for line in reasons if "gpuheal" in line)
+    series[f"cordon, {BASELINE}"] = baseline
     return Result(
         series=series,
         unit="s",
-        extra_series={"apiserver": {"Event POST (bench side)": col("event_post_s")}},
+        extra_series={
+            "apiserver": {
+                f"Slurm {ps['release']}: Event POST (bench side)": [
+                    float(r["event_post_s"]) for r in ps["rows"]
+                ]
+                for ps in passes
+            }
+        },
         params={
+            "releases": releases,
+            "slurm_versions": {ps["release"]: ps["slurm_version"] for ps in passes},
             "kwok_nodes": total_nodes,
-            "faults": len(faulted),
-            "faults_per_phase": {ISOLATED: iso, PACED: n},
+            "faults": len(hit),
+            "faults_per_phase": {ph: len(nodes_) for ph, nodes_, _ in phases},
             "fault_spacing_s": {ISOLATED: iso_spacing, PACED: spacing},
-            "catch_up_after_last_xid_s": catch_up,
             "churn_patches_per_s": churn_rate,
-            "churn_patches_sent": churned,
             "slurm_nodes": len(faulted),
-            "slurm": "sandbox Slurm 22.05, one slurmd per faulted node, one `sleep` job each "
-            "(--exclusive), munge cred_expire=5",
-            "bridge": "gpuheal-slurm-bridge process, CLI backend",
+            "slurm": "sandbox Slurm of each release (22.05: the host's packages; 26.05: its own "
+            "root, proctrack/linuxproc), one slurmd per faulted node, one `sleep` job each "
+            "(--requeue --exclusive), munge cred_expire=5",
+            "bridge": "gpuheal-slurm-bridge process, CLI backend, that release's own clients "
+            "(--slurm-bin-dir)",
             "policy": "cordon, slurmDrain(requeue), drain(Force after 5m); maxUnhealthy 100%",
             "operator_flags": "--sources conditions,events, production intervals",
-            "operator_startup_s": round(startup, 2),
-            "load_avg_before_faults": load0,
-            "load_avg_after_faults": load1,
-            "operator_cpu_s_during_faults": round(cpu1 - cpu0, 2),
-            "api_requests_during_faults": d_api,
-            "api_requests_per_fault": round(api_total / len(faulted), 2),
-            "jobs_requeued": requeued,
-            "slurm_nodes_with_gpuheal_reason": ours,
+            "per_release": {
+                ps["release"]: {k: v for k, v in ps.items() if k != "rows"} for ps in passes
+            },
             "targets": {
                 "cordon_p99_s (isolated)": 0.1,
                 "slurm_drain_requeue_p99_s (isolated)": 0.5,
@@ -1221,7 +1327,7 @@ def xid_latency(ctx: Context) -> Result:
                 "slurm_drain_requeue_p99_s (paced)": 2.0,
             },
         },
-        runs=rows,
+        runs=[r for ps in passes for r in ps["rows"]],
         notes=[
             "Start of every interval: just before the Event POST (includes the POST itself).",
             "Cordon, eviction and the Slurm step recorded are seen in this benchmark's own "
@@ -1230,18 +1336,12 @@ def xid_latency(ctx: Context) -> Result:
             "node's drain (the bridge's clock, ms precision, same machine). The step is recorded "
             "later, when the bridge answers: the job is off its node (Slurm's SIGTERM, KillWait, "
             "epilog), PENDING and expedited.",
-            f"{requeued}/{len(faulted)} incidents report JobsRequeued=Requeued; Slurm shows "
-            f"{ours} nodes drained with a gpuheal reason.",
-            f"Missing samples (not seen within {CATCH_UP_S:.0f} s of the last XID): "
-            + ", ".join(
-                f"{k} {len(faulted) - len(col(k))}"
-                for k in ("cordon_s", "evicted_s", "slurm_drain_requeue_s", "slurm_step_recorded_s")
-            ),
+            "Releases run one after the other on the same kwok sandbox (reset between them: no "
+            "incident, cordon or pod left), the same nodes faulted in the same order; each with "
+            "its own Slurm cluster, bridge and operator process.",
+            *notes,
             f"{ISOLATED}: faults far enough apart not to queue; {PACED}: {n} faults at 2/s, "
             "more than the operator takes in on this machine, so later faults queue behind "
-            "earlier ones (see catch_up_after_last_xid_s).",
-            f"API requests per fault: {api_total / len(faulted):.1f} (client-side count, "
-            "includes the operator's periodic requests during the run: "
-            "api_requests_during_faults).",
+            "earlier ones (see per_release.catch_up_after_last_xid_s).",
         ],
     )

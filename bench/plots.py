@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import statistics
 import textwrap
 from pathlib import Path
@@ -140,7 +141,8 @@ def latency_plot(doc: dict[str, Any], path: Path) -> None:
     """Each latency series as dots (log scale) with p50 bar, p99 marked, and the targets."""
     series = doc["series"]
     names = list(series)
-    fig, ax = plt.subplots(figsize=(13.0, 6.2), layout="constrained")
+    # one column per series: xid_latency has 8 per Slurm release
+    fig, ax = plt.subplots(figsize=(max(13.0, 1.15 * len(names)), 6.2), layout="constrained")
     for i, name in enumerate(names):
         vals = series[name].get("samples", [])
         _strip(ax, i, vals, COLORS[i % len(COLORS)], None, half=0.3)
@@ -159,7 +161,7 @@ def latency_plot(doc: dict[str, Any], path: Path) -> None:
     _target(ax, 1.0, "paced (burst) targets: cordon p99 <= 1 s")
     _target(ax, 2.0, "Slurm drain + requeue issued p99 <= 2 s")
     labels = [
-        "\n".join(textwrap.fill(part, 20) for part in n.split(", "))
+        "\n".join(textwrap.fill(part, 18) for part in re.split(r": |, ", n))
         + f"\n(n={series[n]['n']}, p50 {series[n].get('median', 0):.2f} s)"
         for n in names
     ]
