@@ -25,9 +25,10 @@ from gpuheal_dev.sandbox.realnode import REAL_NODE_NAME
 from tests.integration.operator_harness import wait_for
 from tests.integration.test_helm_agent import daemonset, render
 
-# one worker for the real-node modules (--dist loadgroup), one after another: the host's kernel
-# log is one for every sandbox, and an XID line one module writes would reach the agent pod of
-# another (all real nodes are gpu-real-0) and open an incident there
+# the real-node modules ask for one worker (--dist loadgroup): the host's kernel log is every
+# sandbox's, and an XID line one module wrote reached another's agent pod (every real node is
+# gpu-real-0). A small trial with xdist 3.8 still split a group, so nothing relies on it: only
+# the e2e module writes an XID line (test_realnode's is a plain line)
 pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("host-kmsg")]
 
 
@@ -150,7 +151,9 @@ def test_privileged_pod_with_the_agents_mounts_reads_a_kmsg_line(
     spec = ds["spec"]["template"]["spec"]
     (agent,) = spec["containers"]
     marker = f"gpuheal-realnode-{uuid.uuid4().hex}"
-    Path("/dev/kmsg").write_text(f"NVRM: Xid (PCI:0000:3b:00): 79, pid=1, {marker}\n")
+    # not an XID line: the host's kernel log is every sandbox's, and another sandbox's agent
+    # pod (its real node is gpu-real-0 too) would open an incident on it
+    Path("/dev/kmsg").write_text(f"gpuheal test line, not a fault: {marker}\n")
     pod = {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -173,7 +176,7 @@ def test_privileged_pod_with_the_agents_mounts_reads_a_kmsg_line(
         },
     }
     logs = _run_to_end(real, ns, pod)
-    assert f"79, pid=1, {marker}" in logs
+    assert f"not a fault: {marker}" in logs
 
 
 def test_down_leaves_no_process_mount_cgroup_or_bridge(
