@@ -317,6 +317,9 @@ def test_every_log_line_shows_urls_by_scheme_and_host_only() -> None:
     )
     assert redact_urls("bridges=a=https://h:1,b=https://k:2/x/y,c=http://m:3/") == (
         "bridges=a=https://h:1,b=https://k:2/...,c=http://m:3/...")  # fmt: skip
+    # user info is a secret even without a path
+    assert redact_urls("POST https://bot:S3CRET@hooks.example.com:8443 failed") == (
+        "POST https://hooks.example.com:8443/... failed")  # fmt: skip
     try:
         raise ValueError("refused: https://hooks.slack.com/services/T0/B0/S3CRET")
     except ValueError:

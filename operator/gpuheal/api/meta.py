@@ -753,7 +753,12 @@ def redact_url(url: str) -> str:
 
 
 # The host part stops at a comma too: URLs joined by commas (a flag's list) are separate URLs.
-_ANY_URL = re.compile(r"\b[a-zA-Z][a-zA-Z0-9+.-]{0,15}://[^\s/?#'\"<>,]+[/?#][^\s'\"<>,]*")
+# A URL is cut when it has more than a scheme and host: a path, a query, a fragment, or user
+# info (`https://user:token@host` carries its secret before the host, with or without a path).
+_ANY_URL = re.compile(
+    r"\b[a-zA-Z][a-zA-Z0-9+.-]{0,15}://"
+    r"(?:[^\s/?#'\"<>,@]+@[^\s/?#'\"<>,]+(?:[/?#][^\s'\"<>,]*)?|[^\s/?#'\"<>,]+[/?#][^\s'\"<>,]*)"
+)
 
 
 def redact_urls(text: str) -> str:
