@@ -10,10 +10,16 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from gpuheal.adapters.slurm import SlurmUnavailable
-from gpuheal.api.devicequarantine import DeviceSlurmJobs, DeviceTaintEffect, QuarantinedDevice
+from gpuheal.adapters.slurm import SlurmError, SlurmUnavailable
+from gpuheal.api.devicequarantine import (
+    DeviceSlurmJobs,
+    DeviceTaintEffect,
+    QuarantinedDevice,
+    QuarantineDeviceOptions,
+)
+from gpuheal.api.noderemediation import NodeRemediation
 from gpuheal.policy.devicequarantine import gpu_index, jobs_on_gpu
-from gpuheal.remediation.steps import StepResult, requeue_gpu_jobs
+from gpuheal.remediation.steps import StepResult, quarantine_device, requeue_gpu_jobs
 from gpuheal_bridge.api.models import (
     JobOutcome,
     JobResult,
@@ -116,6 +122,55 @@ async def test_a_bridge_that_cannot_answer_makes_the_step_wait() -> None:
     out = await requeue_gpu_jobs(bridge, "n1", "inc", held(), DeviceSlurmJobs())  # type: ignore[arg-type]
     assert isinstance(out, StepResult)
     assert (out.kind, out.reason, out.retry_after) == ("wait", "BridgeUnavailable", 3)
+
+
+class _Kube:
+    """The three reads and writes of a fresh taint: n1's slice with gpu-3, the rule created."""
+
+    def __init__(self) -> None:
+        self.rules: list[dict[str, Any]] = []
+
+    async def resource_slices(self, node: str) -> list[dict[str, Any]]:
+        device = {"name": "gpu-3", "attributes": {"pcieBusID": {"string": "0000:1b:00.0"}}}
+        pool = {"name": node, "generation": 1, "resourceSliceCount": 1}
+        spec = {"driver": "gpu.nvidia.com", "nodeName": node, "pool": pool, "devices": [device]}
+        return [{"spec": spec}]
+
+    async def create_device_taint_rule(self, body: dict[str, Any]) -> str:
+        self.rules.append(body)
+        return "v1beta2"
+
+
+@pytest.mark.parametrize(
+    ("fail", "kind"),
+    [(SlurmUnavailable("down", retry_after=3), "wait"), (SlurmError("refused"), "failed")],
+)
+async def test_a_rule_written_before_slurm_could_not_be_told_is_on_record(
+    fail: Exception, kind: str
+) -> None:
+    """The rule exists whatever the bridge answers: a waiting or failed step still records it,
+    so that the return (or a person reading the failed incident) finds it."""
+    kube, bridge = _Kube(), _Bridge([job(1, [3])], fail=fail)
+    nrem = NodeRemediation.model_validate({
+        "metadata": {"name": "inc"},
+        "spec": {"nodeName": "n1", "policyRef": {"name": "p"}, "rule": "r",
+                 "ladder": [{"name": "gpu", "steps": [{"action": "quarantineDevice"}]}],
+                 "signals": [{"source": "Event", "observedAt": T0.isoformat(), "xid": 94,
+                              "pciBusId": "0000:1b:00"}]},
+    })  # fmt: skip
+    opts = QuarantineDeviceOptions(slurm=DeviceSlurmJobs())
+    out = await quarantine_device(
+        kube,
+        nrem,
+        opts,
+        xid=94,
+        now=T0,
+        slurm_for=lambda: bridge,  # type: ignore[arg-type,return-value]
+    )
+    assert out.kind == kind
+    assert [r["metadata"]["name"] for r in kube.rules] == ["inc-gpu-3"]
+    kept = QuarantinedDevice.model_validate(out.status["quarantinedDevice"])
+    assert (kept.rule, kept.device, kept.slurm) == ("inc-gpu-3", "gpu-3", None)
 
 
 @pytest.mark.parametrize(

@@ -521,7 +521,9 @@ async def _run_step(  # noqa: PLR0917
     if action in (Action.RESET, Action.REBOOT):
         # Not verified (or refused): recorded on this rung; the engine climbs the ladder.
         return await _repair_failed(ports, books, nrem, rec, result, label=label, rung=rung)
-    # failed: stop; the node stays as it is (cordoned) and a person must look.
+    # failed: stop; the node stays as it is (cordoned) and a person must look, at what the
+    # step did before it failed too (e.g. the DeviceTaintRule written before Slurm refused).
+    rec.merge(result.status)
     history.step(books, nrem, action.value, rung, f"failed: {result.message}")
     rec.condition(result.condition, "False", result.reason, result.message)
     rec.condition(NremCondition.FAILED, "True", result.reason, result.message)

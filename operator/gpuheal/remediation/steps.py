@@ -1378,6 +1378,9 @@ async def _tell_slurm(  # noqa: PLR0917
         return StepResult.wait(cond, "SlurmClusterUnknown", str(exc), _bridge_delay(attempt))
     told = await requeue_gpu_jobs(slurm, nrem.spec.node_name, nrem.metadata.name, record, opts)
     if isinstance(told, StepResult):
+        # The rule is written whatever Slurm answers: on record, so that the next attempt asks
+        # Slurm only, and a failed incident still shows (and the return still lifts) its rule.
+        told.status["quarantinedDevice"] = record.to_k8s()
         return told
     return StepResult.done(
         cond, "DeviceTainted", f"{said}; Slurm: {told.slurm}", quarantinedDevice=told.to_k8s()
