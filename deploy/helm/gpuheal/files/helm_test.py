@@ -80,11 +80,17 @@ class Kube:
 
     def get(self, path: str) -> dict[str, Any] | None:
         """The object at `path`, or None when it does not exist (404)."""
-        status, body = http_get(
-            self.server + path,
-            headers={"Authorization": f"Bearer {self.token}", "Accept": "application/json"},
-            ca_file=self.ca_file,
-        )
+        try:
+            status, body = http_get(
+                self.server + path,
+                headers={"Authorization": f"Bearer {self.token}", "Accept": "application/json"},
+                ca_file=self.ca_file,
+            )
+        except OSError as exc:  # refused, timed out, TLS: the check fails, saying so
+            raise CheckFailed(
+                f"the API server {self.server} does not answer GET {path}: {exc} "
+                "(a NetworkPolicy on the test pod's egress, or the API server down)"
+            ) from exc
         if status == 404:
             return None
         if status != 200:
