@@ -1,10 +1,12 @@
 """The chart's gpu-reset Job, step by step, without a GPU: files/gpu-reset.sh with a fake
-`nvidia-smi` and `fuser` on PATH (each call logged), and files/gpu_operands.py against a
-small fake API server (a Node and its pods; a merge patch as the API server applies it).
+`nvidia-smi` and `fuser` on PATH (each call logged) and a fake /proc/driver/nvidia/gpus, and
+files/gpu_operands.py against a small fake API server (a Node and its pods; a merge patch as
+the API server applies it).
 
-What this cannot show: that NVIDIA's driver resets a real GPU, or that the GPU operator's
-DaemonSets leave a node labelled nvidia.com/gpu.deploy.<operand>=false (its documented
-behaviour); both need a GPU node with the GPU operator.
+What this cannot show: that NVIDIA's driver resets a real GPU (one alone, or all together),
+that fuser in the Job's container finds the node's processes holding a GPU's device node, or
+that the GPU operator's DaemonSets leave a node labelled nvidia.com/gpu.deploy.<operand>=false
+(its documented behaviour); they need a GPU node with the GPU operator.
 """
 
 from __future__ import annotations
@@ -37,18 +39,30 @@ case "$*" in
   *--query-gpu=pci.bus_id,persistence_mode*)
     printf '00000000:3B:00.0, Enabled\\n00000000:5E:00.0, Disabled\\n' ;;
   *--query-gpu=index,pci.bus_id,uuid*)
+    if [ -n "${FAKE_AFTER:-}" ]; then printf '%s' "$FAKE_AFTER"; exit 0; fi
     printf '0, 00000000:3B:00.0, GPU-a\\n'
     [ -n "${FAKE_LOST_ONE:-}" ] || printf '1, 00000000:5E:00.0, GPU-b\\n' ;;
   "-r -i ${FAKE_FAIL_BUS:-none}") exit 1 ;;
 esac
 exit 0
 """
+# FAKE_HOLDER holds every file; FAKE_OPEN ("/dev/nvidia1=4242 /dev/nvidiactl=4242") the files
+# it names, found as fuser finds them: by name, or by a glob that the shell left as it is.
 FAKE_FUSER = """#!/bin/bash
 echo "fuser $*" >> "$FAKE_LOG"
-[ -n "${FAKE_HOLDER:-}" ] || exit 1
+pids=""
+for arg in "$@"; do
+  [ -z "${FAKE_HOLDER:-}" ] || pids="$pids $FAKE_HOLDER"
+  for open in ${FAKE_OPEN:-}; do
+    [[ ${open%%=*} == $arg ]] && pids="$pids ${open#*=}"
+  done
+done
+[ -n "$pids" ] || exit 1
 echo "/dev/nvidia0:" >&2
-echo " $FAKE_HOLDER"
+echo "$pids"
 """
+# The driver's /proc/driver/nvidia/gpus: each GPU's device minor (/dev/nvidia<minor>).
+DRIVER = {"0000:3b:00.0": 0, "0000:5e:00.0": 1}
 
 
 def run_reset(tmp_path: Path, *, stopped: bool = True, **env: str) -> tuple[int, str, list[str]]:
@@ -61,12 +75,17 @@ def run_reset(tmp_path: Path, *, stopped: bool = True, **env: str) -> tuple[int,
         (bin_dir / name).chmod(0o755)
     if stopped:
         (state / "operands-stopped").write_text("GPU operands off the node\n")
+    for address, minor in DRIVER.items():
+        (tmp_path / "driver" / address).mkdir(parents=True, exist_ok=True)
+        (tmp_path / "driver" / address / "information").write_text(
+            f"Model: \t\t NVIDIA H100 80GB HBM3\nIRQ:   \t\t 0\nDevice Minor: \t {minor}\n"
+        )
     proc = subprocess.run(
         ["/bin/bash", str(RESET)],
         capture_output=True, text=True, timeout=60, check=False,
         env={"PATH": f"{bin_dir}:/usr/bin:/bin", "FAKE_LOG": str(log),
              "GPUHEAL_STATE_DIR": str(state), "GPUHEAL_INCIDENT": "nrem-1",
-             "NODE_NAME": "gpu-1", **env},
+             "GPUHEAL_DRIVER_GPUS": str(tmp_path / "driver"), "NODE_NAME": "gpu-1", **env},
     )  # fmt: skip
     calls = log.read_text().splitlines() if log.exists() else []
     return proc.returncode, proc.stdout + proc.stderr, calls
@@ -79,9 +98,9 @@ def test_reset_follows_nvidias_procedure(tmp_path: Path) -> None:
     code, out, calls = run_reset(tmp_path)
     assert code == 0, out
     assert calls == [
+        "nvidia-smi --query-gpu=pci.bus_id,persistence_mode --format=csv,noheader",
         "nvidia-smi --query-compute-apps=pid,process_name,gpu_bus_id --format=csv,noheader",
         "fuser /dev/nvidia*",  # no GPU here: the glob stays as it is
-        "nvidia-smi --query-gpu=pci.bus_id,persistence_mode --format=csv,noheader",
         f"nvidia-smi -i {A} -pm 0",  # only the GPU that had persistence mode on
         f"nvidia-smi -r -i {A}",
         f"nvidia-smi -r -i {B}",
@@ -138,6 +157,111 @@ def test_a_gpu_missing_after_the_reset_fails_the_job(tmp_path: Path) -> None:
     code, out, _ = run_reset(tmp_path, FAKE_LOST_ONE="1")
     assert code == 8
     assert "only 1 of 2 GPUs after the reset" in out
+
+
+# ---- one GPU named (GPUHEAL_GPU: the GPU a quarantineDevice step holds out) ----------------
+# A job on the other GPU (5E, /dev/nvidia1): as every CUDA process, it holds /dev/nvidiactl
+# and /dev/nvidia-uvm too.
+OTHER_JOB = {
+    "FAKE_APPS": f"4242, python, {B}\n",
+    "FAKE_OPEN": "/dev/nvidia1=4242 /dev/nvidiactl=4242 /dev/nvidia-uvm=4242",
+}
+
+
+def resets(calls: list[str]) -> list[str]:
+    return [c for c in calls if " -r" in c]
+
+
+def test_the_named_gpu_is_reset_alone_while_the_other_runs_its_job(tmp_path: Path) -> None:
+    code, out, calls = run_reset(tmp_path, GPUHEAL_GPU="0000:3b:00", **OTHER_JOB)
+    assert code == 0, out
+    assert calls == [
+        "nvidia-smi --query-gpu=pci.bus_id,persistence_mode --format=csv,noheader",
+        "nvidia-smi --query-compute-apps=pid,process_name,gpu_bus_id --format=csv,noheader",
+        "fuser /dev/nvidia0",  # its own device node, not /dev/nvidiactl or /dev/nvidia-uvm
+        f"nvidia-smi -i {A} -pm 0",  # persistence mode on that GPU only
+        f"nvidia-smi -r -i {A}",
+        "nvidia-smi --query-gpu=index,pci.bus_id,uuid --format=csv,noheader",
+        f"nvidia-smi -i {A} -pm 1",
+    ]
+    assert "reset 1 GPU(s)" in out
+
+
+@pytest.mark.parametrize(
+    ("env", "says"),
+    [
+        ({"FAKE_APPS": f"4242, python, {A}\n"}, f"compute applications still run on GPU {A}"),
+        (
+            {"FAKE_OPEN": "/dev/nvidia0=4243 /dev/nvidiactl=4243"},
+            "processes hold /dev/nvidia0: 4243",
+        ),
+    ],
+)
+def test_a_process_on_the_named_gpu_stops_its_reset(
+    tmp_path: Path, env: dict[str, str], says: str
+) -> None:
+    code, out, calls = run_reset(tmp_path, GPUHEAL_GPU="0000:3b:00", **env)
+    assert (code, says in out) == (4, True), out
+    assert not [c for c in calls if " -r" in c or " -pm " in c], calls
+
+
+@pytest.mark.parametrize(
+    ("gpu", "says"),
+    [
+        ("0000:af:00", "GPU 0000:af:00 is not on this node (nvidia-smi lists"),
+        ("0001:3b:00", "GPU 0001:3b:00 is not on this node"),  # another PCI domain
+        ("0000:3b:00.1", "GPU 0000:3b:00.1 is not on this node"),  # another function
+        ("gpu-3", "GPUHEAL_GPU=gpu-3 is not a PCI address"),
+    ],
+)
+def test_a_gpu_not_on_the_node_is_not_reset(tmp_path: Path, gpu: str, says: str) -> None:
+    code, out, calls = run_reset(tmp_path, GPUHEAL_GPU=gpu)
+    assert (code, says in out) == (9, True), out
+    assert not [c for c in calls if " -r" in c or " -pm " in c], calls
+
+
+@pytest.mark.parametrize(
+    "gpu",
+    ["0000:5e:00", "0000:5e:00.0", "00000000:5E:00.0", "5e:00", "PCI:0000:5E:00.0", " 0000:5e:00 "],
+)
+def test_the_named_gpu_is_found_whatever_the_form_of_its_address(tmp_path: Path, gpu: str) -> None:
+    code, out, calls = run_reset(tmp_path, GPUHEAL_GPU=gpu)
+    assert code == 0, out
+    assert resets(calls) == [f"nvidia-smi -r -i {B}"]  # nvidia-smi's own form
+    assert "fuser /dev/nvidia1" in calls
+    assert not [c for c in calls if " -pm " in c]  # persistence was off on 5E
+
+
+def test_scope_all_resets_every_gpu_even_when_one_is_named(tmp_path: Path) -> None:
+    """NVSwitch/NVLink systems reset their GPUs together: the scope wins, and says so."""
+    code, out, calls = run_reset(tmp_path, GPU_RESET_SCOPE="all", GPUHEAL_GPU="0000:3b:00")
+    assert code == 0, out
+    assert resets(calls) == ["nvidia-smi -r"]
+    assert f"GPU {A} named, but GPU_RESET_SCOPE=all" in out
+    assert "fuser /dev/nvidia*" in calls  # every GPU must be free
+    # So a job on the other GPU stops it, and a GPU not on the node is still refused.
+    code, out, calls = run_reset(
+        tmp_path / "busy", GPU_RESET_SCOPE="all", GPUHEAL_GPU="0000:3b:00", **OTHER_JOB
+    )
+    assert (code, "compute applications still run on the GPUs" in out) == (4, True), out
+    assert resets(calls) == []
+    code, out, _ = run_reset(tmp_path / "gone", GPU_RESET_SCOPE="all", GPUHEAL_GPU="0000:af:00")
+    assert (code, "GPU 0000:af:00 is not on this node" in out) == (9, True), out
+
+
+def test_no_reset_when_the_driver_names_no_device_minor(tmp_path: Path) -> None:
+    """Without /dev/nvidia<minor> nobody can tell which process holds the GPU."""
+    code, out, calls = run_reset(
+        tmp_path, GPUHEAL_GPU="0000:3b:00", GPUHEAL_DRIVER_GPUS=str(tmp_path / "none")
+    )
+    assert (code, "the driver names no device minor for GPU" in out) == (10, True), out
+    assert resets(calls) == []
+
+
+def test_the_named_gpu_missing_after_its_reset_fails_the_job(tmp_path: Path) -> None:
+    after = f"0, {A}, GPU-a\n1, 00000000:AF:00.0, GPU-c\n"  # as many GPUs, not 5E
+    code, out, _ = run_reset(tmp_path, GPUHEAL_GPU="0000:5e:00", FAKE_AFTER=after)
+    assert (code, "GPU 0000:5e:00 is not listed after the reset" in out) == (8, True), out
 
 
 # ---- the operands sidecar -------------------------------------------------------------------

@@ -11,14 +11,15 @@ ConfigMap key, comments included.
 {{- if ne .Values.agent.nvml.mode "off" }}
 {{- $pods = append $pods (printf "app.kubernetes.io/instance=%s,app.kubernetes.io/component=agent" .Release.Name) }}
 {{- end -}}
-# Reset every GPU of the node the way NVIDIA's procedure asks (files/gpu-reset.sh): the
-# `operands` sidecar takes what holds the GPUs off the node (the GPU operator's
-# DaemonSets through their nvidia.com/gpu.deploy.<operand>=false labels, gpuheal's NVML
-# agent through gpuheal.io/gpu-reset) and puts the labels back when the reset ends; the
-# `reset` container checks that nothing holds /dev/nvidia*, turns persistence mode off,
-# runs `nvidia-smi -r -i <bus id>` per GPU, turns persistence back on and lists the GPUs:
-# exit code 0 only when all of it happened. A failed reset fails the step, and the
-# ladder climbs (the default policy's next rung reboots).
+# Reset the node's GPUs the way NVIDIA's procedure asks (files/gpu-reset.sh): every GPU,
+# or only the one the operator names in GPUHEAL_GPU (a quarantineDevice step's GPU; scope
+# all resets every GPU all the same); the `operands` sidecar takes what holds the GPUs off
+# the node (the GPU operator's DaemonSets through their nvidia.com/gpu.deploy.<operand>=false
+# labels, gpuheal's NVML agent through gpuheal.io/gpu-reset) and puts the labels back when
+# the reset ends; the `reset` container checks that nothing holds the GPUs it resets, turns
+# persistence mode off, runs `nvidia-smi -r -i <bus id>` per GPU, turns persistence back on
+# and lists the GPUs: exit code 0 only when all of it happened. A failed reset fails the
+# step, and the ladder climbs (the default policy's next rung reboots).
 backoffLimit: 0
 activeDeadlineSeconds: {{ int .Values.nodeJobs.activeDeadlineSeconds }}
 ttlSecondsAfterFinished: {{ int .Values.nodeJobs.ttlSecondsAfterFinished }}
