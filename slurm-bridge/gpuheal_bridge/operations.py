@@ -667,22 +667,39 @@ class Operations:
             )
             if node is None:
                 notes.append(still)
-            else:
-                try:
-                    reason = await self._set_down(node, job_id)
-                    node_down = True
-                    notes.append(f"{still}; set {node} DOWN (reason {reason!r}) to release it")
-                except BackendError as exc:
-                    notes.append(f"{still}; setting {node} DOWN failed: {exc}")
-            probe = await self._wait(
-                job_id, lambda p: p.state not in TRANSIENT_STATES, self.settle_timeout
+            probe, node_down = await self._down_then_wait(
+                job_id, node, notes, why=f"{still}; ", how="to release it"
             )
-        seconds = None
-        if probe.state not in TRANSIENT_STATES:
-            seconds = round(self._clock() - t0, 3)
-        elif not stuck:
+        seconds = self._seconds_to_leave(probe, t0)
+        if seconds is None and not stuck:
             notes.append(f"still {probe.state} after {limit:g}s")
         return _Left(probe, seconds, stuck, node_down)
+
+    async def _down_then_wait(
+        self, job_id: int, node: str | None, notes: list[str], *, why: str, how: str
+    ) -> tuple[JobProbe, bool]:
+        """Set ``node`` DOWN, so that Slurm releases the job whatever its processes do, and
+        wait for the job to leave: the last probe, and whether the node went DOWN. The note
+        says ``why``, then "set <node> DOWN (reason ...)" and ``how``, or that it failed.
+        No node (none known): only the wait."""
+        node_down = False
+        if node is not None:
+            try:
+                reason = await self._set_down(node, job_id)
+                node_down = True
+                notes.append(f"{why}set {node} DOWN (reason {reason!r}) {how}")
+            except BackendError as exc:
+                notes.append(f"{why}setting {node} DOWN failed: {exc}")
+        probe = await self._wait(
+            job_id, lambda p: p.state not in TRANSIENT_STATES, self.settle_timeout
+        )
+        return probe, node_down
+
+    def _seconds_to_leave(self, probe: JobProbe, t0: float) -> float | None:
+        """Seconds from the requeue (``t0``) until the job left its node; None: it has not."""
+        if probe.state in TRANSIENT_STATES:
+            return None
+        return round(self._clock() - t0, 3)
 
     async def _set_down(self, node: str, job_id: int) -> str:
         """DOWN with the node's current reason (its drain keeps its owner), under its lock;
@@ -710,28 +727,17 @@ class Operations:
     ) -> _Left:
         """down_node: the GPU is lost, its processes may never die: the node goes DOWN now
         (drain and reason kept), Slurm releases the job whatever they do."""
-        job_id = job.job_id
-        node_down = False
+        node = bad[0] if len(bad) == 1 else None
         if len(bad) > 1:
             notes.append(
                 f"GPU lost on one of {','.join(bad)} (no from_node): none set DOWN, the job "
                 "waits for its processes"
             )
-            bad = []
-        for node in bad:
-            try:
-                reason = await self._set_down(node, job_id)
-                node_down = True
-                notes.append(f"GPU lost: {node} set DOWN at once (reason {reason!r}), no wait")
-            except BackendError as exc:
-                notes.append(f"GPU lost: setting {node} DOWN failed: {exc}")
-        probe = await self._wait(
-            job_id, lambda p: p.state not in TRANSIENT_STATES, self.settle_timeout
+        probe, node_down = await self._down_then_wait(
+            job.job_id, node, notes, why="GPU lost: ", how="at once, no wait"
         )
-        seconds = None
-        if probe.state not in TRANSIENT_STATES:
-            seconds = round(self._clock() - t0, 3)
-        else:
+        seconds = self._seconds_to_leave(probe, t0)
+        if seconds is None:
             notes.append(f"still {probe.state} after {self.settle_timeout:g}s")
         return _Left(probe, seconds, stuck=False, node_down=node_down)
 

@@ -20,11 +20,11 @@ from typing import Literal
 from pydantic import ConfigDict, Field
 
 from gpuheal.api.meta import (
-    DNS_SUBDOMAIN_PATTERN,
     MAX_NAME,
     Condition,
     CrdInfo,
     Duration,
+    ImmutableNodeName,
     Model,
     Resource,
     Status,
@@ -174,11 +174,8 @@ class GpuRecord(Model):
 class FaultHistorySpec(Model):
     """Which node this history is about."""
 
-    node_name: str = Field(
-        max_length=MAX_NAME,
-        pattern=DNS_SUBDOMAIN_PATTERN,
-        description="The Node (immutable; the object is named after it).",
-        json_schema_extra=cel(("self == oldSelf", "nodeName is immutable")),
+    node_name: ImmutableNodeName = Field(
+        description="The Node (immutable; the object is named after it)."
     )
 
 

@@ -435,6 +435,17 @@ DnsSubdomain = Annotated[
 """The name of a Kubernetes object (RFC 1123 subdomain)."""
 
 
+ImmutableNodeName = Annotated[
+    str,
+    Field(
+        max_length=MAX_NAME,
+        pattern=DNS_SUBDOMAIN_PATTERN,
+        json_schema_extra=cel(("self == oldSelf", "nodeName is immutable")),
+    ),
+]
+"""The Node an object is about (its spec.nodeName): set at creation, never changed."""
+
+
 def label_map_keys_check(field: str) -> dict[str, JsonValue]:
     """CEL on the model holding the label map `field`: every key is a label key. A CRD schema
     cannot constrain map keys, so the model that holds the map checks them; in Python the

@@ -191,15 +191,15 @@ class EventReason(enum.StrEnum):
     DETECTED = "DetectedUnhealthy"
     REMEDIATION_CREATED = "RemediationCreated"
     SIGNAL_ATTACHED = "SignalAttached"
-    # a step done (named as the step's condition)
-    CORDONED = "Cordoned"
-    SLURM_DRAINED = "SlurmDrained"
-    CHECKPOINTED = "Checkpointed"
-    DEVICE_QUARANTINED = "DeviceQuarantined"
-    DRAINED = "Drained"
-    RESET = "Reset"
-    REBOOTED = "Rebooted"
-    REPLACEMENT_CLAIMED = "ReplacementClaimed"
+    # a step done: named as the step's condition
+    CORDONED = NremCondition.CORDONED.value
+    SLURM_DRAINED = NremCondition.SLURM_DRAINED.value
+    CHECKPOINTED = NremCondition.CHECKPOINTED.value
+    DEVICE_QUARANTINED = NremCondition.DEVICE_QUARANTINED.value
+    DRAINED = NremCondition.DRAINED.value
+    RESET = NremCondition.RESET.value
+    REBOOTED = NremCondition.REBOOTED.value
+    REPLACEMENT_CLAIMED = NremCondition.REPLACEMENT_CLAIMED.value
     STEP_SKIPPED = "RemediationStepSkipped"  # a step that did nothing, and why
     STEP_BLOCKED = "RemediationBlocked"
     STEP_FAILED = "RemediationStepFailed"

@@ -10,12 +10,12 @@ from pydantic import ConfigDict, Field, model_validator
 
 from gpuheal.api.devicequarantine import QuarantinedDevice
 from gpuheal.api.meta import (
-    DNS_SUBDOMAIN_PATTERN,
     MAX_MESSAGE,
     MAX_NAME,
     Condition,
     CrdInfo,
     DnsLabel,
+    ImmutableNodeName,
     Model,
     ObjectRef,
     Resource,
@@ -109,12 +109,7 @@ class SignalRecord(Model):
 class NodeRemediationSpec(Model):
     """The incident: which node, which policy and rule, the signals, and the plan."""
 
-    node_name: str = Field(
-        max_length=MAX_NAME,
-        pattern=DNS_SUBDOMAIN_PATTERN,
-        description="The Node this incident is about (immutable).",
-        json_schema_extra=cel(("self == oldSelf", "nodeName is immutable")),
-    )
+    node_name: ImmutableNodeName = Field(description="The Node this incident is about (immutable).")
     policy_ref: ObjectRef = Field(description="The RemediationPolicy that opened the incident.")
     rule: DnsLabel = Field(description="Name of the policy rule that matched.")
     signals: list[SignalRecord] = Field(
