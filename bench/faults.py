@@ -1,5 +1,5 @@
 """Real faults, measured with the operator in the loop: the whole stack on the sandbox
-(kube-apiserver + kwok GPU nodes, Slurm 22.05 with the same node names, the Slurm bridge and
+(kube-apiserver + kwok GPU nodes, a sandbox Slurm with the same node names, the Slurm bridge and
 the operator as processes), the demo's training job, and the sandbox's fake GPUs doing to the
 job what a real fault does (``gpuheal_dev.sandbox.faults``: the process dies, or hangs).
 
@@ -14,6 +14,7 @@ job what a real fault does (``gpuheal_dev.sandbox.faults``: the process dies, or
 from __future__ import annotations
 
 import contextlib
+import copy
 import datetime as dt
 import os
 import random
@@ -25,7 +26,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.harness import Context, Result, benchmark
+import yaml
+
+from bench.harness import REPO, Context, Result, benchmark
 from bench.opkit import (
     Bridge,
     KubeAccess,
@@ -45,20 +48,30 @@ from gpuheal_dev.sandbox.faults import FakeGpus, GpuState
 
 TOKEN = "bench-faults-token-0123456789abcdef"
 CKPT_EVERY, STEP_SECONDS = 20, 0.05
-GRACE = "2s"
-#: slurmd's SIGKILL comes max(KillWait, 5 s) after the requeue (KillWait=2 in the sandbox)
-SIGKILL_AFTER = 5.0
+
+#: The default RemediationPolicy users get (the chart's defaultPolicy is the same spec, which
+#: tests/unit/test_api_checks.py checks): fault_trace runs its XID 79 rule.
+DEFAULT_POLICY = REPO / "examples" / "default-policy.yaml"
+
+
+def default_rule_steps(xid: int, path: Path = DEFAULT_POLICY) -> list[dict[str, Any]]:
+    """The steps of the first rung of the default policy's first rule that names ``xid``, as
+    the sandbox can run them: a Job hook (a Job on a real node; kwok nodes run none) becomes
+    a Noop hook, everything else as shipped."""
+    doc = yaml.safe_load(path.read_text())
+    for rule in doc["spec"]["rules"]:
+        if xid in (rule.get("signals") or {}).get("xids", []):
+            steps = copy.deepcopy(rule["ladder"][0]["steps"])
+            for step in steps:
+                spec = step.get(step["action"])
+                if isinstance(spec, dict) and (spec.get("hook") or {}).get("type") == "Job":
+                    spec["hook"] = {"type": "Noop"}
+            return list(steps)
+    raise LookupError(f"{path}: no rule names XID {xid}")
 
 
 #: the default policy's XID 79 Slurm step: the GPU is lost, jobs off at once (node DOWN)
 LOST_GPU_DRAIN = {"action": "slurmDrain", "slurmDrain": {"requeue": "requeue", "nodeDown": True}}
-
-
-def slurm_drain(grace: str = GRACE) -> dict[str, Any]:
-    return {
-        "action": "slurmDrain",
-        "slurmDrain": {"requeue": "requeue", "checkpointSignal": "USR1", "gracePeriod": grace},
-    }
 
 
 @dataclass
@@ -200,7 +213,7 @@ def stack(
         finally:
             st.stop_operator()
             st.cancel_jobs()
-            bridge.proc.stop()
+            bridge.stop()
     finally:
         sb.down()
 
@@ -491,7 +504,23 @@ def run_trace(
 
 
 def _trace_interval() -> float:
-    return float(os.environ.get("GPUHEAL_BENCH_FAULT_INTERVAL", "60"))
+    return _env_float("GPUHEAL_BENCH_FAULT_INTERVAL", 60.0)
+
+
+#: GPUHEAL_BENCH_SLURM: the one Slurm release ``fault_trace`` runs on (the sandbox's default)
+TRACE_SLURM_ENV = "GPUHEAL_BENCH_SLURM"
+
+
+def trace_release() -> str:
+    """GPUHEAL_BENCH_SLURM (one release, e.g. ``22.05``), else the sandbox's default."""
+    from gpuheal_dev.sandbox.slurmroot import DEFAULT_SLURM, SLURM_VERSIONS
+
+    raw = os.environ.get(TRACE_SLURM_ENV, "").strip()
+    if raw and raw not in SLURM_VERSIONS:
+        raise ValueError(
+            f"{TRACE_SLURM_ENV}={raw!r}: fault_trace runs on one of {', '.join(SLURM_VERSIONS)}"
+        )
+    return raw or DEFAULT_SLURM
 
 
 def _env_float(name: str, default: float) -> float:
@@ -560,11 +589,14 @@ def trace_plot(doc: dict[str, Any], path: Path) -> None:
 )
 def fault_trace(ctx: Context) -> Result:
     """One fault a minute (``--runs`` faults, 10 by default; GPUHEAL_BENCH_FAULT_INTERVAL
-    seconds apart, 60 by default) on the node running the demo's training job: its process
-    dies with the GPU, hangs in the driver, or survives (checkpoints on the signal), in a
-    seeded order. With gpuheal (XID 79 -> cordon, Slurm drain + requeue with a 2 s USR1 grace,
-    drain, Noop reboot; nodes return to service after 30 s healthy), GPUHEAL_BENCH_TRACE_REPEATS
-    times (3), each with a fresh job and operator; then the site without gpuheal: an on-call
+    seconds apart, 60 by default) on the node running the demo's training job: an XID 79 after
+    which its process dies with the GPU, hangs in the driver, or survives (until Slurm stops
+    it: it checkpoints on SIGTERM), in a seeded order; on Slurm GPUHEAL_BENCH_SLURM (one
+    release; the sandbox's default, 26.05, when unset). With gpuheal under the default
+    policy's XID 79 rung (``default_rule_steps``: cordon, Slurm drain + requeue with the node
+    DOWN at once, no checkpoint grace (the GPU is lost), drain, reboot with a Noop hook; nodes
+    return to service after 30 s healthy), GPUHEAL_BENCH_TRACE_REPEATS times (3), each with a
+    fresh job and operator; then the site without gpuheal: an on-call
     person who, GPUHEAL_BENCH_ONCALL_S seconds (30) after each XID, drains the node and
     requeues the job with scontrol (no checkpoint signal, no expedite). Effective training
     time ratio: steps kept (net of lost and repeated ones) x the healthy step time, over the
@@ -577,15 +609,13 @@ def fault_trace(ctx: Context) -> Result:
     oncall_s = _env_float("GPUHEAL_BENCH_ONCALL_S", ONCALL_S)
     oncall_min = _env_float("GPUHEAL_BENCH_ONCALL_MINUTES", ONCALL_MINUTES)
     real_hours = _env_float("GPUHEAL_BENCH_REAL_FAULT_HOURS", REAL_FAULT_HOURS)
+    release = trace_release()
     faults = trace(n, interval)
+    steps = default_rule_steps(79)
     runs: list[dict[str, Any]] = []
-    with stack(ctx, gpu_nodes=12, spares=0) as st:
-        steps = [
-            {"action": "cordon"},
-            slurm_drain(),
-            {"action": "drain", "drain": {"timeout": "1m", "onTimeout": "Force"}},
-            {"action": "reboot", "reboot": {"hook": {"type": "Noop"}}},
-        ]
+    with stack(ctx, gpu_nodes=12, spares=0, release=release) as st:
+        version = st.slurm.version()
+        ctx.progress(f"Slurm {version}; the default policy's XID 79 steps: {steps}")
         body = bench_policy(f"trace-{os.getpid()}", steps, return_to_service=True)
         body["spec"]["returnToService"] = {
             "enabled": True,
@@ -639,7 +669,11 @@ def fault_trace(ctx: Context) -> Result:
             "gpu_nodes": 12,
             "ckpt_every_steps": CKPT_EVERY,
             "step_seconds": STEP_SECONDS,
-            "grace": GRACE,
+            "slurm_release": release,
+            "slurm_version": version,
+            "policy_steps": steps,
+            "policy_source": f"{DEFAULT_POLICY.relative_to(REPO)}: the XID 79 rule's first rung, "
+            "Job hooks as Noop",
             "return_to_service_healthy_for": "30s",
             "repeats_with_gpuheal": repeats,
             "oncall_after_s": oncall_s,
@@ -655,11 +689,20 @@ def fault_trace(ctx: Context) -> Result:
             }
         },
         notes=[
+            f"Slurm {version}. gpuheal runs the default policy's XID 79 rung as shipped "
+            f"({DEFAULT_POLICY.relative_to(REPO)}): {steps}; the sandbox's changes: Job hooks "
+            "as Noop (kwok nodes run no Jobs), return to service after 30 s healthy without the "
+            "gpu-check Job (10 min and the check by default), no escalation to the replace rung "
+            "(its Slurm step is the same), a generous breaker and rate limit (10 faults in "
+            "minutes on 12 nodes).",
+            f"A shorter interval ({interval:g} s here) is harsher: the same loss per fault over "
+            "less wall time.",
             "ETTR = (step reached at the end - step at the start) / healthy steps per second "
             "/ wall seconds; at the end only the newest checkpoint counts unless the job trains.",
             f"The baseline is a site without gpuheal: an on-call person acts on each XID page "
             f"{oncall_s:g} s after it in the trace (drains the node, requeues the job with "
-            f"scontrol; Slurm then holds the job for munge's cred_expire, 5 s here). The trace "
+            f"scontrol; Slurm then holds the job for munge's cred_expire, 5 s here: 22.05's "
+            f"hold, 26.05's requeue_delay). The trace "
             f"compresses the time between faults, not the time anyone takes to act; in real "
             f"time a page takes ~{oncall_min:g} min (acknowledge ~5 min + drain and requeue by "
             f"hand ~10 min): a parameter, GPUHEAL_BENCH_ONCALL_MINUTES.",

@@ -1,11 +1,26 @@
-"""The fault-trace benchmark's pure parts: the trace and the effective training time ratio."""
+"""The fault-trace benchmark's pure parts: the trace, the effective training time ratio, the
+policy it runs (the default's) and the Slurm release it runs on."""
 
 from __future__ import annotations
 
 from collections import Counter
+from pathlib import Path
 
 import pytest
-from bench.faults import FAULT_KINDS, ettr, project, trace
+import yaml
+from bench.faults import (
+    DEFAULT_POLICY,
+    FAULT_KINDS,
+    LOST_GPU_DRAIN,
+    TRACE_SLURM_ENV,
+    default_rule_steps,
+    ettr,
+    project,
+    trace,
+    trace_release,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_trace_is_one_fault_per_interval_mixing_every_kind() -> None:
@@ -50,3 +65,49 @@ def test_projection_spreads_the_loss_per_fault_over_the_real_time_between_faults
     assert project(36.0, 1.0) == pytest.approx(0.99)  # 36 s lost per hour
     assert project(900.0, 3.0) == pytest.approx(1 - 900 / 10800)
     assert project(7200.0, 1.0) == 0.0  # a loss longer than the interval: nothing kept
+
+
+def test_the_trace_runs_the_default_policys_xid_79_rung_with_noop_hooks_only() -> None:
+    doc = yaml.safe_load(DEFAULT_POLICY.read_text())
+    rule = next(r for r in doc["spec"]["rules"] if 79 in r["signals"].get("xids", []))
+    shipped = rule["ladder"][0]["steps"]
+    steps = default_rule_steps(79)
+    assert [s["action"] for s in steps] == [s["action"] for s in shipped]
+    for ran, as_shipped in zip(steps, shipped, strict=True):
+        if ran["action"] == "reboot":  # kwok nodes run no Jobs: the hook alone differs
+            assert ran["reboot"] == {**as_shipped["reboot"], "hook": {"type": "Noop"}}
+        else:
+            assert ran == as_shipped
+    # a lost GPU: the jobs go at once, no checkpoint grace (what fault_to_running runs too)
+    assert LOST_GPU_DRAIN in steps
+    assert all("checkpointSignal" not in (s.get("slurmDrain") or {}) for s in steps)
+
+
+def test_the_chart_ships_the_same_xid_79_rung() -> None:
+    chart = ROOT / "deploy" / "helm" / "gpuheal" / "files" / "default-policy.yaml"
+    assert default_rule_steps(79, chart) == default_rule_steps(79)
+
+
+def test_an_xid_no_rule_names_is_refused() -> None:
+    with pytest.raises(LookupError, match="XID 4242"):
+        default_rule_steps(4242)
+
+
+def test_the_trace_runs_on_the_sandboxs_default_slurm_unless_told(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from gpuheal_dev.sandbox.slurmroot import DEFAULT_SLURM
+
+    monkeypatch.delenv(TRACE_SLURM_ENV, raising=False)
+    assert trace_release() == DEFAULT_SLURM == "26.05"
+    monkeypatch.setenv(TRACE_SLURM_ENV, "22.05")
+    assert trace_release() == "22.05"
+
+
+@pytest.mark.parametrize("raw", ["24.11", "26.05,22.05"])
+def test_the_trace_refuses_anything_but_one_known_release(
+    monkeypatch: pytest.MonkeyPatch, raw: str
+) -> None:
+    monkeypatch.setenv(TRACE_SLURM_ENV, raw)
+    with pytest.raises(ValueError, match=TRACE_SLURM_ENV):
+        trace_release()
