@@ -69,9 +69,9 @@ realnode-deps:
 
 # The integration tests wait far more than they compute: XDIST pytest-xdist workers run them
 # side by side, each with its own sandbox (README, Tests); XDIST=0 runs them one after another
-# in one process. The modules of one xdist_group (the real-node ones) run on one worker. The
-# 15 slowest are listed at the end of each run. Every integration test
-# lives in tests/integration: the workers collect only that folder.
+# in one process. The modules of one xdist_group (the real-node ones; test_images.py, which
+# loads the image tars once) run on one worker. The 15 slowest are listed at the end of each
+# run. Every integration test lives in tests/integration: the workers collect only that folder.
 XDIST ?= 4
 integration: venv bins system-deps images realnode-deps
 	$(VENV)/bin/pytest tests/integration -m "integration" -n $(XDIST) --dist loadgroup --durations=15 $(PYTEST_ARGS)

@@ -269,8 +269,16 @@ def test_helm_test_checks_and_the_standby_replica(
     assert crds.returncode == 0, crds.stdout + crds.stderr
     assert crds.stdout.startswith("PASS: 4 CRDs established")
 
-    # Before any copy runs: nobody holds the Lease.
-    no_lease = _run_check("operator", {**test_env, **envs["operator"], "GPUHEAL_TEST_WAIT": "15"})
+    # Before any copy runs: nobody holds the Lease. The check first waits for an available
+    # replica (kwok's pods, not operators), so that wait is done here on the Deployment's status
+    # and the check's own wait only has to span its Lease polls.
+    def available() -> bool:
+        got = sandbox.kubectl("get", "deployment", rel.fullname, "-n", rel.namespace, "-o",
+                              "jsonpath={.status.availableReplicas}")  # fmt: skip
+        return int(got.stdout.strip() or 0) >= 1
+
+    _wait(available, f"deployment {rel.fullname} available", timeout=60)
+    no_lease = _run_check("operator", {**test_env, **envs["operator"], "GPUHEAL_TEST_WAIT": "3"})
     assert no_lease.returncode == 1, no_lease.stdout + no_lease.stderr
     assert "FAIL: no Lease" in no_lease.stdout
 

@@ -19,7 +19,10 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.integration
+# One worker runs them all (--dist loadgroup): the session's `images` fixture loads both tars
+# (~460 MB) into a podman store of its own, once per worker that meets it; spread over four
+# workers that was four loads beside the sandboxes.
+pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("images")]
 
 ROOT = Path(__file__).resolve().parents[2]
 BUILD_SCRIPT = ROOT / "hack" / "build-images.sh"

@@ -120,8 +120,10 @@ def test_a_checkpoint_rung_makes_the_job_checkpoint_without_leaving_its_node(
         )
         assert job in history[0]["message"]
 
-        # A restarted operator signals nobody again: one checkpoint per job per incident.
+        # A restarted operator signals nobody again: one checkpoint per job per incident. The
+        # dead process's Lease deleted rather than waited out: `start` returns once it leads.
         op.kill()
+        op.delete_dead_lease()
         op.start()
         hold(lambda: out.read_text().count("CHECKPOINT step=") == 1, "one checkpoint", 3)
         assert "JobState=RUNNING" in _job(cluster, job)

@@ -107,8 +107,10 @@ def test_xid79_drains_and_requeues_in_slurm_and_resumes_the_spare(
         assert int(runs[1][1]) == 1
         assert int(runs[1][2]) >= 3, "resumed from its checkpoint"
 
-        # Restart the operator: nothing runs twice (one requeue, one spare).
+        # Restart the operator: nothing runs twice (one requeue, one spare). The dead process's
+        # Lease deleted rather than waited out (15 s): `start` returns once the new one leads.
         op.kill()
+        op.delete_dead_lease()
         op.start()
         hold(lambda: len(objects.incidents(broken)) == 1, "still one incident", 3)
         assert "Restarts=1" in cluster.run("scontrol", "show", "job", job).stdout
@@ -294,15 +296,18 @@ def test_sigkill_at_each_held_step_of_an_xid79_repeats_nothing(  # noqa: PLR0917
         name = objects.incident(broken)["metadata"]["name"]
         cordoned_at = condition(objects.incident(broken), "Cordoned")["lastTransitionTime"]
         op.kill()  # 1: in the Slurm step
+        op.delete_dead_lease()  # the restart is tested, not the Lease's expiry (15 s)
         bridge(cluster, scene.bridge_port)
         op.start()
         wait_for(blocked("PodDisruptionBudget"), "drain held by the PDB", timeout=60)
         assert condition(objects.incident(broken), "SlurmDrained")["reason"] == "Drained"
         op.kill()  # 2: in the drain step
+        op.delete_dead_lease()
         release_pdb(pol, namespace)
         op.start()
         wait_for(blocked("ApprovalPending"), "replace waits for approval", timeout=60)
         op.kill()  # 3: before replace
+        op.delete_dead_lease()
         op.start()
         objects.patch("noderemediations", name,
                       {"metadata": {"annotations": {"gpuheal.io/approve": "replace"}}})  # fmt: skip
