@@ -212,8 +212,8 @@ def gate(restd_cluster: SlurmCluster) -> Iterator[JwtGate]:
         yield g
 
 
-# the gate plays a JWT-checking slurmrestd in front of 22.05's rest_auth/local socket; 26.05's
-# slurmrestd checks JWTs itself (test_bridge_rest_only.py, test_bridge_capabilities.py)
+# the gate plays a JWT-checking slurmrestd in front of 22.05's rest_auth/local socket; on 26.05
+# slurmrestd checks JWTs itself: the next test
 @on_release(HOST_SLURM)
 def test_a_rotated_slurmrestd_jwt_is_used_without_a_restart(
     restd_cluster: SlurmCluster,
@@ -248,4 +248,66 @@ def test_a_rotated_slurmrestd_jwt_is_used_without_a_restart(
     assert bridge.proc.poll() is None
     assert gate.seen[-1] == "jwt-after-rotation"
     assert "jwt-before-rotation" in gate.seen
+    assert "slurmrestd JWT read again" in bridge.read_log()
+
+
+#: seconds the first JWT of the 26.05 rotation lives: enough for the bridge to start and answer
+FIRST_JWT_SECONDS = 20
+
+
+@on_release("26.05")
+def test_a_rotated_jwt_is_used_by_a_rest_bridge_on_26_05_without_a_restart(
+    make_slurm_cluster: Callable[..., SlurmCluster],
+    run_bridge: Callable[..., BridgeProcess],
+    tmp_path: Path,
+) -> None:
+    """Against 26.05's own slurmrestd (auth/jwt): the bridge starts with a JWT that expires;
+    a fresh one is moved over the file as a Secret update does; once the first has expired
+    (slurmrestd refuses it) the same bridge process still reads and writes through REST."""
+    cluster = make_slurm_cluster(NODES, name="jwt26", restd=True)
+    assert cluster.restd_url is not None
+
+    def token(lifespan: int) -> str:
+        out = cluster.run("scontrol", "token", "username=root", f"lifespan={lifespan}").stdout
+        return out.strip().removeprefix("SLURM_JWT=")
+
+    def restd_status(jwt: str) -> int:
+        headers = {"X-SLURM-USER-NAME": "root", "X-SLURM-USER-TOKEN": jwt}
+        with httpx.Client(base_url=str(cluster.restd_url), timeout=10) as h:
+            return h.get(f"/slurm/v0.0.45/node/{NODES[0]}", headers=headers).status_code
+
+    short = token(FIRST_JWT_SECONDS)
+    expires = time.monotonic() + FIRST_JWT_SECONDS
+    assert restd_status(short) == 200
+    jwt = tmp_path / "slurmrestd-jwt"
+    jwt.write_text(short + "\n")
+    bridge = run_bridge(
+        cluster,
+        "--backend", "rest", "--rest-url", cluster.restd_url, "--rest-token-file", str(jwt),
+        "--health-interval", "3600",
+        token=OPERATOR,
+    )  # fmt: skip
+    pid = bridge.proc.pid
+    node = f"/v1/nodes/{NODES[0]}"
+    with httpx.Client(base_url=bridge.url, timeout=30) as h:
+        assert h.get(node, headers=bearer(OPERATOR)).status_code == 200
+        assert time.monotonic() < expires, "the bridge took the first JWT's whole life to start"
+        staged = tmp_path / "slurmrestd-jwt.new"
+        staged.write_text(token(3600) + "\n")
+        staged.replace(jwt)
+        time.sleep(max(0.0, expires - time.monotonic()) + 2)
+        # the first JWT is dead (26.05.5 answers 511): only a reread one works now
+        assert restd_status(short) != 200
+        resp = h.get(node, headers=bearer(OPERATOR))
+        assert resp.status_code == 200, resp.text
+        assert resp.json()["slurm_node"] == NODES[0]
+        drained = h.post(
+            f"{node}/drain",
+            headers=bearer(OPERATOR),
+            json={"incident": "nrem-jwt26"},
+        )
+        assert drained.status_code == 200, drained.text
+    assert "gpuheal: nrem-jwt26" in cluster.run("scontrol", "show", "node", NODES[0]).stdout
+    assert bridge.proc.pid == pid
+    assert bridge.proc.poll() is None
     assert "slurmrestd JWT read again" in bridge.read_log()

@@ -5,9 +5,10 @@ bridge's API. Every Slurm command the bridge runs is run as that user (setpriv i
 unit runs it); the bridge process stays ours only because this sandbox's Python lives under
 /root.
 
-Measured on Slurm 22.05: AdminLevel=Operator may signal, requeue and update other users'
-jobs, but draining or resuming a node is a super-user RPC (UPDATE_NODE: "Invalid user id"):
-the service user needs AdminLevel=Administrator for that. docs/slurm-bridge.md says so.
+Measured on Slurm 22.05 and 26.05 (its slurmdbd and sacctmgr from its root), the same on
+both: AdminLevel=Operator may signal, requeue and update other users' jobs, but draining or
+resuming a node is a super-user RPC (UPDATE_NODE: "Invalid user id"): the service user needs
+AdminLevel=Administrator for that. docs/slurm-bridge.md says so.
 """
 
 from __future__ import annotations
@@ -27,11 +28,13 @@ from gpuheal_bridge.client import BridgeClient, BridgeConflict
 from gpuheal_dev.sandbox import slurmdbd
 from gpuheal_dev.sandbox.slurm import SlurmCluster
 from gpuheal_dev.sandbox.slurmroot import HOST_SLURM
-from tests.fixtures.slurm import on_release
+from tests.fixtures.slurm import on_every_release
 from tests.integration.bridge_harness import BridgeProcess
 from tests.integration.operator_harness import free_port, wait_for
 
-pytestmark = pytest.mark.integration
+# one worker for the module (make integration: --dist loadgroup): its Unix users are made and
+# removed once per worker, and a second worker removed them under the first one's items
+pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("slurm-service-users")]
 USER = "gpuheal-bridge"  # the name the systemd unit and the docs use
 TOKEN = "service-user-bridge-token-0123456789"
 NODES = ("svc-node-0", "svc-node-1")
@@ -60,12 +63,15 @@ def users() -> Iterator[dict[str, str]]:
 
 @pytest.fixture
 def accounted(
-    make_slurm_cluster: Callable[..., SlurmCluster], users: dict[str, str], tmp_path: Path
+    make_slurm_cluster: Callable[..., SlurmCluster],
+    users: dict[str, str],
+    tmp_path: Path,
+    slurm_release: str,
 ) -> Iterator[SlurmCluster]:
     """A cluster with accounting, its users and their AdminLevel set before it starts
     (slurmctld reads them then; see gpuheal_dev.sandbox.slurmdbd on why not later)."""
-    if slurmdbd.missing():
-        pytest.skip(f"accounting needs {slurmdbd.missing()} (hack/install-system-deps.sh)")
+    if missing := slurmdbd.missing(own_root=slurm_release != HOST_SLURM):
+        pytest.skip(f"accounting needs {missing} (hack/install-system-deps.sh)")
     dbd = slurmdbd.SlurmDbd(tmp_path / "dbd", port=free_port())
     cluster = make_slurm_cluster(NODES, name="svc", start=False, dbd_port=dbd.port)
     try:
@@ -85,12 +91,15 @@ def accounted(
         dbd.stop()
 
 
-def _as_user(bin_dir: Path, user: str) -> None:
+def _as_user(bin_dir: Path, user: str, cluster: SlurmCluster) -> None:
     bin_dir.mkdir()
+    # a release in a root of its own: into the root first (a mount namespace needs root), then
+    # the user; the root's own setpriv and client
+    enter = f"{cluster.slurm_root.enter} " if cluster.slurm_root is not None else ""
     for tool in ("scontrol", "squeue", "scancel", "sinfo"):
         path = bin_dir / tool
         path.write_text(
-            f"#!/bin/sh\nexec setpriv --reuid={user} --regid={user} --init-groups "
+            f"#!/bin/sh\nexec {enter}setpriv --reuid={user} --regid={user} --init-groups "
             f'/usr/bin/{tool} "$@"\n'
         )
         path.chmod(0o755)
@@ -108,9 +117,7 @@ def _running_job(cluster: SlurmCluster, node: str, script: Path, tmp_path: Path)
     return int(job)
 
 
-# accounting is the host's slurmdbd 22.05 (gpuheal_dev.sandbox.slurmdbd): slurmctld 26.05 needs
-# a slurmdbd of its own release or newer, which 26.05's root does not carry
-@on_release(HOST_SLURM)
+@on_every_release
 def test_the_service_user_needs_operator_for_jobs_and_administrator_for_nodes(
     accounted: SlurmCluster,
     users: dict[str, str],
@@ -126,7 +133,7 @@ def test_the_service_user_needs_operator_for_jobs_and_administrator_for_nodes(
 
     async def as_level(level: str) -> None:
         user = users[level]
-        _as_user(tmp_path / f"bin-{level}", user)
+        _as_user(tmp_path / f"bin-{level}", user, cluster)
         bridge = run_bridge(
             cluster, "--slurm-bin-dir", str(tmp_path / f"bin-{level}"), token=TOKEN, name=level
         )

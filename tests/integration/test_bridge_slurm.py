@@ -508,7 +508,8 @@ def test_503_when_slurmctld_is_down_and_nothing_lost(bridge: Bridge, job_script:
 async def test_rest_backend_reads_and_capabilities(
     make_slurm_cluster: Callable[..., SlurmCluster], job_script: Path
 ) -> None:
-    # slurmrestd v0.0.38 on its socket (rest_auth/local); 26.05's: the test with restd26
+    # slurmrestd v0.0.38 on its socket (rest_auth/local); 26.05's (v0.0.45, JWT):
+    # test_rest_backend_on_26_05_reads_drains_and_resumes_with_jwt
     cluster = make_slurm_cluster(NODES, name="restd", restd=True, slurm="22.05")
     assert cluster.restd_url is not None
     jid = submit(cluster, job_script, str(job_script.parent / "s"), sbatch=("-w", NODES[0]))

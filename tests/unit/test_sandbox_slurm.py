@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -294,27 +296,34 @@ def test_slurm_26_conf_adds_jwt_and_expedited_requeue_and_22_has_neither() -> No
 def test_cluster_refuses_an_unknown_slurm_release_and_cgroup_in_a_root(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"slurm must be one of 22\.05, 26\.05"):
         SlurmCluster(tmp_path, ["n0"], slurm="25.11")
-    with pytest.raises(ValueError, match="linuxproc only"):
-        SlurmCluster(tmp_path, ["n0"], slurm="26.05", proctrack="cgroup")
+    # 26.05 tracks with cgroup too where the machine allows it (checked at start)
+    assert SlurmCluster(tmp_path, ["n0"], slurm="26.05", proctrack="cgroup").release == "26.05"
 
 
 def test_slurm_root_names_and_releases(tmp_path: Path) -> None:
-    assert slurmroot.root_name({"slurmctld": "26.05.5-1", "munge": "0.5.18-1"}) == (
-        "slurm-26.05.5-1_munge-0.5.18-1"
-    )
+    versions = {"slurmctld": "26.05.5-1", "munge": "0.5.18-1"}
+    name = slurmroot.root_name(versions)
+    assert re.fullmatch(r"slurm-26\.05\.5-1_munge-0\.5\.18-1_[0-9a-f]{8}", name), name
+    # another package set is another root, built beside the old one
+    assert slurmroot.root_name(versions, ("munge", "slurmctld")) != name
     assert slurmroot.release_of("26.05.5-1") == "26.05"
     with pytest.raises(slurmroot.SlurmRootError):
         slurmroot.release_of("sid")
     with pytest.raises(slurmroot.SlurmRootError, match=r"the host's is 22\.05"):
         slurmroot.ensure_root("22.05", cache=tmp_path)
     # only a complete root is reused: manifest, the way in and the marker in its tree
-    half = tmp_path / "slurm-26.05.5-1_munge-0.5.18-1"
+    half = tmp_path / name
     (half / "bin").mkdir(parents=True)
     (half / "bin" / slurmroot.ENTER).write_text("")
-    (half / "manifest.json").write_text("{}")
+    manifest = {"versions": {**dict.fromkeys(slurmroot.PACKAGES, "26.05.5-1"), **versions}}
+    (half / "manifest.json").write_text(json.dumps(manifest))
     assert slurmroot.cached("26.05", tmp_path) is None
     marker = half / "root" / slurmroot.MARKER.lstrip("/")
     marker.parent.mkdir(parents=True)
     marker.write_text(str(half / "root"))
     assert slurmroot.cached("26.05", tmp_path) == slurmroot.SlurmRoot(half)
     assert slurmroot.cached("26.11", tmp_path) is None
+    # a root of the same versions built by older code (no digest, fewer packages) is not used
+    older = tmp_path / "slurm-26.05.5-1_munge-0.5.18-1"
+    shutil.copytree(half, older)
+    assert slurmroot.cached("26.05", tmp_path) == slurmroot.SlurmRoot(half)

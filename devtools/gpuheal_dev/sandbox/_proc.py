@@ -99,9 +99,11 @@ def find_pids(
     exe_names: Collection[str] | None = None,
     env_match: Mapping[str, str] | None = None,
     env_has: Collection[str] = (),
+    cwd: Path | None = None,
 ) -> list[int]:
     """Live PIDs whose exe basename is in ``exe_names`` (if given), whose environment contains
-    every ``env_match`` item and every ``env_has`` key. Our own process is never returned."""
+    every ``env_match`` item and every ``env_has`` key, and whose working directory is ``cwd``
+    (if given). Our own process is never returned."""
     me = os.getpid()
     found: list[int] = []
     for pid in all_pids():
@@ -109,6 +111,12 @@ def find_pids(
             continue
         if exe_names is not None and exe_name(pid) not in exe_names:
             continue
+        if cwd is not None:
+            try:
+                if os.readlink(f"/proc/{pid}/cwd") != str(cwd):
+                    continue
+            except OSError:
+                continue
         if env_match or env_has:
             env = proc_environ(pid)
             if env is None:

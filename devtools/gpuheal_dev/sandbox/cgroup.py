@@ -5,12 +5,12 @@ is in the step's cgroup, so Slurm's SIGKILL reaches a child whose batch shell di
 step whose processes outlive SIGKILL (stuck in the driver) keeps the job COMPLETING until
 ``UnkillableStepTimeout``, when slurmd drains the node itself ("Kill task failed"). With
 ``proctrack/linuxproc`` such a child escapes: Slurm forgets it, ends the job at once and the
-process lives on (measured on this machine, Slurm 22.05).
+process lives on (measured on this machine, Slurm 22.05 and 26.05).
 
-Slurm 22.05's ``cgroup/v1`` plugin puts each ``slurmd -N <node>`` under
-``<CgroupMountpoint>/freezer/slurm_<node>/``. Several sandboxes run side by side with the same
-node names and job ids, so each cluster gets its own freezer cgroup
-(``/sys/fs/cgroup/freezer/gpuheal-<hash of its root>``) bind-mounted at
+Slurm's ``cgroup/v1`` plugin (22.05, and 26.05 from its own root) puts each
+``slurmd -N <node>`` under ``<CgroupMountpoint>/freezer/slurm_<node>/``. Several sandboxes
+run side by side with the same node names and job ids, so each cluster gets its own freezer
+cgroup (``/sys/fs/cgroup/freezer/gpuheal-<hash of its root>``) bind-mounted at
 ``<root>/cgroup/freezer``, and ``CgroupMountpoint=<root>/cgroup``: two clusters never share a
 job's cgroup (and never kill each other's processes).
 
@@ -56,8 +56,10 @@ def _is_freezer_v1(path: Path) -> bool:
     return False
 
 
-def cgroup_support() -> CgroupSupport:
-    """Can the sandbox use ``proctrack/cgroup`` here? Why not, when it cannot."""
+def cgroup_support(slurm_tree: Path = Path("/")) -> CgroupSupport:
+    """Can the sandbox use ``proctrack/cgroup`` here? Why not, when it cannot. ``slurm_tree``:
+    where that Slurm's plugins are (a release's own root, `gpuheal_dev.sandbox.slurmroot`);
+    its daemons see the host's ``/sys/fs/cgroup`` and the cluster's root as the host does."""
     if os.geteuid() != 0:
         return CgroupSupport(False, "not root: creating cgroups and bind mounts needs root")
     if not _is_freezer_v1(HOST_FREEZER):
@@ -67,8 +69,8 @@ def cgroup_support() -> CgroupSupport:
             "22.05's cgroup/v2 needs a systemd-delegated subtree the sandbox does not have",
         )
     for plugin in ("cgroup_v1", "proctrack_cgroup"):
-        if not glob.glob(_PLUGIN_GLOB.format(name=plugin)):
-            return CgroupSupport(False, f"Slurm plugin {plugin}.so not installed")
+        if not glob.glob(str(slurm_tree).rstrip("/") + _PLUGIN_GLOB.format(name=plugin)):
+            return CgroupSupport(False, f"Slurm plugin {plugin}.so not in {slurm_tree}")
     probe = HOST_FREEZER / f"gpuheal-probe-{os.getpid()}"
     try:
         probe.mkdir()

@@ -22,12 +22,16 @@ slurmd and slurmctld retry a taken port for 5 s before dying.
 ``slurm="26.05"`` runs Slurm 26.05 instead, from a Debian root of its own
 (`gpuheal_dev.sandbox.slurmroot`): the daemons and clients run through that root's way in,
 the rest (paths, ports, node names, fake GPUs) is the same. What differs on 26.05, seen on
-26.05.5: slurmd needs ``CgroupPlugin=disabled`` without a cgroup filesystem of its own
-(proctrack/linuxproc here); slurmrestd authenticates with JWT (``auth/jwt`` on slurmctld,
-a key under ``etc/``, a token for root under ``run/``), listens on a TCP port of 127.0.0.1
-and refuses to run as SlurmUser (root here), so it runs as ``nobody``; expedited requeue is
-on (``SlurmctldParameters=enable_expedited_requeue``) for jobs that ask for it
-(``--requeue=expedite``).
+26.05.5: slurmd needs ``CgroupPlugin=disabled`` without a cgroup filesystem of its own, and
+with the cluster's freezer bind (`gpuheal_dev.sandbox.cgroup`) tracks jobs with
+proctrack/cgroup and ``cgroup/v1`` as 22.05 does (its daemons see the host's
+``/sys/fs/cgroup``); its slurmstepd wipe their environment (found by working directory,
+`SlurmCluster.steps`); the cluster's root is a shared mount so that a mount made there later
+reaches its daemons' namespaces (`SlurmCluster._share_root`); slurmrestd authenticates with
+JWT (``auth/jwt`` on slurmctld, a key under ``etc/``, a token for root under ``run/``),
+listens on a TCP port of 127.0.0.1 and refuses to run as SlurmUser (root here), so it runs
+as ``nobody``; expedited requeue is on (``SlurmctldParameters=enable_expedited_requeue``) for
+jobs that ask for it (``--requeue=expedite``).
 """
 
 from __future__ import annotations
@@ -389,6 +393,22 @@ def parse_node_states(sinfo_out: str) -> dict[str, str]:
     return states
 
 
+def _is_mountpoint(path: Path) -> bool:
+    """``path`` is a mount point in this namespace (a bind of a directory on itself too, which
+    ``os.path.ismount`` misses: same device)."""
+    want = str(path.absolute())
+    try:
+        lines = Path("/proc/self/mountinfo").read_text().splitlines()
+    except OSError:
+        return False
+    for line in lines:
+        fields = line.split()
+        # field 5 is the mount point, octal-escaped (a space is \040)
+        if len(fields) > 4 and re.sub(r"\\(\d{3})", lambda m: chr(int(m[1], 8)), fields[4]) == want:
+            return True
+    return False
+
+
 # --------------------------------------------------------------------------------------------
 # Installation
 
@@ -496,8 +516,6 @@ class SlurmCluster:
     ) -> None:
         if slurm not in SLURM_VERSIONS:
             raise ValueError(f"slurm must be one of {', '.join(SLURM_VERSIONS)}, not {slurm!r}")
-        if slurm != HOST_SLURM and proctrack == "cgroup":
-            raise ValueError(f"Slurm {slurm} runs in its own root here: proctrack/linuxproc only")
         if proctrack not in ("auto", "cgroup", "linuxproc"):
             raise ValueError(f"proctrack must be auto, cgroup or linuxproc, not {proctrack!r}")
         if cred_expire < MIN_CRED_EXPIRE:
@@ -684,7 +702,7 @@ class SlurmCluster:
         self._reap_popens()  # stopped from elsewhere (e.g. SlurmCluster.attach(root).stop())
         self._popens.clear()
         if self.own_root:
-            self.slurm_root = ensure_root(self.release)
+            self.prepare_root()
         elif self.install:
             ensure_installed(restd=self.restd)
         self._choose_proctrack()
@@ -719,10 +737,7 @@ class SlurmCluster:
         if self.proctrack_wanted == "linuxproc":
             self.proctrack, self.proctrack_reason = "linuxproc", "asked for"
             return
-        if self.own_root:
-            self.proctrack, self.proctrack_reason = "linuxproc", f"Slurm {self.release}'s root"
-            return
-        support = cgroup.cgroup_support()
+        support = self.cgroup_support()
         if support.ok:
             self.proctrack, self.proctrack_reason = "cgroup", support.reason
             return
@@ -730,6 +745,21 @@ class SlurmCluster:
             raise SlurmSandboxError(f"proctrack/cgroup is not available here: {support.reason}")
         self.proctrack, self.proctrack_reason = "linuxproc", f"no cgroup: {support.reason}"
         log.info("slurm: proctrack/linuxproc (%s)", support.reason)
+
+    def cgroup_support(self) -> cgroup.CgroupSupport:
+        """Whether this machine lets this cluster's release track jobs with proctrack/cgroup
+        (what ``proctrack="auto"`` chooses), and why not. A release in a root of its own is
+        built first when it is not cached: its daemons see the host's ``/sys/fs/cgroup`` and
+        this cluster's freezer bind as the host does, its plugins are the root's."""
+        root = self.prepare_root()
+        return cgroup.cgroup_support(root.tree if root is not None else Path("/"))
+
+    def prepare_root(self) -> SlurmRoot | None:
+        """The root this cluster's release runs from (built first when it is not cached), None
+        for the host's packages: what runs beside it (its slurmdbd) comes from there too."""
+        if self.own_root and self.slurm_root is None:
+            self.slurm_root = ensure_root(self.release)
+        return self.slurm_root
 
     def _pick_ports(self) -> None:
         ports = _proc.free_tcp_ports(2 + len(self.nodes))
@@ -783,8 +813,10 @@ class SlurmCluster:
         cgroup_conf = lay.etc / "cgroup.conf"
         cgroup_conf.unlink(missing_ok=True)
         if self.own_root:
-            # 26.05's slurmd dies at start without a cgroup filesystem it can use
+            # 26.05's slurmd dies at start without a cgroup filesystem it can use (replaced
+            # below with proctrack/cgroup)
             cgroup_conf.write_text("CgroupPlugin=disabled\n")
+            self._share_root()
             lay.jwt_key.write_bytes(os.urandom(32))
             lay.jwt_key.chmod(0o600)  # slurmctld refuses a key others can read
         if self.proctrack == "cgroup":
@@ -812,6 +844,31 @@ class SlurmCluster:
                 indent=2,
             )
         )
+
+    def _share_root(self) -> None:
+        """Bind the cluster's root on itself as a shared mount: the root's daemons enter their
+        namespace as its slaves (``slurmroot``'s way in), so a mount made later under the root
+        on the host (a test's FUSE wedge) shows to them, as a mount on a node shows to its
+        slurmd. The host's / is private here: without this nothing made later reaches them."""
+        root = str(self.root)
+        try:
+            if not _is_mountpoint(self.root):
+                subprocess.run(["mount", "--bind", root, root], check=True, capture_output=True)
+            subprocess.run(["mount", "--make-shared", root], check=True, capture_output=True)
+        except (OSError, subprocess.CalledProcessError) as exc:
+            err = getattr(exc, "stderr", b"") or b""
+            raise SlurmSandboxError(
+                f"sharing {root} with Slurm {self.release}'s namespaces (mount --bind, "
+                f"--make-shared; needs root): {exc} {err.decode(errors='replace').strip()}"
+            ) from exc
+
+    def _unshare_root(self) -> None:
+        """Undo `_share_root` (lazily when a stuck process still holds something in it)."""
+        while _is_mountpoint(self.root):
+            done = subprocess.run(["umount", str(self.root)], capture_output=True, check=False)
+            if done.returncode != 0:
+                subprocess.run(["umount", "-l", str(self.root)], capture_output=True, check=False)
+                break
 
     def _start_once(self) -> None:
         lay = self.layout
@@ -941,7 +998,7 @@ class SlurmCluster:
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 env=env,
-                cwd=self.root,
+                cwd=self.root,  # also how 26.05's slurmstepd are told apart (`steps`)
                 start_new_session=True,  # the terminal's Ctrl-C reaches us, not the daemons
             )
         self._popens[name] = popen
@@ -1092,6 +1149,7 @@ class SlurmCluster:
             self._reap_popens()
             if cgroup.mountpoint(self.root).exists():
                 cgroup.teardown(self.root)
+            self._unshare_root()
             return
         t0 = time.monotonic()
         if not quiet:
@@ -1115,6 +1173,7 @@ class SlurmCluster:
             log.error("slurm: job processes %s of %s survived SIGKILL", left, self.root)
         if self.proctrack == "cgroup" or cgroup.mountpoint(self.root).exists():
             cgroup.teardown(self.root)
+        self._unshare_root()
         for p in (self.layout.munge_socket, Path(f"{self.layout.munge_socket}.lock")):
             p.unlink(missing_ok=True)
         self.layout.restd_socket.unlink(missing_ok=True)
@@ -1169,8 +1228,20 @@ class SlurmCluster:
         return self.run("scontrol", "show", "hostnames", hostlist, timeout=10).stdout.split()
 
     def _own_processes(self) -> list[int]:
-        """Live processes spawned by this cluster's daemons (marker in their environment)."""
-        return _proc.find_pids(env_match={SANDBOX_ENV_MARKER: str(self.root)})
+        """Live processes spawned by this cluster's daemons (marker in their environment), and
+        its slurmstepd (`steps`)."""
+        own = _proc.find_pids(env_match={SANDBOX_ENV_MARKER: str(self.root)})
+        return sorted({*own, *self.steps()})
+
+    def steps(self) -> list[int]:
+        """This cluster's slurmstepd, also orphaned (their slurmd dead). 22.05's carry the
+        marker in their environment; 26.05's wipe theirs (its title is written over it), but
+        keep the working directory of the slurmd that started them: the cluster's root
+        (`_spawn`), which no other cluster's shares."""
+        marked = _proc.find_pids(
+            exe_names=_EXE["slurmstepd"], env_match={SANDBOX_ENV_MARKER: str(self.root)}
+        )
+        return sorted({*marked, *_proc.find_pids(exe_names=_EXE["slurmstepd"], cwd=self.root)})
 
     def _job_processes(self) -> list[int]:
         """Live job processes of this cluster (submitted with our SLURM_CONF), even orphaned."""
@@ -1179,11 +1250,8 @@ class SlurmCluster:
         )
 
     def _kill_leftover_steps(self) -> None:
-        steps = _proc.find_pids(
-            exe_names=_EXE["slurmstepd"], env_match={SANDBOX_ENV_MARKER: str(self.root)}
-        )
         victims: list[int] = []
-        for step in steps:
+        for step in self.steps():
             victims += [step, *_proc.descendants(step)]
         victims += [p for p in self._job_processes() if p not in victims]
         if victims:

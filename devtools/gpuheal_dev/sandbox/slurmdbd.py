@@ -12,6 +12,10 @@ Set users up before the cluster starts: Debian's slurmctld 22.05.8 was seen to c
 (SIGSEGV in an RPC thread, about one time in two here) on the update slurmdbd pushes to it
 when a user changes while it runs.
 
+slurmctld accepts a slurmdbd of its own release or newer: a cluster of a release in a root of
+its own (26.05, `gpuheal_dev.sandbox.slurmroot`) gets munged, slurmdbd and sacctmgr from that
+root; MariaDB is the host's either way.
+
 MariaDB runs from an empty data directory with ``--skip-grant-tables`` (Debian's
 ``mariadb-server-core`` alone, no system tables: slurmdbd creates its own database), on a
 free port of 127.0.0.1; slurmdbd connects as root without a password, and authenticates with
@@ -34,6 +38,7 @@ from gpuheal_dev.sandbox.slurm import (
     SlurmSandboxError,
     short_hostname,
 )
+from gpuheal_dev.sandbox.slurmroot import SlurmRoot
 
 log = logging.getLogger("gpuheal_dev.sandbox")
 
@@ -48,10 +53,12 @@ def _sbin(name: str) -> str | None:
     )
 
 
-def missing() -> list[str]:
+def missing(*, own_root: bool = False) -> list[str]:
     """The programs accounting needs that are not installed (``hack/install-system-deps.sh``
-    installs them: ``PACKAGES``)."""
-    return [n for n in ("mariadbd", "slurmdbd", "sacctmgr") if _sbin(n) is None]
+    installs them: ``PACKAGES``). ``own_root``: for a release in a root of its own, which
+    carries its slurmdbd and sacctmgr: MariaDB alone is the host's."""
+    wanted = ("mariadbd",) if own_root else ("mariadbd", "slurmdbd", "sacctmgr")
+    return [n for n in wanted if _sbin(n) is None]
 
 
 class SlurmDbd:
@@ -61,6 +68,14 @@ class SlurmDbd:
         self.db_port = db_port or _proc.free_tcp_ports(1)[0]
         self._popens: dict[str, subprocess.Popen[bytes]] = {}
         self.cluster: SlurmCluster | None = None
+        #: the cluster's release's root, None for the host's packages (set by ``start``)
+        self.slurm_root: SlurmRoot | None = None
+
+    def _argv(self, daemon: str, *args: str) -> list[str]:
+        """A Slurm or munge daemon of the cluster's release."""
+        if self.slurm_root is not None:
+            return self.slurm_root.enter_argv(f"/usr/sbin/{daemon}", *args)
+        return [str(_sbin(daemon)), *args]
 
     @property
     def etc(self) -> Path:
@@ -68,8 +83,9 @@ class SlurmDbd:
 
     def start(self, cluster: SlurmCluster, timeout: float = 60.0) -> SlurmDbd:
         """munged (the cluster's key), MariaDB, slurmdbd: before the cluster starts."""
-        if missing():
-            raise SlurmSandboxError(f"accounting needs {', '.join(missing())}: {PACKAGES}")
+        self.slurm_root = cluster.prepare_root()
+        if lacking := missing(own_root=self.slurm_root is not None):
+            raise SlurmSandboxError(f"accounting needs {', '.join(lacking)}: {PACKAGES}")
         self.cluster = cluster
         data, logs, munge = self.root / "mariadb", self.root / "log", self.root / "munge"
         for d in (data, logs, munge, self.etc, cluster.layout.munge):
@@ -82,11 +98,11 @@ class SlurmDbd:
         socket = munge / "munge.sock"
         self._spawn(
             "munged",
-            [
-                str(_sbin("munged")), "--foreground", "--force", f"--socket={socket}",
+            self._argv(
+                "munged", "--foreground", "--force", f"--socket={socket}",
                 f"--key-file={key}", f"--log-file={logs / 'munged.log'}",
                 f"--pid-file={munge / 'munged.pid'}", f"--seed-file={munge / 'munged.seed'}",
-            ],
+            ),
         )  # fmt: skip
         _proc.wait_for(socket.exists, what="munged's socket", timeout=timeout)
         self._spawn(
@@ -143,7 +159,7 @@ class SlurmDbd:
         )
         env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
         env["SLURM_CONF"] = str(self.etc / "slurm.conf")  # slurmdbd.conf is read beside it
-        self._spawn("slurmdbd", [str(_sbin("slurmdbd")), "-D"], env=env)
+        self._spawn("slurmdbd", self._argv("slurmdbd", "-D"), env=env)
         _proc.wait_for(
             lambda: not _proc.port_free(self.port), what="slurmdbd to listen", timeout=timeout
         )
@@ -162,8 +178,9 @@ class SlurmDbd:
         """``sacctmgr -i -n -P ARGS`` against this accounting (the cluster need not run)."""
         env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
         env["SLURM_CONF"] = str(self.root / "client" / "slurm.conf")
+        sacctmgr = self.slurm_root.tool("sacctmgr") if self.slurm_root is not None else "sacctmgr"
         out = subprocess.run(
-            ["sacctmgr", "-i", "-n", "-P", *args], env=env, capture_output=True, text=True,
+            [sacctmgr, "-i", "-n", "-P", *args], env=env, capture_output=True, text=True,
             timeout=60, check=False,
         )  # fmt: skip
         if check and out.returncode != 0:
