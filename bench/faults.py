@@ -540,6 +540,9 @@ def _env_float(name: str, default: float) -> float:
 ONCALL_S, ONCALL_MINUTES, REAL_FAULT_HOURS = 30.0, 15.0, 3.1
 
 
+TRACE_NODES = 12  # the trace's faults land on them in turn
+
+
 def project(lost_per_fault: float, hours_between_faults: float) -> float:
     """Effective training time ratio at a real fault rate from the time lost per fault (the
     loss stays per fault as long as faults do not overlap)."""
@@ -613,7 +616,7 @@ def fault_trace(ctx: Context) -> Result:
     faults = trace(n, interval)
     steps = default_rule_steps(79)
     runs: list[dict[str, Any]] = []
-    with stack(ctx, gpu_nodes=12, spares=0, release=release) as st:
+    with stack(ctx, gpu_nodes=TRACE_NODES, spares=0, release=release) as st:
         version = st.slurm.version()
         ctx.progress(f"Slurm {version}; the default policy's XID 79 steps: {steps}")
         body = bench_policy(f"trace-{os.getpid()}", steps, return_to_service=True)
@@ -666,7 +669,7 @@ def fault_trace(ctx: Context) -> Result:
             "faults": n,
             "interval_seconds": interval,
             "kinds": [f.kind for f in faults],
-            "gpu_nodes": 12,
+            "gpu_nodes": TRACE_NODES,
             "ckpt_every_steps": CKPT_EVERY,
             "step_seconds": STEP_SECONDS,
             "slurm_release": release,
@@ -693,8 +696,8 @@ def fault_trace(ctx: Context) -> Result:
             f"({DEFAULT_POLICY.relative_to(REPO)}): {steps}; the sandbox's changes: Job hooks "
             "as Noop (kwok nodes run no Jobs), return to service after 30 s healthy without the "
             "gpu-check Job (10 min and the check by default), no escalation to the replace rung "
-            "(its Slurm step is the same), a generous breaker and rate limit (10 faults in "
-            "minutes on 12 nodes).",
+            f"(its Slurm step is the same), a generous breaker and rate limit ({n} faults in "
+            f"minutes on {TRACE_NODES} nodes).",
             f"A shorter interval ({interval:g} s here) is harsher: the same loss per fault over "
             "less wall time.",
             "ETTR = (step reached at the end - step at the start) / healthy steps per second "
@@ -715,6 +718,7 @@ def fault_trace(ctx: Context) -> Result:
             f"{projection['ettr_oncall']:.2%} with the person.",
             "gpuheal excludes each faulty node from the job's next allocations; the bridge lifts "
             "the exclusion once it resumes the node (a pending job at once, a running one at its "
-            "next requeue). The person leaves each node drained (12 nodes, 10 faults).",
+            "next requeue). The person leaves each node drained "
+            f"({TRACE_NODES} nodes, {n} faults).",
         ],
     )
