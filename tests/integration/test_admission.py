@@ -395,12 +395,16 @@ def test_the_operators_node_writes_are_gpuheals_own(
     def patch(body: dict[str, Any]) -> Any:
         return operator.patch_node(node, body)
 
+    def foreign_label() -> str | None:
+        said = _refusal(lambda: patch({"metadata": {"labels": {"team": "x"}}}))
+        if said is None:
+            # Admitted before the policy was in force: undone, else every later probe would
+            # change nothing and pass the policy (it refuses changes, not a label present).
+            sandbox.core_v1().patch_node(node, {"metadata": {"labels": {"team": None}}})
+        return said
+
     # Someone else's label: refused, naming it.
-    said = wait_for(
-        lambda: _refusal(lambda: patch({"metadata": {"labels": {"team": "x"}}})),
-        "the operator's node admission policy in force",
-        timeout=30,
-    )
+    said = wait_for(foreign_label, "the operator's node admission policy in force", timeout=30)
     assert "may change only gpuheal.io/ labels" in said, said
     assert f"this request changes team on node {node}" in said, said
 
