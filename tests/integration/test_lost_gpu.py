@@ -15,7 +15,6 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -25,35 +24,22 @@ from gpuheal_dev.sandbox import Sandbox
 from gpuheal_dev.sandbox.faults import FakeGpus, GpuState, Wedge, WedgeUnavailable
 from tests.fixtures.slurm import SLURM_RELEASES
 from tests.integration.operator_harness import Xid79Scene, condition, dump, wait_for
-from tests.integration.test_real_faults import CKPT_EVERY, STEP_S, Scene, jobs_by_id, resumed
+from tests.integration.test_real_faults import (
+    CKPT_EVERY,
+    STEP_S,
+    Scene,
+    jobs_by_id,
+    resumed,
+    rule,
+)
 
 pytestmark = pytest.mark.integration
 
 
-def lost_gpu_rule() -> dict[str, Any]:
-    """The default policy's XID 79 Slurm step: requeue with the node DOWN, no checkpoint."""
-    return {
-        "name": "fell-off-bus",
-        "signals": {"xids": [79]},
-        "ladder": [
-            {
-                "name": "requeue",
-                "steps": [
-                    {"action": "cordon"},
-                    {
-                        "action": "slurmDrain",
-                        "slurmDrain": {"requeue": "requeue", "nodeDown": True},
-                    },
-                ],
-            }
-        ],
-    }
-
-
 @pytest.fixture
 def wedge(tmp_path: Path) -> Iterator[Wedge]:
-    """A FUSE wedge, mounted before the Slurm daemons start: 26.05's run in a private mount
-    namespace made at their start, which does not see later mounts."""
+    """A FUSE wedge, mounted before the Slurm daemons start (26.05's would see a later mount
+    only under the cluster's root, its shared bind: gpuheal_dev.sandbox.slurm)."""
     try:
         w = Wedge(tmp_path / "wedge").open()
     except WedgeUnavailable as exc:
@@ -69,7 +55,10 @@ def lost_scene(
     """Three nodes in Kubernetes and Slurm (the release of ``slurm_release``), the bridge, the
     lost-GPU policy, the operator running."""
     world = xid79_scene(
-        work=3, spares=0, slurm={"unkillable_step_timeout": 60}, rules=[lost_gpu_rule()]
+        work=3,
+        spares=0,
+        slurm={"unkillable_step_timeout": 60},
+        rules=[rule(checkpoint=False, nodeDown=True)],  # the default policy's XID 79 step
     )
     assert world.cluster is not None
     op = world.start()

@@ -45,8 +45,12 @@ CKPT_EVERY, STEP_S = 10, 0.05
 GRACE = "2s"
 
 
-def rule(**slurm_drain: Any) -> dict[str, Any]:
-    opts = {"requeue": "requeue", "checkpointSignal": "USR1", "gracePeriod": GRACE}
+def rule(*, checkpoint: bool = True, **slurm_drain: Any) -> dict[str, Any]:
+    """The XID 79 rule: cordon, then slurmDrain with ``slurm_drain`` over a plain requeue
+    (with the USR1 checkpoint grace unless ``checkpoint`` is false: the lost-GPU policy)."""
+    opts: dict[str, Any] = {"requeue": "requeue"}
+    if checkpoint:
+        opts |= {"checkpointSignal": "USR1", "gracePeriod": GRACE}
     return {
         "name": "fell-off-bus",
         "signals": {"xids": [79]},
