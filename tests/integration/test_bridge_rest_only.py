@@ -6,12 +6,9 @@ another node (real bridge process, real 26.05 sandbox with JWT)."""
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import re
 import shutil
-import signal
 import time
 import urllib.request
 from collections.abc import Callable
@@ -21,7 +18,7 @@ import pytest
 
 from gpuheal_dev.sandbox.slurm import SlurmCluster
 from tests.integration.bridge_harness import BridgeProcess
-from tests.integration.test_bridge_slurm import JOB, job_pids
+from tests.integration.test_bridge_slurm import JOB, kill_job
 
 pytestmark = pytest.mark.integration
 
@@ -141,9 +138,7 @@ def test_a_rest_only_bridge_on_26_05_requeues_a_job_that_died_with_its_gpu(
     cluster, bridge = rest_only_bridge(make_slurm_cluster, run_bridge, tmp_path)
     jid, node, out = start_job(cluster, tmp_path)
     since = time.time() - 5
-    for pid in job_pids(cluster, jid):
-        with contextlib.suppress(ProcessLookupError):  # its short `sleep` may end first
-            os.kill(pid, signal.SIGKILL)
+    kill_job(cluster, jid)
     wait_for(lambda: job_field(cluster, jid, "%T") == "FAILED", "job FAILED")
 
     assert (

@@ -199,6 +199,33 @@ def test_a_held_member_still_cordons_drains_and_requeues_but_reserves_no_spare()
     assert replacement_held(domains, "gpu-0") is domains[0]
 
 
+def test_a_member_claims_its_spare_early_only_once_the_faults_before_it_are_on_record() -> None:
+    """Acting (first of two) but its incident just opened: a member that faulted before it
+    may not be an incident yet, so no early claim; two seconds on, the claim goes ahead."""
+    domains = (standing(["gpu-0", "gpu-1"], max_node_actions=1),)
+    history = History(observations=[xid(79, T0)], incident=incident_79(set(), rung=1))
+    soon = decide(SPEC, NODE, history, CALM, T0 + SEC, domains=domains)
+    assert isinstance(soon, Act), soon
+    assert soon.operation is Action.CORDON  # the node's own steps are not delayed
+    assert soon.reserve is None
+    later = decide(SPEC, NODE, history, CALM, T0 + 2 * SEC, domains=domains)
+    assert isinstance(later, Act)
+    assert later.reserve is not None
+    alone = decide(SPEC, NODE, history, CALM, T0 + SEC)  # no domain: claimed at once
+    assert isinstance(alone, Act)
+    assert alone.reserve is not None
+
+
+def test_a_held_member_whose_spare_was_claimed_early_says_so() -> None:
+    decision = held_decision((standing(["gpu-1", "gpu-0"]),), replaced_by="spare-3")
+    assert isinstance(decision, Blocked), decision
+    assert decision.reason == Reason.DOMAIN_REPLACEMENT_HELD
+    assert decision.message.endswith(
+        "; spare-3 was claimed for it before the faults ahead of it were on record, "
+        "and stays claimed"
+    )
+
+
 def test_the_domain_breaker_holds_the_first_disruptive_step_only() -> None:
     full = (standing(["gpu-1", "gpu-0"], out=2, maxUnhealthy=2),)
     history = History(observations=[xid(79, T0)], incident=incident_79(set()))

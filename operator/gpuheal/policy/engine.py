@@ -52,6 +52,7 @@ from gpuheal.api.remediationpolicy import (
 from gpuheal.policy.domains import (
     DomainStanding,
     domain_breaker,
+    early_claim_waits,
     held_message,
     replacement_held,
 )
@@ -477,12 +478,23 @@ def _continue_incident(  # noqa: PLR0911 - one exit per documented outcome reads
     # Approving the replace lifts a domain's hold: a person who knows the cause is fixed.
     held = None if Action.REPLACE in incident.approved else replacement_held(domains, node.name)
     if action is Action.REPLACE and held is not None:
-        return Blocked(Reason.DOMAIN_REPLACEMENT_HELD, held_message(held, node.name), would=act)
+        message = held_message(held, node.name)
+        if incident.replaced_by is not None:  # its early claim outran the hold (settle)
+            message += (
+                f"; {incident.replaced_by} was claimed for it before the faults ahead of it "
+                "were on record, and stays claimed"
+            )
+        return Blocked(Reason.DOMAIN_REPLACEMENT_HELD, message, would=act)
     if action in set(safety.require_approval) - incident.approved:
         return Blocked(Reason.APPROVAL_PENDING, f"{action} needs approval", would=act)
     if incident.dry_run:
         return Blocked(Reason.DRY_RUN, f"dry run: would {action}", would=act)
-    spare = None if held is not None else spare_to_claim(policy, observations, incident, act, now)
+    settling = early_claim_waits(domains, incident.started_at, now)
+    spare = (
+        None
+        if held is not None or settling
+        else spare_to_claim(policy, observations, incident, act, now)
+    )
     if action in DISRUPTIVE_ACTIONS and not incident.holds_slot and _own_cordon(node, incident):
         # Its cordon took the slot, and a crash came before the status said so: the mark
         # counts in `counts` already; admitting the incident again would block it behind
