@@ -404,6 +404,8 @@ def test_slurm_drains_a_node_whose_job_cannot_be_killed_and_the_job_still_moves(
         print(dump(record))
         assert record["outcome"] == "Requeued"
         assert record["nodeDown"] is False
+        assert record["stillOnNode"] is False  # it left within the bridge's settle wait
+        assert (condition(nrem, "JobsRequeued") or {}).get("reason") == "Requeued"
         assert runs.after.start["host"] != broken
         assert "Reason=Kill task failed" in sc.slurm_node(broken)
     finally:

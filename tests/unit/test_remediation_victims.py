@@ -192,11 +192,23 @@ async def test_a_stuck_job_sets_the_node_down_and_says_so(world: World) -> None:
     assert [r for r, _, _ in world.events] == ["NodeDownForStuckJob"]
 
 
-async def test_report_only_leaves_a_stuck_node_up(world: World) -> None:
+async def test_report_only_leaves_a_stuck_node_up_and_claims_no_requeue(world: World) -> None:
+    """Slurm took the requeue, but the job still holds the node (its processes outlived
+    SIGKILL) and onStuckJob: Report leaves it there: JobsRequeued is not a success, the record
+    and a Warning say why; a job that did leave is still named as requeued."""
     world.slurm.add_job(FakeJob(1, [NODE], stuck_probes=10_000))
+    world.slurm.add_job(FakeJob(2, [NODE]))
     result = await world.step(on_stuck_job="Report")
-    assert jobs_of(result)["1"]["nodeDown"] is False
+    record = jobs_of(result)["1"]
+    assert (record["nodeDown"], record["stillOnNode"]) == (False, True)
+    assert "still on the node" in record["message"]
+    assert jobs_of(result)["2"]["stillOnNode"] is False
     assert world.slurm.nodes[NODE].state == "MIXED"
+    status, reason, message = jobs_requeued(result)
+    assert (status, reason) == ("False", "StuckOnNode")
+    assert message.startswith(f"requeued but still on {NODE}: 1: its processes outlived")
+    assert message.endswith("; requeued 2")
+    assert [(r, t) for r, _, t in world.events] == [("JobStuckOnNode", "Warning")]
 
 
 async def test_a_restart_carries_on_with_the_recorded_plan(world: World) -> None:

@@ -221,6 +221,7 @@ class EventReason(enum.StrEnum):
     JOB_LEFT_BEHIND = "JobNotRequeued"  # a job of the faulty node gpuheal did not requeue
     JOB_HELD = "JobHeld"  # requeued held: it names the faulty node in its --nodelist
     NODE_DOWN_FOR_STUCK_JOB = "NodeDownForStuckJob"  # its processes outlived SIGKILL
+    JOB_STUCK_ON_NODE = "JobStuckOnNode"  # requeued, but it still holds the node (Report)
     NODE_DOWN_FOR_LOST_GPU = "NodeDownForLostGpu"  # slurmDrain.nodeDown: no wait for the job
     # on the operator's own Pod: a misconfiguration that keeps it not ready (/readyz says why)
     BRIDGE_AUTH_REFUSED = "BridgeTokenRefused"

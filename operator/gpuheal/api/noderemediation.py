@@ -176,6 +176,12 @@ class JobRecord(Model):
         "lost (slurmDrain.nodeDown), or because it still held the node past KillWait + "
         "stuckJobTimeout.",
     )
+    still_on_node: bool = Field(
+        default=False,
+        description="Slurm accepted the requeue but the job still held the node when the "
+        "bridge last looked (its processes outlived SIGKILL and onStuckJob is Report): it "
+        "runs again only once Slurm releases it.",
+    )
 
 
 class Ownership(Model):

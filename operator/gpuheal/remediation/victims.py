@@ -208,6 +208,7 @@ def _from_result(record: JobRecord, result: JobResult, now: dt.datetime) -> JobR
                 "at": result.requeued_at or now,
                 "nodes_after": list(result.nodes_after or []),
                 "node_down": result.node_down,
+                "still_on_node": not held and _still_on_node(result),
             }
         )
     reason = {
@@ -232,12 +233,16 @@ def _not_running_reason(result: JobResult) -> JobReason:
     return JobReason.OTHER_END
 
 
+def _still_on_node(result: JobResult) -> bool:
+    return result.left_node_seconds is None and not result.node_down
+
+
 def _left(result: JobResult) -> str:
     if result.node_down and not result.stuck:
         return "off the node at once: its GPU is lost, gpuheal set the node DOWN"
     if result.node_down:
         return "off the node only after gpuheal set it DOWN"
-    if result.left_node_seconds is not None:
+    if not _still_on_node(result):
         return f"off the node {result.left_node_seconds:g}s after the requeue"
     return "still on the node"
 
@@ -270,6 +275,12 @@ async def _announce(record: JobRecord, post_event: PostEvent, *, lost_gpu: bool 
             f"{who}: its processes outlived SIGKILL; the Slurm node was set DOWN to release it",
             "Warning",
         )
+    if record.still_on_node:
+        await post_event(
+            EventReason.JOB_STUCK_ON_NODE,
+            f"{who} was requeued but still holds the node: {_STUCK_HOW}",
+            "Warning",
+        )
     if record.outcome is JobOutcome.HELD:
         await post_event(EventReason.JOB_HELD, f"{who}: {record.message}", "Warning")
     elif record.outcome in (JobOutcome.LEFT, JobOutcome.FAILED):
@@ -278,13 +289,27 @@ async def _announce(record: JobRecord, post_event: PostEvent, *, lost_gpu: bool 
         await post_event(EventReason.JOB_LEFT_BEHIND, text, kind)
 
 
+#: What a job requeued but still on its node (onStuckJob: Report) waits for.
+_STUCK_HOW = (
+    "its processes outlived SIGKILL and onStuckJob is Report, so it runs again only once "
+    "Slurm releases it (slurmd drains the node 'Kill task failed', or an admin sets it DOWN; "
+    "onStuckJob: DownNode does that at once)"
+)
+
+
 def _condition(
     node: str, records: Sequence[JobRecord], signal_at: dt.datetime, opts: SlurmDrainOptions
 ) -> tuple[str, str, str]:
     moved = [r for r in records if r.outcome in (JobOutcome.REQUEUED, JobOutcome.HELD)]
+    stuck = [r for r in moved if r.still_on_node]
     others = [r for r in records if r not in moved]
-    names = ", ".join(_name(r) for r in moved)
+    names = ", ".join(_name(r) for r in moved if r not in stuck)
     rest = "; ".join(f"{_name(r)}: {r.outcome.value} ({r.reason.value})" for r in others)
+    if stuck:  # Slurm took the requeue, yet the job cannot run anywhere: not a success yet
+        said = f"requeued but still on {node}: {', '.join(_name(r) for r in stuck)}: {_STUCK_HOW}"
+        if names:
+            said += f"; requeued {names}"
+        return "False", "StuckOnNode", said + (f"; {rest}" if rest else "")
     if moved:
         return "True", "Requeued", f"requeued {names}" + (f"; {rest}" if rest else "")
     if not records:
