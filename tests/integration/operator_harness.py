@@ -8,7 +8,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -31,6 +30,7 @@ from gpuheal.xid.identity import (
     format_gpu_map,
     format_gpu_report,
 )
+from gpuheal_dev.sandbox._proc import free_tcp_ports
 
 if TYPE_CHECKING:
     from gpuheal_dev.sandbox import Sandbox
@@ -42,10 +42,10 @@ LEASE_NAMESPACE = "default"  # the operator's own namespace as `OperatorProcess`
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
+    """A port free now, below the kernel's ephemeral range: a port the kernel handed out
+    (bind to 0) can be taken as the source port of any outgoing connection before the server
+    binds it, and the suite makes thousands of them on four workers."""
+    return free_tcp_ports(1)[0]
 
 
 def wait_for(check: Callable[[], Any], what: str, timeout: float = 60, every: float = 0.2) -> Any:

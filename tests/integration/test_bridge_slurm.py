@@ -15,7 +15,6 @@ import json
 import os
 import re
 import signal
-import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -35,6 +34,7 @@ from gpuheal_bridge.server.app import BridgeSettings, create_app
 from gpuheal_dev.sandbox.faults import job_processes
 from gpuheal_dev.sandbox.slurm import SlurmCluster
 from tests.fixtures.slurm import SLURM_RELEASES
+from tests.integration.operator_harness import free_port
 
 pytestmark = pytest.mark.integration
 
@@ -62,12 +62,6 @@ while true; do
   sleep "$STEP_S" & wait $!
 done
 """
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass
@@ -101,7 +95,7 @@ def serve(cluster: SlurmCluster, state_dir: Path, audit_log: Path) -> Iterator[s
             retry_after=2,
         )
     )
-    port = _free_port()
+    port = free_port()
     server = uvicorn.Server(
         uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on")
     )

@@ -33,6 +33,7 @@ import yaml
 from gpuheal_dev.sandbox import Sandbox
 from gpuheal_dev.sandbox.kube import cluster_bin_dir
 from gpuheal_dev.sandbox.slurm import SlurmCluster
+from tests.integration.operator_harness import free_port
 from tests.integration.test_bridge_slurm import NODES, TOKEN, serve
 
 pytestmark = pytest.mark.integration
@@ -48,12 +49,6 @@ GPUHEAL_CRDS = (
     "faulthistories.gpuheal.io",  # issue 12: each node's memory of faults
 )
 LEASE_SECONDS = 4
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _helm(sandbox: Sandbox | None, home: Path, *args: str) -> str:
@@ -184,7 +179,7 @@ class Operator:
 
     def __init__(self, rel: Release, pod: str, kubeconfig: Path, log: Path) -> None:
         self.pod, self.log = pod, log
-        self.health_port = _free_port()
+        self.health_port = free_port()
         env = {k: v for k, v in os.environ.items() if not k.startswith(("KUBECONFIG", "GPUHEAL_"))}
         env |= {"KUBECONFIG": str(kubeconfig), "POD_NAME": pod}
         exe = Path(sys.executable).parent / "gpuheal"
@@ -362,7 +357,7 @@ def test_helm_test_bridge_check(
 def test_helm_test_bridge_check_fails_when_nothing_listens(tmp_path: Path) -> None:
     token = tmp_path / "token"
     token.write_text(TOKEN)
-    url = f"http://127.0.0.1:{_free_port()}"
+    url = f"http://127.0.0.1:{free_port()}"
     result = _run_check(
         "bridge", {"GPUHEAL_TEST_BRIDGE_URL": url, "GPUHEAL_TEST_BRIDGE_TOKEN_FILE": str(token)}
     )
