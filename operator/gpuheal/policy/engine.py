@@ -52,8 +52,8 @@ from gpuheal.api.remediationpolicy import (
 from gpuheal.policy.domains import (
     DomainStanding,
     domain_breaker,
-    early_claim_waits,
     held_message,
+    place_settling,
     replacement_held,
 )
 from gpuheal.policy.safety import admit
@@ -489,7 +489,7 @@ def _continue_incident(  # noqa: PLR0911 - one exit per documented outcome reads
         return Blocked(Reason.APPROVAL_PENDING, f"{action} needs approval", would=act)
     if incident.dry_run:
         return Blocked(Reason.DRY_RUN, f"dry run: would {action}", would=act)
-    settling = early_claim_waits(domains, incident.started_at, now)
+    settling = place_settling(domains, incident.started_at, now)
     spare = (
         None
         if held is not None or settling

@@ -38,7 +38,13 @@ from gpuheal.api.names import (
 from gpuheal.api.noderemediation import NodeRemediation, RepairRecord
 from gpuheal.api.remediationpolicy import Action, NotifyEvent, RemediationPolicy, Step
 from gpuheal.policy import choose_policy
-from gpuheal.policy.domains import Announce, DomainIncident, announcement
+from gpuheal.policy.domains import (
+    PLACE_SETTLE,
+    Announce,
+    DomainIncident,
+    announcement,
+    place_settling,
+)
 from gpuheal.policy.inputs import (
     is_completed,
     node_view,
@@ -181,8 +187,6 @@ async def advance(
         return None
     rec = Recorder(nrem, _now(), written=lambda body: _written(ports, cluster, body))
     _record_reserved(books, nrem, rec)
-    opened = None
-    announce: tuple[Announce, DomainIncident | None] = (Announce.OWN, None)
     if not rec.holds(NremCondition.DETECTED):
         why = await _vet(ports, cluster, nrem)
         if why is not None:
@@ -190,9 +194,9 @@ async def advance(
             return None
         # Recorded with this pass's step (one write, not two): the engine then sees the
         # opening rung; a crash before the write repeats an idempotent step, nothing more.
-        opened = _record_detected(nrem, rec)
-        announce = _record_domain(cluster, nrem, rec)
+        books.unannounced[name] = (_record_detected(nrem, rec), rec.now)
         nrem = nrem.model_copy(update={"status": rec.status.model_copy(deep=True)})
+    opening = _opening(cluster, books, nrem, rec)
     policy = cluster.policies.get(nrem.spec.policy_ref.name)
     if policy is None:
         await _block(
@@ -207,18 +211,64 @@ async def advance(
     decision = await _decide(ports, cluster, nrem, policy, rec.now)
     delay = await _carry_out(ports, cluster, books, nrem, rec, decision, attempt)
     await rec.write(ports.require_kube())  # an early spare claim a path did not write yet
-    if opened is not None:  # told once the status says it
-        how, group = announce
-        if how is Announce.OWN:
-            ports.announce(cluster, nrem, NotifyEvent.OPENED, "SignalMatched", opened, rec.now)
-        elif how is Announce.DOMAIN and group is not None:
-            ports.announce(
-                cluster, nrem, NotifyEvent.DOMAIN_OPENED, Reason.DOMAIN_INCIDENT,
-                group.summary(), rec.now,
-            )  # fmt: skip
-        # Announce.FOLDED: a later member of a domain incident its notice told already
+    _tell_opening(ports, cluster, nrem, rec, opening)  # told once the status says it
     _publish(ports, nrem, rec)
+    waiting = books.unannounced.get(name)
+    if delay is not None and waiting is not None:  # a pass when its opening is due
+        delay = min(delay, max(0.05, (waiting[1] + PLACE_SETTLE - rec.now).total_seconds()))
     return delay
+
+
+Opening = tuple[str, Announce, DomainIncident | None]
+
+
+def _opening(
+    cluster: ClusterView,
+    books: Bookkeeping,
+    nrem: NodeRemediation,
+    rec: Recorder,
+    *,
+    anyway: bool = False,
+) -> Opening | None:
+    """The incident's opening, to tell once this pass is written, when it is due: at once,
+    or for a member of a fault domain once its place is settled (`domains.place_settling`);
+    ``anyway``: now (the incident ends). Its domain, if any, goes in its timeline."""
+    name = nrem.metadata.name
+    waiting = books.unannounced.get(name)
+    if waiting is None:
+        return None
+    message, opened_at = waiting
+    standings = domain_standings(
+        cluster.reading(), nrem.spec.policy_ref.name, nrem.spec.node_name, name
+    )
+    if not anyway and place_settling(standings, opened_at, rec.now):
+        return None
+    del books.unannounced[name]
+    how, group = announcement(standings, nrem.spec.node_name)
+    if group is not None:
+        place = (group.place(nrem.spec.node_name) or 0) + 1
+        rec.event(Reason.DOMAIN_INCIDENT, f"member {place}: {group.summary()}")
+    return message, how, group
+
+
+def _tell_opening(
+    ports: Ports,
+    cluster: ClusterView,
+    nrem: NodeRemediation,
+    rec: Recorder,
+    opening: Opening | None,
+) -> None:
+    if opening is None:
+        return
+    message, how, group = opening
+    if how is Announce.OWN:
+        ports.announce(cluster, nrem, NotifyEvent.OPENED, "SignalMatched", message, rec.now)
+    elif how is Announce.DOMAIN and group is not None:
+        ports.announce(
+            cluster, nrem, NotifyEvent.DOMAIN_OPENED, Reason.DOMAIN_INCIDENT,
+            group.summary(), rec.now,
+        )  # fmt: skip
+    # Announce.FOLDED: a later member of a domain incident its notice told already
 
 
 async def _read(ports: Ports, cluster: ClusterView, name: str) -> NodeRemediation | None:
@@ -333,22 +383,6 @@ def _record_detected(nrem: NodeRemediation, rec: Recorder) -> str:
     )
     rec.event(NremCondition.DETECTED, opened)
     return opened
-
-
-def _record_domain(
-    cluster: ClusterView, nrem: NodeRemediation, rec: Recorder
-) -> tuple[Announce, DomainIncident | None]:
-    """On opening: the domain incident this one is a member of (`policy.domains`), if any,
-    in its timeline, and how its opening is told (once for the domain, by the member whose
-    fault opened it)."""
-    standings = domain_standings(
-        cluster.reading(), nrem.spec.policy_ref.name, nrem.spec.node_name, nrem.metadata.name
-    )
-    how, group = announcement(standings, nrem.spec.node_name)
-    if group is not None:
-        place = (group.place(nrem.spec.node_name) or 0) + 1
-        rec.event(Reason.DOMAIN_INCIDENT, f"member {place}: {group.summary()}")
-    return how, group
 
 
 async def _vet(ports: Ports, cluster: ClusterView, nrem: NodeRemediation) -> str | None:
@@ -769,10 +803,15 @@ async def _complete(  # noqa: PLR0917
 ) -> None:
     """Close the incident. `failed`: it ended in failure, for this cause; people hear
     "failed (cause)", as for a step that failed outright, not "completed"."""
+    waiting = books.unannounced.get(nrem.metadata.name)
+    if waiting is not None:  # opened and ending within PLACE_SETTLE: told first, settled
+        await asyncio.sleep(max(0.0, (waiting[1] + PLACE_SETTLE - _now()).total_seconds()))
+    opening = _opening(cluster, books, nrem, rec, anyway=True)
     rec.clear_blocked()
     rec.condition(NremCondition.COMPLETED, "True", reason, message)
     rec.event(NremCondition.COMPLETED, f"{reason}: {message}")
     await rec.write(ports.require_kube())
+    _tell_opening(ports, cluster, nrem, rec, opening)
     if failed is None:
         ports.announce(cluster, nrem, NotifyEvent.COMPLETED, reason, message, rec.now)
     else:

@@ -665,6 +665,9 @@ class Bookkeeping:
     wakeups: dict[str, asyncio.Event] = field(default_factory=dict)
     # incident -> its spare being claimed ahead of the replace step (driver._reserve_spare)
     reservations: dict[str, asyncio.Task[Any]] = field(default_factory=dict)
+    # incident -> its opening (message, when) not told yet: a domain member's place, which
+    # says how it is told, is final only after `domains.PLACE_SETTLE` (driver._opening)
+    unannounced: dict[str, tuple[str, dt.datetime]] = field(default_factory=dict)
     tasks: list[asyncio.Task[Any]] = field(default_factory=list)
     node_locks: dict[str, asyncio.Lock] = field(default_factory=dict)
     condition_timers: dict[str, asyncio.TimerHandle] = field(default_factory=dict)
