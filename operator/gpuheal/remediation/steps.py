@@ -13,7 +13,7 @@ import datetime as dt
 import hashlib
 import logging
 from collections.abc import Awaitable, Callable, Mapping, MutableMapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from functools import partial
 from typing import Any
 
@@ -1344,11 +1344,7 @@ async def quarantine_device(  # noqa: PLR0911 - one exit per outcome
             cond, "RuleNotOurs", f"DeviceTaintRule {rule} exists and is not this incident's"
         )
     record = QuarantinedDevice(
-        driver=found.driver,
-        pool=found.pool,
-        device=found.device,
-        pci_bus_id=found.pci_bus_id,
-        gpu_uuid=found.gpu_uuid,
+        **asdict(found),  # as its ResourceSlice names it: driver, pool, device, PCI, UUID
         rule=rule,
         effect=opts.effect,
         tainted_at=now,
