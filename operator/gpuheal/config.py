@@ -39,19 +39,19 @@ NOTIFY_EVENTS = "Opened,Blocked,ApprovalPending,Completed,Failed,DomainOpened"
 AGENT_REPORTER = "gpuheal-agent"  # gpuheal.policy.trust.AGENT_REPORTER
 
 
+ListenPort = Annotated[int, Field(ge=0, le=65535)]
+"""A port the operator serves on; 0: that endpoint is off."""
+
+
 class OperatorConfig(BaseSettings):
     """gpuheal run: watch GPU nodes, remediate faults as RemediationPolicies say."""
 
     model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="ignore", frozen=True)
 
-    metrics_port: int = Field(9090, ge=0, le=65535, description="Prometheus /metrics port (0: off)")
-    health_port: int = Field(
-        8080, ge=0, le=65535, description="liveness probe port, path /healthz (0: off)"
-    )
-    ready_port: int = Field(
+    metrics_port: ListenPort = Field(9090, description="Prometheus /metrics port (0: off)")
+    health_port: ListenPort = Field(8080, description="liveness probe port, path /healthz (0: off)")
+    ready_port: ListenPort = Field(
         0,
-        ge=0,
-        le=65535,
         description="readiness port, path /readyz: 503 with the reasons while a bridge refuses "
         "the token or cannot be reached, or the API server forbids a list/watch (0: off)",
     )
