@@ -28,7 +28,7 @@ from gpuheal_dev.sandbox import Sandbox
 from gpuheal_dev.sandbox.faults import FakeGpus, GpuState, Wedge, WedgeUnavailable, job_processes
 from gpuheal_dev.sandbox.slurm import SlurmCluster
 from gpuheal_dev.sandbox.slurmroot import HOST_SLURM
-from tests.fixtures.slurm import on_every_release, on_release
+from tests.fixtures.slurm import on_every_release
 from tests.integration.operator_harness import (
     Objects,
     OperatorProcess,
@@ -374,15 +374,15 @@ def test_job_that_outlives_sigkill_gets_its_node_set_down_and_resumes(
         wedge.close()
 
 
-# 22.05 only: the job moves when slurmd drains the node "Kill task failed", which 26.05.5 here
-# never does for a stuck batch task (the job stays COMPLETING on the node; see the test above)
-@on_release(HOST_SLURM)
-def test_slurm_drains_a_node_whose_job_cannot_be_killed_and_the_job_still_moves(
+@on_every_release
+def test_report_leaves_a_job_that_cannot_be_killed_to_slurm_and_says_where_it_is(
     make_scene: MakeScene,
 ) -> None:
-    """onStuckJob: Report: gpuheal does not set the node DOWN; the requeued job waits
-    COMPLETING until UnkillableStepTimeout, slurmd drains the node ("Kill task failed",
-    replacing gpuheal's reason) and Slurm lets the job go: it still resumes elsewhere."""
+    """onStuckJob: Report: gpuheal does not set the node DOWN and the requeued job waits
+    COMPLETING. On 22.05 slurmd drains the node at UnkillableStepTimeout ("Kill task failed",
+    replacing gpuheal's reason), Slurm lets the job go and it resumes elsewhere. 26.05.5 here
+    never does that for a stuck batch task: the job stays on the node, and the incident says
+    so (JobsRequeued False, StuckOnNode; a JobStuckOnNode Warning), claiming no requeue."""
     sc = make_scene(unkillable=10, onStuckJob="Report")
     broken = sc.broken
     if not tracks_with_cgroup(sc):
@@ -399,13 +399,31 @@ def test_slurm_drains_a_node_whose_job_cannot_be_killed_and_the_job_still_moves(
         wait_for(lambda: wedge.held, "the job stuck in D state")
         sc.xid()
         nrem = sc.incident_with_jobs(timeout=120)
-        runs = resumed(workdir, scene=sc)
         record = jobs_by_id(nrem)[str(job)]
         print(dump(record))
+        requeued = condition(nrem, "JobsRequeued") or {}
         assert record["outcome"] == "Requeued"
         assert record["nodeDown"] is False
+        if sc.cluster.release != HOST_SLURM:
+            assert record["stillOnNode"] is True
+            assert "still on the node" in record["message"]
+            assert (requeued.get("status"), requeued.get("reason")) == ("False", "StuckOnNode")
+            assert f"requeued but still on {broken}: {job}" in requeued["message"]
+            name = nrem["metadata"]["name"]
+            wait_for(
+                lambda: [
+                    e
+                    for e in node_events(sc.sandbox.core_v1(), name, kind="NodeRemediation")
+                    if (e.reason, e.type) == ("JobStuckOnNode", "Warning")
+                ],
+                "the JobStuckOnNode Warning",
+            )
+            info = job_info(sc.cluster, job)
+            assert (info.state, info.batch_host) == ("COMPLETING", broken), info
+            return
+        runs = resumed(workdir, scene=sc)
         assert record["stillOnNode"] is False  # it left within the bridge's settle wait
-        assert (condition(nrem, "JobsRequeued") or {}).get("reason") == "Requeued"
+        assert (requeued.get("status"), requeued.get("reason")) == ("True", "Requeued")
         assert runs.after.start["host"] != broken
         assert "Reason=Kill task failed" in sc.slurm_node(broken)
     finally:
