@@ -43,8 +43,11 @@ lint: venv
 types: venv
 	$(VENV)/bin/mypy
 
+# The unit tests are CPU-bound and independent: one xdist worker per core (UNIT_XDIST=0: one
+# process). 1629 tests: 90 s serial, 65 s on two workers (2 cores, load 3.5).
+UNIT_XDIST ?= 2
 unit: venv
-	$(VENV)/bin/pytest -m "not integration and not kind" $(PYTEST_ARGS)
+	$(VENV)/bin/pytest -m "not integration and not kind" -n $(UNIT_XDIST) $(PYTEST_ARGS)
 
 # Go-built kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, etcd, kwok, helm.
 bins:
