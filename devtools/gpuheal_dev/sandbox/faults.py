@@ -26,6 +26,7 @@ import enum
 import errno
 import logging
 import os
+import select
 import signal
 import struct
 import subprocess
@@ -144,6 +145,7 @@ class Wedge:
         self.mountpoint = mountpoint
         self._fd: int | None = None
         self._thread: threading.Thread | None = None
+        self._wake: tuple[int, int] | None = None  # a pipe that tells the server to leave
         self.held: list[int] = []  # pids whose requests are held
 
     def path(self, name: str = "gpu0") -> Path:
@@ -179,20 +181,33 @@ class Wedge:
             os.close(fd)
             raise WedgeUnavailable(f"mount -t fuse: {done.stderr.strip()}")
         self._fd = fd
+        self._wake = os.pipe()
         self._thread = threading.Thread(target=self._serve, name="fuse-wedge", daemon=True)
         self._thread.start()
         return self
 
     def close(self) -> None:
-        """Abort the connection (held requests fail, their processes go) and unmount."""
+        """Abort the connection (held requests fail, their processes go) and unmount.
+
+        The server leaves its read first: a close() while another thread blocks in read()
+        on the device does not release it (the read holds the file), so the connection,
+        and the process held in D state, stayed until long after (5 s lost to the join,
+        then slurmd's 10 s SIGTERM wait and a SIGKILL that could not end the process: ~20 s
+        in each teardown of the wedged-job tests)."""
         fd, self._fd = self._fd, None
         if fd is None:
             return
-        subprocess.run(["umount", "-l", str(self.mountpoint)], capture_output=True, check=False)
-        with contextlib.suppress(OSError):
-            os.close(fd)
+        if self._wake is not None:
+            os.write(self._wake[1], b"x")
         if self._thread is not None:
             self._thread.join(timeout=5)
+        subprocess.run(["umount", "-l", str(self.mountpoint)], capture_output=True, check=False)
+        with contextlib.suppress(OSError):
+            os.close(fd)  # the last reference to the device: the kernel aborts the connection
+        if self._wake is not None:
+            for end in self._wake:
+                os.close(end)
+            self._wake = None
 
     def _reply(self, unique: int, error: int = 0, body: bytes = b"") -> None:
         if self._fd is None:
@@ -201,9 +216,20 @@ class Wedge:
             os.write(self._fd, _OUT_HEADER.pack(_OUT_HEADER.size + len(body), error, unique) + body)
 
     def _serve(self) -> None:
-        while self._fd is not None:
+        fd, wake = self._fd, self._wake
+        assert fd is not None
+        assert wake is not None
+        poller = select.poll()
+        poller.register(fd, select.POLLIN)
+        poller.register(wake[0], select.POLLIN)
+        while True:
+            ready = dict(poller.poll())
+            if wake[0] in ready:
+                return  # close(): leave the device so that closing it aborts the connection
+            if ready.get(fd, 0) & (select.POLLERR | select.POLLHUP):
+                return  # unmounted
             try:
-                buf = os.read(self._fd, 1 << 20)
+                buf = os.read(fd, 1 << 20)
             except OSError as exc:
                 if exc.errno == errno.EINTR:
                     continue
