@@ -141,7 +141,11 @@ def start_bridge(
             except (OSError, urllib.error.URLError):
                 return False
 
-        wait_for(ready, f"bridge {name} ready", timeout=30)
+        try:
+            wait_for(ready, f"bridge {name} ready", timeout=60)
+        except AssertionError as exc:
+            stop(proc)  # the caller never got it: left running, it outlived the test (seen)
+            raise AssertionError(f"{exc}\n{bridge.read_log()[-3000:]}") from None
     return bridge
 
 
