@@ -75,10 +75,10 @@ realnode-deps:
 # in one process. The modules of one xdist_group (the real-node ones; test_images.py, which
 # loads the image tars once) run on one worker. The 15 slowest are listed at the end of each
 # run. Every integration test lives in tests/integration: the workers collect only that folder.
-# Six: two whole runs green on 2 cores beside other engineers' sandboxes (11 min 17 s at mean
-# load 7.9, 15 min 25 s at mean load 11.1; at most 7.1 GiB of 24 used); four took 18 min 10 s
-# at load ~10 on the tree before (README, Tests).
-XDIST ?= 6
+# Four: on a quiet 2-core machine six workers gained nothing (integration 12 min 22 s on six,
+# 12 min 27 s on four, the same tree, both green) and load it more (up to 9 against 5), and the
+# suite is CPU-bound there; XDIST=6 passed three whole runs too (README, Tests).
+XDIST ?= 4
 integration: venv bins system-deps images realnode-deps
 	$(VENV)/bin/pytest tests/integration -m "integration" -n $(XDIST) --dist loadgroup --durations=15 $(PYTEST_ARGS)
 
