@@ -179,8 +179,9 @@ class JobRecord(Model):
     still_on_node: bool = Field(
         default=False,
         description="Slurm accepted the requeue but the job still held the node when the "
-        "bridge last looked (its processes outlived SIGKILL and onStuckJob is Report): it "
-        "runs again only once Slurm releases it.",
+        "bridge last looked (its processes outlived SIGKILL and the node was not set DOWN: "
+        "onStuckJob is Report, or setting it DOWN failed): it runs again only once Slurm "
+        "releases it.",
     )
 
 

@@ -289,11 +289,12 @@ async def _announce(record: JobRecord, post_event: PostEvent, *, lost_gpu: bool 
         await post_event(EventReason.JOB_LEFT_BEHIND, text, kind)
 
 
-#: What a job requeued but still on its node (onStuckJob: Report) waits for.
+#: What a job requeued but still on its node waits for: onStuckJob is Report, or setting the
+#: node DOWN failed (its record says so).
 _STUCK_HOW = (
-    "its processes outlived SIGKILL and onStuckJob is Report, so it runs again only once "
-    "Slurm releases it (slurmd drains the node 'Kill task failed', or an admin sets it DOWN; "
-    "onStuckJob: DownNode does that at once)"
+    "its processes outlived SIGKILL and the node was not set DOWN (onStuckJob: Report, or "
+    "setting it DOWN failed: see the job's record), so it runs again only once Slurm releases "
+    "it (slurmd drains the node 'Kill task failed', or an admin sets it DOWN)"
 )
 
 
