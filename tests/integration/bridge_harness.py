@@ -142,7 +142,9 @@ def start_bridge(
                 return False
 
         try:
-            wait_for(ready, f"bridge {name} ready", timeout=60)
+            # Polled often: a local request, and each of the suite's many bridge starts
+            # waits half a poll on average.
+            wait_for(ready, f"bridge {name} ready", timeout=60, every=0.05)
         except AssertionError as exc:
             stop(proc)  # the caller never got it: left running, it outlived the test (seen)
             raise AssertionError(f"{exc}\n{bridge.read_log()[-3000:]}") from None

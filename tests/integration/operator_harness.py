@@ -107,8 +107,12 @@ class OperatorProcess:
         }
         self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env)
         if wait_started:
-            wait_for(self._healthy, "operator liveness endpoint", timeout=60)
-            wait_for(lambda: "gpuheal started" in self.log(), "operator start-up", timeout=60)
+            # Polled often: a local request and a file; each of the suite's hundreds of starts
+            # waits half a poll on average, twice.
+            wait_for(self._healthy, "operator liveness endpoint", timeout=60, every=0.05)
+            wait_for(
+                lambda: "gpuheal started" in self.log(), "operator start-up", timeout=60, every=0.05
+            )
         return self
 
     def _healthy(self) -> bool:

@@ -150,7 +150,7 @@ def scene(  # noqa: PLR0917
             sc.bridge.wait(timeout=10)
         except subprocess.TimeoutExpired:
             sc.bridge.kill()
-        sc.cluster.stop(quiet=True)
+        sc.cluster.stop(quiet=True, wait_for_jobs=False)
         objects.cleanup([sc.work, *sc.spares])
         objects.delete("remediationpolicies", f"reme-{sc.cid}")
         objects.delete("reservepools", f"rese-{sc.cid}")
