@@ -355,8 +355,8 @@ def driver_reasons() -> Iterator[Said]:
     true = frozenset({"True"})
     for call in _calls(mod.tree):
         name = _named(call)
-        # the reason follows the incident's Recorder (`rec`), whatever parts come first
-        at = [i for i, a in enumerate(call.args) if isinstance(a, ast.Name) and a.id == "rec"]
+        # the reason follows the pass (`this`: the incident, its Recorder and the parts)
+        at = [i for i, a in enumerate(call.args) if isinstance(a, ast.Name) and a.id == "this"]
         if name in ("_complete", "_block") and at and len(call.args) > at[0] + 1:
             cond = C.COMPLETED if name == "_complete" else C.BLOCKED
             arg = call.args[at[0] + 1]

@@ -196,22 +196,17 @@ async def advance(
         # opening rung; a crash before the write repeats an idempotent step, nothing more.
         books.unannounced[name] = (_record_detected(nrem, rec), rec.now)
         nrem = nrem.model_copy(update={"status": rec.status.model_copy(deep=True)})
-    opening = _opening(cluster, books, nrem, rec)
+    this = _Pass(ports, cluster, books, nrem, rec)
+    opening = _opening(this)
     policy = cluster.policies.get(nrem.spec.policy_ref.name)
     if policy is None:
-        await _block(
-            ports,
-            cluster,
-            nrem,
-            rec,
-            Reason.POLICY_NOT_FOUND,
-            f"RemediationPolicy {nrem.spec.policy_ref.name} not found",
-        )
+        pname = nrem.spec.policy_ref.name
+        await _block(this, Reason.POLICY_NOT_FOUND, f"RemediationPolicy {pname} not found")
         return ports.config.retry_interval
     decision = await _decide(ports, cluster, nrem, policy, rec.now)
-    delay = await _carry_out(ports, cluster, books, nrem, rec, decision, attempt)
+    delay = await _carry_out(this, decision, attempt)
     await rec.write(ports.require_kube())  # an early spare claim a path did not write yet
-    _tell_opening(ports, cluster, nrem, rec, opening)  # told once the status says it
+    _tell_opening(this, opening)  # told once the status says it
     _publish(ports, nrem, rec)
     waiting = books.unannounced.get(name)
     if delay is not None and waiting is not None:  # a pass when its opening is due
@@ -219,20 +214,28 @@ async def advance(
     return delay
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Pass:
+    """One pass over one incident, as the driver's own helpers below share it: the ports it
+    acts through, the cluster and books it reads and updates, the incident as this pass read
+    it, and the record of this pass's changes to its status. (The steps it runs, `steps.*`,
+    are given only the parts they touch.)"""
+
+    ports: Ports
+    cluster: ClusterView
+    books: Bookkeeping
+    nrem: NodeRemediation
+    rec: Recorder
+
+
 Opening = tuple[str, Announce, DomainIncident | None]
 
 
-def _opening(
-    cluster: ClusterView,
-    books: Bookkeeping,
-    nrem: NodeRemediation,
-    rec: Recorder,
-    *,
-    anyway: bool = False,
-) -> Opening | None:
+def _opening(this: _Pass, *, anyway: bool = False) -> Opening | None:
     """The incident's opening, to tell once this pass is written, when it is due: at once,
     or for a member of a fault domain once its place is settled (`domains.place_settling`);
     ``anyway``: now (the incident ends). Its domain, if any, goes in its timeline."""
+    cluster, books, nrem, rec = this.cluster, this.books, this.nrem, this.rec
     name = nrem.metadata.name
     waiting = books.unannounced.get(name)
     if waiting is None:
@@ -251,15 +254,10 @@ def _opening(
     return message, how, group
 
 
-def _tell_opening(
-    ports: Ports,
-    cluster: ClusterView,
-    nrem: NodeRemediation,
-    rec: Recorder,
-    opening: Opening | None,
-) -> None:
+def _tell_opening(this: _Pass, opening: Opening | None) -> None:
     if opening is None:
         return
+    ports, cluster, nrem, rec = this.ports, this.cluster, this.nrem, this.rec
     message, how, group = opening
     if how is Announce.OWN:
         ports.announce(cluster, nrem, NotifyEvent.OPENED, "SignalMatched", message, rec.now)
@@ -421,19 +419,11 @@ async def _refuse(ports: Ports, nrem: NodeRemediation, rec: Recorder, why: str) 
     ports.post_event(nrem.to_k8s(), reason=EventReason.REFUSED, message=message, type_="Warning")
 
 
-async def _carry_out(  # noqa: PLR0917, PLR0911
-    ports: Ports,
-    cluster: ClusterView,
-    books: Bookkeeping,
-    nrem: NodeRemediation,
-    rec: Recorder,
-    decision: Decision,
-    attempt: int,
-) -> float | None:
-    spec = nrem.spec
+async def _carry_out(this: _Pass, decision: Decision, attempt: int) -> float | None:  # noqa: PLR0911
+    ports, nrem, rec = this.ports, this.nrem, this.rec
     retry = ports.config.retry_interval
     if isinstance(decision, Blocked) and decision.reason == Reason.DRY_RUN:
-        return await _record_would(ports, cluster, books, nrem, rec, decision)
+        return await _record_would(this, decision)
     if isinstance(decision, Blocked):
         message = decision.message
         if decision.reason == Reason.APPROVAL_PENDING and decision.would is not None:
@@ -441,7 +431,7 @@ async def _carry_out(  # noqa: PLR0917, PLR0911
                 f": a person approves with `kubectl annotate nrem {nrem.metadata.name} "
                 f"{APPROVE_ANNOTATION}={decision.would.operation.value}`"
             )
-        await _block(ports, cluster, nrem, rec, decision.reason, message)
+        await _block(this, decision.reason, message)
         if decision.retry_at is not None:
             return max(0.2, min(retry, (decision.retry_at - rec.now).total_seconds()))
         return retry
@@ -450,36 +440,26 @@ async def _carry_out(  # noqa: PLR0917, PLR0911
         rec.set(rung=rung, next_step=0, why=decision.message[:256])
         rec.event("Escalated", decision.message)
         await rec.write(ports.require_kube())
-        history.escalated(books, nrem, rung, decision.message)
+        history.escalated(this.books, nrem, rung, decision.message)
         return 0.0
     if isinstance(decision, Act) and decision.operation is Move.VERIFY:
-        return await _verify(ports, cluster, books, nrem, rec, decision)
+        return await _verify(this, decision)
     if isinstance(decision, Act) and decision.step is not None:
         if decision.reserve is not None:
-            _reserve_spare(ports, cluster, books, nrem, decision.reserve)
-        return await _run_step(ports, cluster, books, nrem, rec, decision, attempt)
-    if spec.dry_run:
-        await _complete(
-            ports, cluster, books, nrem, rec, "DryRun", "dry run: plan recorded, nothing changed"
-        )
+            _reserve_spare(ports, this.cluster, this.books, nrem, decision.reserve)
+        return await _run_step(this, decision, attempt)
+    if nrem.spec.dry_run:
+        await _complete(this, "DryRun", "dry run: plan recorded, nothing changed")
         return None
-    return await _finish(ports, cluster, books, nrem, rec, decision)
+    return await _finish(this, decision)
 
 
-async def _record_would(  # noqa: PLR0917
-    ports: Ports,
-    cluster: ClusterView,
-    books: Bookkeeping,
-    nrem: NodeRemediation,
-    rec: Recorder,
-    decision: Blocked,
-) -> float | None:
+async def _record_would(this: _Pass, decision: Blocked) -> float | None:
     """Dry run: record what the step would do (a timeline entry, its condition False)."""
+    ports, nrem, rec = this.ports, this.nrem, this.rec
     would = decision.would
     if would is None or would.step is None:
-        await _complete(
-            ports, cluster, books, nrem, rec, "DryRun", "dry run: plan recorded, nothing changed"
-        )
+        await _complete(this, "DryRun", "dry run: plan recorded, nothing changed")
         return None
     action = would.step.action
     rung, index = int(would.rung or 0), int(would.step_index or 0)
@@ -500,15 +480,8 @@ async def _record_would(  # noqa: PLR0917
     return 0.0
 
 
-async def _run_step(  # noqa: PLR0917
-    ports: Ports,
-    cluster: ClusterView,
-    books: Bookkeeping,
-    nrem: NodeRemediation,
-    rec: Recorder,
-    decision: Act,
-    attempt: int,
-) -> float | None:
+async def _run_step(this: _Pass, decision: Act, attempt: int) -> float | None:
+    ports, cluster, nrem, rec = this.ports, this.cluster, this.nrem, this.rec
     kube = ports.require_kube()
     spec = nrem.spec
     name = nrem.metadata.name
@@ -531,7 +504,7 @@ async def _run_step(  # noqa: PLR0917
         return 0.0
     started = time.monotonic()
     if action is Action.REPLACE:  # one claim at a time per incident: the early one first
-        reservation = books.reservations.get(name)
+        reservation = this.books.reservations.get(name)
         if reservation is not None:
             await asyncio.wait([reservation])
     result = await steps.execute(ports, cluster, nrem, rec, decision.step, attempt=attempt)
@@ -540,25 +513,23 @@ async def _run_step(  # noqa: PLR0917
     for type_, status, reason, message in result.extra_conditions:
         rec.condition(type_, status, reason, message)
     if result.moves_on:
-        await _moved_on(
-            ports, books, nrem, rec, result, action=action, label=label, at=(rung, index)
-        )
+        await _moved_on(this, result, action=action, label=label, at=(rung, index))
         return 0.0
     if result.kind == "wait":
         rec.merge(result.status)  # e.g. a reset/reboot asked for (status.repair)
         rec.condition(result.condition, "False", result.reason, result.message)
         if result.reason in _BLOCKING_WAITS:
-            await _block(ports, cluster, nrem, rec, result.reason, result.message)
+            await _block(this, result.reason, result.message)
         else:
             await rec.write(kube)
         return result.retry_after or ports.config.retry_interval
     if action in (Action.RESET, Action.REBOOT):
         # Not verified (or refused): recorded on this rung; the engine climbs the ladder.
-        return await _repair_failed(ports, books, nrem, rec, result, label=label, rung=rung)
+        return await _repair_failed(this, result, label=label, rung=rung)
     # failed: stop; the node stays as it is (cordoned) and a person must look, at what the
     # step did before it failed too (e.g. the DeviceTaintRule written before Slurm refused).
     rec.merge(result.status)
-    history.step(books, nrem, action.value, rung, f"failed: {result.message}")
+    history.step(this.books, nrem, action.value, rung, f"failed: {result.message}")
     rec.condition(result.condition, "False", result.reason, result.message)
     rec.condition(NremCondition.FAILED, "True", result.reason, result.message)
     rec.condition(NremCondition.COMPLETED, "True", "Failed", f"{label} failed: {result.message}")
@@ -583,18 +554,11 @@ def _post_step_failed(ports: Ports, nrem: NodeRemediation, label: str, message: 
 
 
 async def _moved_on(
-    ports: Ports,
-    books: Bookkeeping,
-    nrem: NodeRemediation,
-    rec: Recorder,
-    result: steps.StepResult,
-    *,
-    action: Action,
-    label: str,
-    at: tuple[int, int],
+    this: _Pass, result: steps.StepResult, *, action: Action, label: str, at: tuple[int, int]
 ) -> None:
     """A step done, or skipped (its condition False with the reason: it did nothing): on
     record, and the incident goes to its next step."""
+    ports, nrem, rec = this.ports, this.nrem, this.rec
     status = "True" if result.kind == "done" else "False"
     rec.condition(result.condition, status, result.reason, result.message, at=result.at)
     rec.clear_blocked()
@@ -605,7 +569,7 @@ async def _moved_on(
     await rec.write(ports.require_kube())
     # A skipped step is on the node's record as such: a Noop reset is no repair.
     said = result.message if result.kind == "done" else f"skipped: {result.message}"
-    history.step(books, nrem, action.value, rung, said)
+    history.step(this.books, nrem, action.value, rung, said)
     _observe_latency(ports, nrem, rec, action)
     reason = EVENT_OF[action] if result.kind == "done" else EventReason.STEP_SKIPPED
     ports.post_event(nrem.to_k8s(), reason=reason, message=f"{label}: {result.message}")
@@ -681,15 +645,9 @@ def _observe_latency(ports: Ports, nrem: NodeRemediation, rec: Recorder, action:
         )
 
 
-async def _finish(  # noqa: PLR0917, PLR0911
-    ports: Ports,
-    cluster: ClusterView,
-    books: Bookkeeping,
-    nrem: NodeRemediation,
-    rec: Recorder,
-    decision: Decision,
-) -> float | None:
+async def _finish(this: _Pass, decision: Decision) -> float | None:  # noqa: PLR0911
     """Every step of the rung is done; the engine says: close, return, or wait."""
+    ports, cluster, nrem, rec = this.ports, this.cluster, this.nrem, this.rec
     node = nrem.spec.node_name
     retry = ports.config.retry_interval
     if isinstance(decision, Act) and decision.unchecked is not None:
@@ -698,43 +656,32 @@ async def _finish(  # noqa: PLR0917, PLR0911
     if isinstance(decision, Act) and decision.operation is Move.CLOSE:
         if decision.reason in (Reason.VERIFICATION_FAILED, Reason.REPAIR_FAILED):
             rec.condition(NremCondition.FAILED, "True", decision.reason, decision.message)
-            await _complete(
-                ports,
-                cluster,
-                books,
-                nrem,
-                rec,
-                "Failed",
-                decision.message,
-                failed=_cause(rec, decision.reason),
-            )
+            await _complete(this, "Failed", decision.message, failed=_cause(rec, decision.reason))
             return None
         if decision.reason == Reason.RETIRED:
-            await _complete(
-                ports, cluster, books, nrem, rec, "Retired", f"{node} retired: {rec.status.why}"
-            )
+            await _complete(this, "Retired", f"{node} retired: {rec.status.why}")
             return None
         if decision.reason == Reason.REPLACED:
             spare = rec.status.replacement_node
             message = f"{node} replaced by {spare}; {node} stays cordoned for repair"
-            await _complete(ports, cluster, books, nrem, rec, "Replaced", message)
+            await _complete(this, "Replaced", message)
             return None
         if decision.reason == Reason.NOTHING_OWNED:
             # Nothing returned: what keeps the node out (if anything) is someone else's.
             message = f"{node} healthy; gpuheal had cordoned/drained nothing to undo"
             rec.condition(NremCondition.RETURNED, "False", "NothingToUndo", message)
-            await _complete(ports, cluster, books, nrem, rec, "NothingToUndo", message)
+            await _complete(this, "NothingToUndo", message)
             return None
-        await _complete(ports, cluster, books, nrem, rec, decision.reason, decision.message)
+        await _complete(this, decision.reason, decision.message)
         return None
     if isinstance(decision, Act) and decision.operation is Move.RETURN_TO_SERVICE:
         if decision.to_pool is not None:
             result = await steps.return_to_pool(ports, cluster, nrem, decision, decision.to_pool)
         else:
             result = await steps.return_to_service(ports, cluster, nrem, decision, now=rec.now)
-        return await _returned(ports, cluster, books, nrem, rec, result, decision.to_pool)
+        return await _returned(this, result, decision.to_pool)
     if isinstance(decision, Idle) and decision.reason == Reason.RETURN_DISABLED:
-        await _complete(ports, cluster, books, nrem, rec, "Remediated", decision.message)
+        await _complete(this, "Remediated", decision.message)
         return None
     if isinstance(decision, Wait):
         status = "Unknown" if decision.reason == Reason.HYSTERESIS_PENDING else "False"
@@ -756,62 +703,45 @@ _RETURN_OUTCOME = {
 }
 
 
-async def _returned(  # noqa: PLR0917
-    ports: Ports,
-    cluster: ClusterView,
-    books: Bookkeeping,
-    nrem: NodeRemediation,
-    rec: Recorder,
-    result: steps.StepResult,
-    pool: str | None,
-) -> float | None:
+async def _returned(this: _Pass, result: steps.StepResult, pool: str | None) -> float | None:
     """Record the return to service as it happened. Done: Returned=True and the incident
     completes as returned. Wait (the bridge cannot be reached or is missing for a node
     gpuheal drained): Returned=False, Blocked with why, tried again. Skipped (the Slurm
     resume was refused, Slurm no longer knows the node): Returned=False with the reason and
     the incident completes `Remediated`, repaired but not back in Slurm service."""
+    nrem, rec = this.nrem, this.rec
     if result.kind == "wait":
         rec.condition(NremCondition.RETURNED, "False", result.reason, result.message)
-        await _block(ports, cluster, nrem, rec, result.reason, result.message)
-        return result.retry_after or ports.config.retry_interval
+        await _block(this, result.reason, result.message)
+        return result.retry_after or this.ports.config.retry_interval
     rec.merge(result.status)  # e.g. the device quarantine lifted (or kept, and why)
     if result.kind == "done":
         rec.condition(NremCondition.RETURNED, "True", result.reason, result.message)
         to_pool = result.reason == "ReturnedToPool"
         rec.set(returned_to=f"ReservePool/{pool}" if to_pool else "Service")
-        await _complete(
-            ports, cluster, books, nrem, rec, _RETURN_OUTCOME[result.reason], result.message
-        )
+        await _complete(this, _RETURN_OUTCOME[result.reason], result.message)
         return None
     rec.condition(NremCondition.RETURNED, "False", result.reason, result.message)
     message = f"{nrem.spec.node_name} repaired, not back in Slurm service: {result.message}"
     if result.reason == "DeviceStillQuarantined":
         message = f"{nrem.spec.node_name} in service, one GPU still out: {result.message}"
-    await _complete(ports, cluster, books, nrem, rec, "Remediated", message)
+    await _complete(this, "Remediated", message)
     return None
 
 
-async def _complete(  # noqa: PLR0917
-    ports: Ports,
-    cluster: ClusterView,
-    books: Bookkeeping,
-    nrem: NodeRemediation,
-    rec: Recorder,
-    reason: str,
-    message: str,
-    failed: str | None = None,
-) -> None:
+async def _complete(this: _Pass, reason: str, message: str, failed: str | None = None) -> None:
     """Close the incident. `failed`: it ended in failure, for this cause; people hear
     "failed (cause)", as for a step that failed outright, not "completed"."""
+    ports, cluster, books, nrem, rec = this.ports, this.cluster, this.books, this.nrem, this.rec
     waiting = books.unannounced.get(nrem.metadata.name)
     if waiting is not None:  # opened and ending within PLACE_SETTLE: told first, settled
         await asyncio.sleep(max(0.0, (waiting[1] + PLACE_SETTLE - _now()).total_seconds()))
-    opening = _opening(cluster, books, nrem, rec, anyway=True)
+    opening = _opening(this, anyway=True)
     rec.clear_blocked()
     rec.condition(NremCondition.COMPLETED, "True", reason, message)
     rec.event(NremCondition.COMPLETED, f"{reason}: {message}")
     await rec.write(ports.require_kube())
-    _tell_opening(ports, cluster, nrem, rec, opening)
+    _tell_opening(this, opening)
     if failed is None:
         ports.announce(cluster, nrem, NotifyEvent.COMPLETED, reason, message, rec.now)
     else:
@@ -836,16 +766,10 @@ def _cause(rec: Recorder, reason: str) -> str:
     return reason
 
 
-async def _block(  # noqa: PLR0917
-    ports: Ports,
-    cluster: ClusterView,
-    nrem: NodeRemediation,
-    rec: Recorder,
-    reason: str,
-    message: str,
-) -> None:
+async def _block(this: _Pass, reason: str, message: str) -> None:
     """Say why in status (Blocked=True) and, when the reason changes, as an Event and a
     notification (sent once the status says it)."""
+    ports, nrem, rec = this.ports, this.nrem, this.rec
     changed = not rec.holds(NremCondition.BLOCKED) or rec.reason(NremCondition.BLOCKED) != reason
     rec.condition(NremCondition.BLOCKED, "True", reason, message)
     if changed:
@@ -865,21 +789,13 @@ async def _block(  # noqa: PLR0917
             if reason == Reason.APPROVAL_PENDING
             else NotifyEvent.BLOCKED
         )
-        ports.announce(cluster, nrem, event, reason, message, rec.now)
+        ports.announce(this.cluster, nrem, event, reason, message, rec.now)
 
 
-async def _repair_failed(
-    ports: Ports,
-    books: Bookkeeping,
-    nrem: NodeRemediation,
-    rec: Recorder,
-    result: steps.StepResult,
-    *,
-    label: str,
-    rung: int,
-) -> float:
+async def _repair_failed(this: _Pass, result: steps.StepResult, *, label: str, rung: int) -> float:
     """A reset or reboot that failed or could not be verified: record it on this rung
     (status.repair.failedAt); the next pass climbs the ladder (the engine's decision)."""
+    ports, nrem, rec = this.ports, this.nrem, this.rec
     rec.merge(result.status)
     repair = rec.status.repair
     if repair is None or repair.rung != rung:
@@ -892,22 +808,16 @@ async def _repair_failed(
     rec.condition(result.condition, "False", result.reason, result.message)
     rec.event(label, f"failed: {result.message}")
     await rec.write(ports.require_kube())
-    history.step(books, nrem, label.rpartition("/")[2], rung, f"failed: {result.message}")
+    history.step(this.books, nrem, label.rpartition("/")[2], rung, f"failed: {result.message}")
     _post_step_failed(ports, nrem, label, result.message)
     return 0.0
 
 
-async def _verify(  # noqa: PLR0917
-    ports: Ports,
-    cluster: ClusterView,
-    books: Bookkeeping,
-    nrem: NodeRemediation,
-    rec: Recorder,
-    decision: Act,
-) -> float:
+async def _verify(this: _Pass, decision: Act) -> float:
     """Run (or look at) the policy's check; a verdict is recorded (Verified, status.
     verification) and the engine decides on the next pass: healthyFor, or climb."""
-    policy = cluster.policies[nrem.spec.policy_ref.name]
+    ports, nrem, rec = this.ports, this.nrem, this.rec
+    policy = this.cluster.policies[nrem.spec.policy_ref.name]
     check = policy.spec.return_to_service.check
     result = await steps.verify(ports, nrem, rec, check, restart=decision.restart)
     rec.merge(result.status)
@@ -928,7 +838,7 @@ async def _verify(  # noqa: PLR0917
     rec.event("Verify", f"{'passed' if passed else 'failed'}: {result.message}")
     await rec.write(ports.require_kube())
     history.step(
-        books, nrem, "check", rung, f"{'passed' if passed else 'failed'}: {result.message}"
+        this.books, nrem, "check", rung, f"{'passed' if passed else 'failed'}: {result.message}"
     )
     if not passed:
         ports.post_event(
