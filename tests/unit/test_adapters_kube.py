@@ -14,8 +14,6 @@ import pytest
 from aiohttp import web
 
 from gpuheal.adapters.kube import ApiError, Kube, Transport
-from gpuheal.api.names import CORDONED_BY_ANNOTATION
-from gpuheal.policy.inputs import cordon_basis, node_view
 
 
 @pytest.fixture
@@ -39,8 +37,6 @@ async def server() -> AsyncIterator[tuple[str, list[dict[str, Any]]]]:
             return web.json_response({"kind": "Status", "code": 401}, status=401)
         if request.path == "/api/v1/nodes/gone":
             return web.json_response({"kind": "Status", "code": 404}, status=404)
-        if request.method == "PATCH" and body and '"resourceVersion": "6"' in body:
-            return web.json_response({"kind": "Status", "code": 409}, status=409)  # stale
         if request.query.get("watch") == "true":
             resp = web.StreamResponse()
             await resp.prepare(request)
@@ -127,31 +123,6 @@ async def test_requests_paths_and_a_rotated_token(server: tuple[str, list[dict[s
         assert (seen[-1]["path"], seen[-1]["query"]["watch"]) == (
             "/api/v1/namespaces/default/events", "true")  # fmt: skip
         await events.aclose()
-    finally:
-        await kube.close()
-
-
-async def test_cordon_from_the_watched_node_is_one_patch_and_a_stale_one_reads_again(
-    server: tuple[str, list[dict[str, Any]]],
-) -> None:
-    """A rack storm's cordons wait on a busy API server: with the Node as the watch showed
-    it, the cordon is one PATCH under that resourceVersion, the same PATCH the GET would have
-    led to; a version that moved on (409) costs a GET and the PATCH under the version read."""
-    url, seen = server
-    kube = Kube(Transport(lambda: kopf.ConnectionInfo(server=url, token="t")))
-    watched = node_view({"metadata": {"name": "n1", "resourceVersion": "5"}})
-    try:
-        await kube.cordon("n1", "nrem-a", known=cordon_basis(watched, taint=False))
-        assert [(r["method"], r["path"]) for r in seen] == [("PATCH", "/api/v1/nodes/n1")]
-        patch = seen[-1]["body"]
-        assert patch["metadata"]["resourceVersion"] == "5"
-        assert patch["metadata"]["annotations"][CORDONED_BY_ANNOTATION] == "nrem-a"
-        assert patch["spec"] == {"unschedulable": True}
-        seen.clear()
-        stale = node_view({"metadata": {"name": "n1", "resourceVersion": "6"}})
-        await kube.cordon("n1", "nrem-a", known=cordon_basis(stale, taint=False))
-        assert [r["method"] for r in seen] == ["PATCH", "GET", "PATCH"]
-        assert seen[-1]["body"]["metadata"]["resourceVersion"] == "7"
     finally:
         await kube.close()
 

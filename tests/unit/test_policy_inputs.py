@@ -16,7 +16,6 @@ from gpuheal.policy import pods_to_evict
 from gpuheal.policy.engine import faults, same_fault
 from gpuheal.policy.inputs import (
     NodeEvent,
-    cordon_basis,
     event_observation,
     event_observations,
     kept_conditions,
@@ -82,36 +81,6 @@ def test_node_view_keeps_only_what_gpuheal_reads() -> None:
     assert [c.type for c in v.conditions] == ["Ready", "GpuXid"]  # kubelet pressure dropped
     assert v.condition("Ready").last_transition_time == dt.datetime(2026, 11, 22, 5, tzinfo=dt.UTC)  # type: ignore[union-attr]
     assert not hasattr(v, "__dict__")  # slots: no per-object dict
-
-
-def test_cordon_basis_stands_in_for_a_read_only_when_the_view_is_enough() -> None:
-    """The cordon may write from the watched view (under its resourceVersion) instead of a
-    GET only when the view holds all the cordon reads; a cordon already there is judged on a
-    fresh read, as before (an admin's stays theirs)."""
-    free = node_view({"metadata": {"name": "n1", "resourceVersion": "41"}})
-    assert free.resource_version == "41"
-    assert cordon_basis(free, taint=False) == {
-        "metadata": {"name": "n1", "resourceVersion": "41", "annotations": {}},
-        "spec": {"unschedulable": False, "taints": []},
-    }
-    assert cordon_basis(free, taint=True) == cordon_basis(free, taint=False)  # no taints
-    mark = {CORDONED_BY_ANNOTATION: "nrem-old"}
-    marked = node_view({"metadata": {"name": "n1", "resourceVersion": "41", "annotations": mark}})
-    assert cordon_basis(marked, taint=False)["metadata"]["annotations"] == {  # type: ignore[index]
-        CORDONED_BY_ANNOTATION: "nrem-old"
-    }
-    tainted = node_view({"metadata": {"name": "n1", "resourceVersion": "41"},
-                         "spec": {"taints": [{"key": "t", "effect": "NoSchedule"}]}})  # fmt: skip
-    assert cordon_basis(tainted, taint=False) == {
-        "metadata": {"name": "n1", "resourceVersion": "41", "annotations": {}},
-        "spec": {"unschedulable": False},
-    }
-    assert cordon_basis(tainted, taint=True) is None  # the taints' values are not in the view
-    cordoned = node_body()
-    cordoned["metadata"]["resourceVersion"] = "41"
-    assert cordon_basis(node_view(cordoned), taint=False) is None  # cordoned: read it afresh
-    assert cordon_basis(node_view({"metadata": {"name": "n1"}}), taint=False) is None
-    assert cordon_basis(None, taint=False) is None
 
 
 def test_node_view_is_total() -> None:

@@ -311,20 +311,13 @@ class Kube:
         )
 
     async def _look_then_write(
-        self,
-        node: str,
-        effect: str,
-        change: Callable[[JSON | None], tuple[JSON | None, R]],
-        known: JSON | None = None,
+        self, node: str, effect: str, change: Callable[[JSON | None], tuple[JSON | None, R]]
     ) -> R:
         """Read the Node, let ``change`` say what to write (None: nothing) and what that
         means, write it under the resourceVersion it read. A 409 (someone wrote between our
-        read and our write) means: look again. ``known``: the Node as the caller's watch
-        showed it, used instead of the first read (its resourceVersion is the precondition,
-        so a stale one costs a 409 and a real read, never a write the read would not make)."""
+        read and our write) means: look again."""
         for _ in range(5):
-            body = known if known is not None else await self.get_node(node)
-            known = None
+            body = await self.get_node(node)
             patch, outcome = change(body)
             if patch is None or body is None:
                 return outcome
@@ -343,18 +336,11 @@ class Kube:
         raise KubeError(f"node {node} kept changing while gpuheal wrote to it")
 
     async def cordon(
-        self,
-        node: str,
-        incident: str,
-        *,
-        taint_effect: str | None = None,
-        known: JSON | None = None,
+        self, node: str, incident: str, *, taint_effect: str | None = None
     ) -> CordonOutcome:
         """Cordon ``node`` for ``incident``, writing ownership in the same PATCH: if an admin
         cordons between our read and our write, we look again and see it is theirs. With
-        ``taint_effect`` the same PATCH adds the taint gpuheal.io/unhealthy=<incident>.
-        ``known``: the Node as the node watch last showed it (`policy.inputs.cordon_basis`),
-        written under its resourceVersion without a GET first."""
+        ``taint_effect`` the same PATCH adds the taint gpuheal.io/unhealthy=<incident>."""
 
         def change(body: JSON | None) -> tuple[JSON | None, CordonOutcome]:
             if body is None:
@@ -381,7 +367,7 @@ class Kube:
             patch = {"metadata": {"annotations": marks}, "spec": spec}
             return patch, CordonOutcome.CORDONED
 
-        return await self._look_then_write(node, "cordon", change, known)
+        return await self._look_then_write(node, "cordon", change)
 
     async def uncordon(
         self, node: str, incident: str, *, any_gpuheal: bool = False

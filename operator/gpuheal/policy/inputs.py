@@ -94,34 +94,7 @@ def node_view(body: Mapping[str, Any], keep: frozenset[str] = frozenset()) -> No
         gpus=parse_gpu_map(annotations.get(GPU_MAP_ANNOTATION))
         if GPU_MAP_ANNOTATION in annotations
         else GpuMap(),
-        resource_version=str(meta.get("resourceVersion") or ""),
     )
-
-
-def cordon_basis(view: NodeView | None, *, taint: bool) -> dict[str, Any] | None:
-    """The Node as the watch last showed it, in the shape the cordon reads (`Kube.cordon`'s
-    ``known``), when that is enough to write from: the PATCH carries the view's
-    resourceVersion, so it lands only on exactly that Node (a 409 reads it afresh). None, a
-    fresh read first, when there is no view or version; when the view shows a cordon (whose
-    it is now, and so whether to write, is judged on a fresh read, never on the cache); or
-    when a taint (``taint``) would be added beside taints whose values the view does not
-    keep."""
-    if view is None or not view.resource_version or view.unschedulable:
-        return None
-    if taint and view.taints:
-        return None
-    annotations = {CORDONED_BY_ANNOTATION: view.cordoned_by} if view.cordoned_by else {}
-    spec: dict[str, Any] = {"unschedulable": False}
-    if not view.taints:
-        spec["taints"] = []
-    return {
-        "metadata": {
-            "name": view.name,
-            "resourceVersion": view.resource_version,
-            "annotations": annotations,
-        },
-        "spec": spec,
-    }
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

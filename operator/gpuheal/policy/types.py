@@ -99,7 +99,6 @@ class NodeView:
     claimed_by: str | None = None  # the incident that claimed this node as a spare
     taints: tuple[str, ...] = ()
     gpus: GpuMap = NO_GPUS  # PCI <-> UUID (the agent's annotation)
-    resource_version: str = ""  # of the body this view was made from (a write's precondition)
     sources_readable_since: dt.datetime | None = ALWAYS
     """Since when every signal source for this node has been readable; None = blind now.
     A blind source never starts nor ends an incident, and blind time is not healthy time."""

@@ -77,7 +77,6 @@ from gpuheal.api.remediationpolicy import RequeueMode as PolicyRequeue
 from gpuheal.api.reservepool import ReservePool, TaintEffect
 from gpuheal.policy import devicequarantine as dq
 from gpuheal.policy import idle, pods_to_evict, spare_candidates
-from gpuheal.policy.inputs import cordon_basis
 from gpuheal.policy.repair import reboot_proof, reset_proof
 from gpuheal.policy.snapshot import calls_webhook, policy_step
 from gpuheal.policy.spares import Unavailable, slurm_unavailable, spare_unavailable
@@ -151,21 +150,9 @@ class StepResult:
 
 # ---- cordon --------------------------------------------------------------------------------
 async def cordon(
-    kube: Kube,
-    node: str,
-    incident: str,
-    taint: CordonTaint | None = None,
-    known: NodeView | None = None,
+    kube: Kube, node: str, incident: str, taint: CordonTaint | None = None
 ) -> StepResult:
-    """``known``: the node's view from the watch; when it can stand in for the read
-    (`cordon_basis`), the cordon is one PATCH under its resourceVersion instead of a GET
-    and a PATCH (a rack storm's 72 cordons wait on a busy API server)."""
-    outcome = await kube.cordon(
-        node,
-        incident,
-        taint_effect=taint.value if taint else None,
-        known=cordon_basis(known, taint=taint is not None),
-    )
+    outcome = await kube.cordon(node, incident, taint_effect=taint.value if taint else None)
     if outcome is CordonOutcome.BY_OTHER:
         return StepResult.done(
             C.CORDONED,
@@ -1543,8 +1530,7 @@ async def execute(  # noqa: PLR0911, PLR0912 - one branch per action
     xid = next((s.xid for s in reversed(spec.signals) if s.xid is not None), None)
     action = step.action
     if action is Action.CORDON:
-        taint = step.cordon.taint if step.cordon else None
-        return await cordon(kube, node, name, taint, known=cluster.nodes.get(node))
+        return await cordon(kube, node, name, step.cordon.taint if step.cordon else None)
     if action is Action.SLURM_DRAIN:
         try:
             slurm = ports.slurm_for(cluster, node)
