@@ -44,7 +44,9 @@ from tests.integration.test_agent_sandbox import (  # noqa: F401 - fixtures
     release,
 )
 
-pytestmark = pytest.mark.integration
+# One worker for the module: its chart install (module-scoped, ~6 s) is then made once, not
+# once on each worker that runs one of its items.
+pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("admission")]
 
 
 def _api(kubeconfig: Path) -> client.ApiClient:

@@ -40,7 +40,9 @@ from tests.integration.operator_harness import (
     wait_for,
 )
 
-pytestmark = pytest.mark.integration
+# One worker for the module: its chart install (module-scoped, ~6 s) is then made once, not
+# once on each worker that runs one of its items.
+pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("agent-chart")]
 
 CHART = REPO / "deploy" / "helm" / "gpuheal"
 GPUHEAL_CRDS = (
