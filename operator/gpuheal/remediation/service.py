@@ -41,14 +41,16 @@ async def start(
     cfg = ports.config
     if ports.kube is None:
         ports.kube = Kube.connect(cfg.kubeconfig, component="gpuheal")
-    if ports.events is None:
-        posted = ports.metrics.events
-        ports.events = EventOutbox(ports.kube, count=lambda result: posted.labels(result).inc())
-        _spawn(books, "outbox", ports.events.run())
     if cfg.lease_duration > 0 and ports.lease is None:
         ports.lease = Lease(ports.kube, cfg.namespace, duration=cfg.lease_duration)
         await ports.lease.acquire()  # a second copy waits here: nothing below runs in it
         _spawn(books, "lease", ports.lease.keep(_lost_lease))
+    if ports.events is None:
+        # Once this copy leads: a standby posts nothing, and one stopped while it waits
+        # (a rollout, `helm uninstall`) leaves no task behind that kopf waits 5 s for.
+        posted = ports.metrics.events
+        ports.events = EventOutbox(ports.kube, count=lambda result: posted.labels(result).inc())
+        _spawn(books, "outbox", ports.events.run())
     if not ports.bridges:
         calls = ports.metrics.bridge_calls
         for name, target in bridge_targets(cfg).items():
