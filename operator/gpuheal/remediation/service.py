@@ -32,6 +32,9 @@ from gpuheal.remediation.state import Bookkeeping, ClusterView, Ports
 
 log = logging.getLogger("gpuheal.service")
 
+#: seconds a stopping operator gives the Lease's release (else it expires by itself)
+RELEASE_WITHIN = 5.0
+
 
 async def start(
     ports: Ports, cluster: ClusterView, books: Bookkeeping, *, serve_metrics: bool
@@ -212,6 +215,17 @@ async def _list_retrying(ports: Ports, plural: str) -> list[dict[str, Any]]:
 
 
 async def stop(ports: Ports, cluster: ClusterView, books: Bookkeeping) -> None:
+    """Stop what `start` started; never raises. kopf retries a failed clean-up after its
+    default backoff (60 s), which in a pod is the chart's whole termination grace: a stop
+    that fails part-way is logged, and the process exits at once anyway (the Lease, if not
+    released, expires by itself)."""
+    try:
+        await _stop(ports, cluster, books)
+    except Exception:
+        log.exception("clean-up failed part-way; exiting anyway")
+
+
+async def _stop(ports: Ports, cluster: ClusterView, books: Bookkeeping) -> None:
     if books.history_queue and ports.kube is not None:
         with contextlib.suppress(Exception):  # a clean stop writes what is queued
             await asyncio.wait_for(historywriter.write_queued(ports, cluster, books), timeout=5)
@@ -228,7 +242,8 @@ async def stop(ports: Ports, cluster: ClusterView, books: Bookkeeping) -> None:
     for timer in books.condition_timers.values():
         timer.cancel()
     if ports.lease is not None:
-        await ports.lease.release()
+        # Bounded: an apiserver that does not answer must not hold the exit to the grace's end
+        await asyncio.wait_for(ports.lease.release(), timeout=RELEASE_WITHIN)
     for bridge in ports.bridges.values():
         await bridge.close()
     if ports.notifier is not None:
