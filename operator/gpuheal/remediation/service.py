@@ -243,7 +243,10 @@ async def _stop(ports: Ports, cluster: ClusterView, books: Bookkeeping) -> None:
         timer.cancel()
     if ports.lease is not None:
         # Bounded: an apiserver that does not answer must not hold the exit to the grace's end
-        await asyncio.wait_for(ports.lease.release(), timeout=RELEASE_WITHIN)
+        try:
+            await asyncio.wait_for(ports.lease.release(), timeout=RELEASE_WITHIN)
+        except TimeoutError:
+            log.warning("Lease not released within %gs: it expires by itself", RELEASE_WITHIN)
     for bridge in ports.bridges.values():
         await bridge.close()
     if ports.notifier is not None:
