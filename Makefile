@@ -37,7 +37,7 @@ venv: $(VENV)/.synced
 
 # The same for our own sources, which the venv holds as editable installs (uv compiles only
 # site-packages): each operator, bridge and CLI process the tests start compiles ~100 modules
-# again otherwise (0.09 s of CPU a start, ~450 starts in `make integration`). compileall
+# again otherwise (0.09 s of CPU a start, ~300 starts in `make integration`). compileall
 # rewrites only what changed (0.1 s when nothing did); stale .pyc are never used (mtime check).
 bytecode: venv
 	$(VENV)/bin/python -m compileall -q -j 0 operator/gpuheal slurm-bridge/gpuheal_bridge devtools/gpuheal_dev bench >/dev/null
