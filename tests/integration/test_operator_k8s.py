@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 
+from gpuheal.api import OPT_OUT_LABEL
 from gpuheal.cli.simulate import simulate_condition, simulate_xid
 from gpuheal_dev.sandbox import Sandbox
 from tests.integration.operator_harness import (
@@ -322,6 +323,56 @@ def test_storm_breaker_stops_at_max_unhealthy(
     )
     policy_events = node_events(core, pname, "RemediationPolicy")
     assert [e.reason for e in policy_events] == ["CircuitBreakerOpen"]
+
+
+def test_the_breaker_closes_when_the_storm_is_over_with_no_incident_left_waiting(
+    sandbox: Sandbox,
+    case: Callable[..., list[str]],
+    objects: Objects,
+    run_operator: Callable[..., OperatorProcess],
+) -> None:
+    """The one incident held by the breaker is opted out (a person takes that node), so no
+    incident is left to look for a slot; once the other two return to service the breaker
+    must close by itself, and the policy say so: not stay open until the next fault (whose
+    look would only then start the storm cooldown)."""
+    core = sandbox.core_v1()
+    nodes = case(6)
+    cid = case.case_id  # type: ignore[attr-defined]
+    pname = f"p-{cid}"
+    rules = [cordon_only_rule(94, reset=True)]
+    body = policy(pname, f"{cid}-work", rules, max_unhealthy=2, healthy_for="8s")
+    objects.apply("remediationpolicies", body)
+    run_operator()
+    struck = nodes[:3]
+    for n in struck:
+        simulate_xid(core, n, 94)
+
+    def reason(node: str) -> str | None:
+        c = condition(objects.incident(node), "Blocked")
+        return c["reason"] if c and c["status"] == "True" else None
+
+    held = wait_for(
+        lambda: [n for n in struck if objects.incident(n) and reason(n) == "CircuitBreakerOpen"],
+        "one incident held by the breaker",
+    )
+    core.patch_node(held[0], {"metadata": {"labels": {OPT_OUT_LABEL: "true"}}})
+    wait_for(lambda: reason(held[0]) == "OptedOut", "the held incident opted out")
+    returned = [n for n in struck if n != held[0]]
+    wait_for(
+        lambda: all(completed(objects.incident(n)) == "Returned" for n in returned),
+        "the other two returned to service", timeout=60,
+    )  # fmt: skip
+    breaker = wait_for(
+        lambda: (
+            (c := condition(objects.get("remediationpolicies", pname), "CircuitBreakerOpen"))
+            and c["status"] == "False"
+            and c
+        ),
+        "the breaker closed with no incident waiting",
+        timeout=30,
+    )
+    assert breaker["reason"] == "BreakerClosed", breaker
+    assert breaker["message"].startswith("0 of 6 nodes out of service"), breaker
 
 
 def test_breaker_counts_nodes_kept_cordoned_after_their_incident_closed(

@@ -9,6 +9,7 @@ node, recorded signals, last resolved) equal to their scans.
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 
 from hypothesis import given, settings
@@ -21,7 +22,8 @@ from gpuheal.policy import admit, cluster_counts
 from gpuheal.policy.inputs import last_resolved
 from gpuheal.policy.safety import tally
 from gpuheal.policy.types import IncidentSummary, NodeView
-from gpuheal.remediation.state import Runtime
+from gpuheal.remediation.report import look_at_breakers
+from gpuheal.remediation.state import Breaker, Runtime
 from tests.unit.test_policy_select import make_policy
 
 NOW = dt.datetime(2026, 11, 22, 6, 0, tzinfo=dt.UTC)
@@ -228,3 +230,24 @@ def test_a_policy_that_lost_its_status_gets_its_breaker_back_from_its_held_incid
     assert rt.view.breakers["p"].changed_at == dt.datetime(2026, 11, 22, 5, 1, tzinfo=dt.UTC)
     assert not rt.view.breakers["q"].open
     assert rt.view.breakers_from_incidents() == []  # once
+
+
+def test_an_open_breaker_closes_at_the_operators_look_once_a_slot_is_free() -> None:
+    """No incident is left waiting to look (a person deleted them, say): the operator's own
+    look between incidents closes the breaker, dated then, so the storm cooldown counts from
+    the storm's end rather than from the next fault, and the status says it is closed."""
+    rt = Runtime(OperatorConfig(), Metrics(CollectorRegistry()))
+    rt.view.set_policy(make_policy("p", labels={"pool": "p"}, maxUnhealthy=1))
+    for n in NODES:
+        rt.view.set_node(NodeView(name=n, labels={"pool": "p"}))
+    opened = MINUTES_AGO(90)
+    rt.view.breakers["p"] = Breaker(open=True, changed_at=opened)
+    holder = IncidentSummary(name="i0", node="n0", policy="p", active=True, holds_slot=True)
+    rt.view.incidents["i0"] = holder
+    assert asyncio.run(look_at_breakers(rt.view, NOW)) == []  # the one slot is still taken
+    assert rt.view.breakers["p"] == Breaker(open=True, changed_at=opened)
+    rt.view.incidents.pop("i0")
+    assert asyncio.run(look_at_breakers(rt.view, NOW)) == ["p"]
+    assert rt.view.breakers["p"] == Breaker(open=False, changed_at=NOW)
+    assert asyncio.run(look_at_breakers(rt.view, NOW + dt.timedelta(minutes=1))) == []
+    assert rt.view.breakers["p"].changed_at == NOW  # closed once, dated once

@@ -48,6 +48,15 @@ class Admission:
     breaker: bool | None = None
 
 
+def breaker_closes(safety: Safety, counts: ClusterCounts) -> bool:
+    """Does a look now close the open breaker? Yes once a slot is free. An incident's
+    admission looks, and so does the operator between incidents (`report`): with no incident
+    left waiting (deleted, opted out, its node gone), a storm long over would otherwise keep
+    the breaker open, and the policy's status saying so, until the next fault, whose own look
+    would then start the storm cooldown and hold it back."""
+    return counts.breaker_open and counts.remediating < allowed_unhealthy(safety, counts.selected)
+
+
 def admit(safety: Safety, counts: ClusterCounts, now: dt.datetime) -> Admission:
     """The gate before an incident's first disruptive step (the one that takes its slot).
 
@@ -65,8 +74,8 @@ def admit(safety: Safety, counts: ClusterCounts, now: dt.datetime) -> Admission:
         )
         opens = None if counts.breaker_open else True
         return Admission((Reason.BREAKER_OPEN, message, None), opens)
-    closes = False if counts.breaker_open else None
-    closed_at = now if counts.breaker_open else counts.breaker_changed_at
+    closes = False if breaker_closes(safety, counts) else None
+    closed_at = now if closes is False else counts.breaker_changed_at
     cooldown = parse_duration(safety.storm_cooldown)
     if closed_at is not None and now < closed_at + cooldown:
         until = closed_at + cooldown

@@ -39,6 +39,7 @@ from gpuheal.api.reservepool import (
     deprecations,
 )
 from gpuheal.policy import allowed_unhealthy, unhealthy_reasons
+from gpuheal.policy.safety import breaker_closes
 from gpuheal.policy.spares import spare_unavailable
 from gpuheal.policy.warnings import policy_warnings
 from gpuheal.remediation import poolupkeep
@@ -232,11 +233,26 @@ def _comparable(status: dict[str, Any]) -> Any:
     return out
 
 
+async def look_at_breakers(cluster: ClusterView, now: dt.datetime) -> list[str]:
+    """Close each open breaker that has a free slot again (`breaker_closes`), under the lock
+    admissions take; the policies whose breaker closed. The storm cooldown counts from now."""
+    closed = []
+    for name, policy in list(cluster.policies.items()):
+        async with cluster.slot_lock:
+            if breaker_closes(policy.spec.safety, cluster.counts(name)):
+                cluster.breakers[name] = Breaker(open=False, changed_at=now)
+                closed.append(name)
+    for name in closed:
+        log.info("RemediationPolicy %s: circuit breaker closed, a slot is free", name)
+    return closed
+
+
 async def report_once(
     ports: Ports, cluster: ClusterView, books: Bookkeeping, last: dict[tuple[str, str], Any]
 ) -> None:
     kube = ports.require_kube()
     now = _now()
+    await look_at_breakers(cluster, now)
     for pool in list(cluster.pools.values()):
         await poolupkeep.look_in_slurm(ports, cluster, books, pool, now)
     available = cluster.pool_counts()
