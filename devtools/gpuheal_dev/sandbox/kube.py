@@ -350,11 +350,10 @@ class ControlPlane:
         )
 
     def _wait_default_service_account(self) -> None:
-        def has_sa() -> bool:
-            out = self.kubectl("get", "serviceaccount", "default", "-n", "default", check=False)
-            return out.returncode == 0
-
-        wait_ready(has_sa, "ServiceAccount controller", 60, interval=0.25)
+        # A GET from this process, not `kubectl get`: the controller takes seconds to make it,
+        # and a kubectl per poll was most of the test suite's ~1,200 kubectl starts.
+        url = f"{self.server}/api/v1/namespaces/default/serviceaccounts/default"
+        wait_ready(lambda: self._https_ok(url), "ServiceAccount controller", 60, interval=0.25)
 
     # ---- clients ----------------------------------------------------------------------
     def _ssl_context(self, *, verify: bool = True) -> ssl.SSLContext:
