@@ -623,7 +623,7 @@ class RealNode:
             subprocess.run(["umount", "-l", mnt], capture_output=True, check=False, timeout=30)
 
     def _remove_cgroups(self) -> None:
-        for hierarchy in _v1_hierarchies():
+        for hierarchy in _v1_hierarchies(with_unified=True):
             top = hierarchy / self.layout.cgroup_parent.lstrip("/")
             if not top.is_dir():
                 continue
@@ -635,7 +635,7 @@ class RealNode:
     def cgroups_left(self) -> list[Path]:
         return [
             p
-            for h in _v1_hierarchies()
+            for h in _v1_hierarchies(with_unified=True)
             if (p := h / self.layout.cgroup_parent.lstrip("/")).exists()
         ]
 
@@ -648,12 +648,16 @@ class RealNode:
         ]
 
 
-def _v1_hierarchies() -> list[Path]:
-    """The mounted cgroup v1 hierarchies (cpu, memory, pids, ..., the named systemd one)."""
+def _v1_hierarchies(*, with_unified: bool = False) -> list[Path]:
+    """The mounted cgroup v1 hierarchies (cpu, memory, pids, ..., the named systemd one);
+    ``with_unified``: also a hybrid host's cgroup v2 tree (``/sys/fs/cgroup/unified``), where
+    the kubelet makes its cgroupRoot too (left behind by every sandbox until this was looked
+    at: 212 on this machine)."""
+    kinds = ("cgroup", "cgroup2") if with_unified else ("cgroup",)
     found = []
     for line in Path("/proc/self/mounts").read_text().splitlines():
         parts = line.split()
-        if len(parts) >= 3 and parts[2] == "cgroup" and parts[1].startswith(str(HOST_CGROUP)):
+        if len(parts) >= 3 and parts[2] in kinds and parts[1].startswith(str(HOST_CGROUP)):
             found.append(Path(parts[1]))
     return found
 
