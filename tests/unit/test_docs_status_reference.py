@@ -367,7 +367,7 @@ def driver_reasons() -> Iterator[Said]:
             else:
                 reasons = mod.reasons(arg)
             yield from _nrem(cond, reasons, true, f"driver:{call.lineno}")
-    for reason in sorted(_strings(mod.constants["_BLOCKING_WAITS"])):
+    for reason in sorted(_attrs(mod.constants["_BLOCKING_WAITS"], ("Reason",), Reason)):
         yield Said("NodeRemediation", C.BLOCKED, reason, true)
     for reason in sorted(_dict_keys(mod, "_RETURN_OUTCOME")):
         yield Said("NodeRemediation", C.RETURNED, reason, true)

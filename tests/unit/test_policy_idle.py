@@ -7,12 +7,7 @@ from typing import Any
 
 import pytest
 
-from gpuheal.policy.idle import (
-    WAITING_FOR_PODS,
-    WAITING_FOR_SLURM_JOBS,
-    slurm_jobs_on_node,
-    work_on_node,
-)
+from gpuheal.policy.idle import slurm_jobs_on_node, work_on_node
 from gpuheal_bridge.api.models import JobEnd, JobState
 
 ENDED = dt.datetime(2026, 11, 26, 20, 0, tzinfo=dt.UTC)
@@ -63,7 +58,7 @@ def test_slurm_jobs_come_first_and_name_the_jobs_and_pods() -> None:
         "reset", "n1", pods=[pod("train")], jobs=[job(41, "RUNNING"), job(42, "PENDING")]
     )
     assert busy is not None
-    assert busy.reason == WAITING_FOR_SLURM_JOBS
+    assert busy.reason == "WaitingForSlurmJobs"
     assert busy.message == (
         "reset waits: 1 Slurm job(s) still on n1: 41 (RUNNING); 1 pod(s) too (ml/train)"
     )
@@ -73,6 +68,6 @@ def test_pods_alone_wait_for_idle() -> None:
     busy = work_on_node("reboot", "n1", pods=[pod("train"), pod("dp", owner="DaemonSet")], jobs=[])
     assert busy is not None
     assert (busy.reason, busy.message) == (
-        WAITING_FOR_PODS,
+        "WaitingForIdle",
         "reboot waits: 1 pod(s) still run on n1 (ml/train)",
     )

@@ -128,6 +128,17 @@ class Reason(enum.StrEnum):
     DOMAIN_REPLACEMENT_HELD = "DomainReplacementHeld"
     DOMAIN_BREAKER_OPEN = "DomainBreakerOpen"
     DOMAIN_INCIDENT = "DomainIncident"
+    # a step's waits that the driver also reports as Blocked=True (driver._BLOCKING_WAITS):
+    # named here because the steps write them and the driver reads them
+    POD_DISRUPTION_BUDGET = "PodDisruptionBudget"
+    BRIDGE_UNAVAILABLE = "BridgeUnavailable"
+    SLURM_CLUSTER_UNKNOWN = "SlurmClusterUnknown"
+    NO_SPARE_AVAILABLE = "NoSpareAvailable"
+    POOL_NOT_FOUND = "PoolNotFound"
+    HOOK_UNAVAILABLE = "HookUnavailable"
+    HOOK_UNREACHABLE = "HookUnreachable"
+    WAITING_FOR_IDLE = "WaitingForIdle"  # pods a drain would evict (policy.idle)
+    WAITING_FOR_SLURM_JOBS = "WaitingForSlurmJobs"  # Slurm jobs still on the node
     # policy and pool status
     ACTIVE = "Active"
     INVALID_SPEC = "InvalidSpec"  # stored, but the operator cannot read it: ignored

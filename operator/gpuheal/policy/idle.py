@@ -12,6 +12,7 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from gpuheal.api.names import Reason
 from gpuheal.policy.select import pods_to_evict
 from gpuheal_bridge.api.models import JobState
 
@@ -34,16 +35,13 @@ _OFF_NODE = frozenset(
         "OUT_OF_MEMORY",
     }
 )
-#: Wait reasons (the step's condition and Blocked=True carry them).
-WAITING_FOR_SLURM_JOBS = "WaitingForSlurmJobs"
-WAITING_FOR_PODS = "WaitingForIdle"
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Busy:
     """Work still on the node: the step waits, with this reason and message."""
 
-    reason: str
+    reason: Reason  # WaitingForSlurmJobs or WaitingForIdle (the step's condition, Blocked=True)
     message: str
 
 
@@ -73,12 +71,12 @@ def work_on_node(
     if running:
         ids = ", ".join(f"{j.job_id} ({j.state})" for j in running[:5])
         return Busy(
-            WAITING_FOR_SLURM_JOBS,
+            Reason.WAITING_FOR_SLURM_JOBS,
             f"{action} waits: {len(running)} Slurm job(s) still on {node}: {ids}{pods_too}",
         )
     if busy_pods:
         return Busy(
-            WAITING_FOR_PODS,
+            Reason.WAITING_FOR_IDLE,
             f"{action} waits: {len(busy_pods)} pod(s) still run on {node} "
             f"({', '.join(busy_pods[:3])})",
         )

@@ -96,15 +96,15 @@ _PROGRESS = frozenset(CONDITION_OF.values()) | {NremCondition.DETECTED, NremCond
 # Waits that hold the incident up for a reason a person may want to know (Blocked=True).
 _BLOCKING_WAITS = frozenset(
     {
-        "PodDisruptionBudget",
-        "BridgeUnavailable",
-        "SlurmClusterUnknown",
-        "NoSpareAvailable",
-        "PoolNotFound",
-        "HookUnavailable",
-        "HookUnreachable",
-        "WaitingForIdle",
-        "WaitingForSlurmJobs",
+        Reason.POD_DISRUPTION_BUDGET,
+        Reason.BRIDGE_UNAVAILABLE,
+        Reason.SLURM_CLUSTER_UNKNOWN,
+        Reason.NO_SPARE_AVAILABLE,
+        Reason.POOL_NOT_FOUND,
+        Reason.HOOK_UNAVAILABLE,
+        Reason.HOOK_UNREACHABLE,
+        Reason.WAITING_FOR_IDLE,
+        Reason.WAITING_FOR_SLURM_JOBS,
     }
 )
 

@@ -227,7 +227,7 @@ async def slurm_drain(  # noqa: PLR0911 - one return per outcome
         )
     except SlurmUnavailable as exc:
         delay = _bridge_delay(attempt, exc.retry_after)
-        return StepResult.wait(C.SLURM_DRAINED, "BridgeUnavailable", str(exc), delay)
+        return StepResult.wait(C.SLURM_DRAINED, Reason.BRIDGE_UNAVAILABLE, str(exc), delay)
     except SlurmError as exc:
         return StepResult.failed(C.SLURM_DRAINED, "BridgeError", str(exc))
     ours = resp.outcome is not DrainOutcome.DRAINED_BY_OTHER
@@ -253,12 +253,14 @@ async def slurm_drain(  # noqa: PLR0911 - one return per outcome
         )
     except SlurmUnavailable as exc:
         delay = _bridge_delay(attempt, exc.retry_after)
-        return StepResult.wait(C.SLURM_DRAINED, "BridgeUnavailable", f"{drained}; {exc}", delay)
+        return StepResult.wait(
+            C.SLURM_DRAINED, Reason.BRIDGE_UNAVAILABLE, f"{drained}; {exc}", delay
+        )
     jobs_status = [r.to_k8s() for r in victims.records]
     if victims.retry is not None:
         delay = _bridge_delay(attempt)
         result = StepResult.wait(
-            C.SLURM_DRAINED, "BridgeUnavailable", f"{drained}; {victims.retry}", delay
+            C.SLURM_DRAINED, Reason.BRIDGE_UNAVAILABLE, f"{drained}; {victims.retry}", delay
         )
     else:
         moved = [r for r in victims.records if r.outcome in (JobOutcome.REQUEUED, JobOutcome.HELD)]
@@ -308,7 +310,7 @@ async def checkpoint(  # noqa: PLR0911 - one return per outcome
         )
     except SlurmUnavailable as exc:
         delay = _bridge_delay(attempt, exc.retry_after)
-        return StepResult.wait(C.CHECKPOINTED, "BridgeUnavailable", str(exc), delay)
+        return StepResult.wait(C.CHECKPOINTED, Reason.BRIDGE_UNAVAILABLE, str(exc), delay)
     except SlurmError as exc:
         return StepResult.failed(C.CHECKPOINTED, "BridgeError", str(exc))
     done = list(recorded)
@@ -330,7 +332,7 @@ async def checkpoint(  # noqa: PLR0911 - one return per outcome
             continue
         except SlurmUnavailable as exc:
             delay = _bridge_delay(attempt, exc.retry_after)
-            return StepResult.wait(C.CHECKPOINTED, "BridgeUnavailable", str(exc), delay)
+            return StepResult.wait(C.CHECKPOINTED, Reason.BRIDGE_UNAVAILABLE, str(exc), delay)
         except SlurmError as exc:
             return StepResult.failed(C.CHECKPOINTED, "BridgeError", f"job {jid}: {exc}")
         if answer.outcome is not JobSignalOutcome.SIGNALLED:
@@ -484,7 +486,7 @@ async def drain_pods(
             ), counts
         return StepResult.wait(
             C.DRAINED,
-            "PodDisruptionBudget",
+            Reason.POD_DISRUPTION_BUDGET,
             f"{counts['pdb_blocked']} pod(s) on {node} held by a PodDisruptionBudget; retrying",
             retry_after,
         ), counts
@@ -511,12 +513,12 @@ async def work_on_node(
         if bridge is not None:
             jobs = (await bridge.jobs(node)).jobs
     except UnknownCluster as exc:
-        return StepResult.wait(cond, "SlurmClusterUnknown", str(exc), retry)
+        return StepResult.wait(cond, Reason.SLURM_CLUSTER_UNKNOWN, str(exc), retry)
     except SlurmNotFound:
         jobs = []
     except SlurmUnavailable as exc:
         return StepResult.wait(
-            cond, "BridgeUnavailable", f"cannot list {node}'s Slurm jobs: {exc}", retry
+            cond, Reason.BRIDGE_UNAVAILABLE, f"cannot list {node}'s Slurm jobs: {exc}", retry
         )
     except SlurmError as exc:
         return StepResult.failed(cond, "BridgeError", f"cannot list {node}'s Slurm jobs: {exc}")
@@ -611,12 +613,12 @@ async def run_hook(  # noqa: PLR0911
                 gpu=gpu,
             )
         except HookUnreachable as exc:
-            return StepResult.wait(condition, "HookUnreachable", str(exc), retry_after)
+            return StepResult.wait(condition, Reason.HOOK_UNREACHABLE, str(exc), retry_after)
         if 200 <= code <= 299:
             return StepResult.done(condition, "HookSucceeded", f"{action} webhook: {code}")
         if code >= 500 or code == 429:
             return StepResult.wait(
-                condition, "HookUnavailable", f"{action} webhook: {code}", retry_after
+                condition, Reason.HOOK_UNAVAILABLE, f"{action} webhook: {code}", retry_after
             )
         return StepResult.failed(condition, "HookRefused", f"{action} webhook: {code}")
     if hook.type is HookType.JOB and hook.job is not None:
@@ -803,7 +805,10 @@ async def replace(  # noqa: PLR0917 - the pool, its nodes and what Slurm said of
     ``out_in_slurm`` (the pool's status names it) and the next one is tried."""
     if pool is None:
         return StepResult.wait(
-            C.REPLACEMENT_CLAIMED, "PoolNotFound", f"ReservePool {pool_name} not found", retry_after
+            C.REPLACEMENT_CLAIMED,
+            Reason.POOL_NOT_FOUND,
+            f"ReservePool {pool_name} not found",
+            retry_after,
         )
     promo = pool.spec.promotion
     skipped: list[str] = []
@@ -818,7 +823,7 @@ async def replace(  # noqa: PLR0917 - the pool, its nodes and what Slurm said of
         if claim is None:
             return StepResult.wait(
                 C.REPLACEMENT_CLAIMED,
-                "NoSpareAvailable",
+                Reason.NO_SPARE_AVAILABLE,
                 _no_spare(pool, pool_name, nodes, node, out_in_slurm, skipped),
                 retry_after,
             )
@@ -841,14 +846,14 @@ async def replace(  # noqa: PLR0917 - the pool, its nodes and what Slurm said of
             except UnknownCluster as exc:
                 return StepResult.wait(
                     C.REPLACEMENT_CLAIMED,
-                    "SlurmClusterUnknown",
+                    Reason.SLURM_CLUSTER_UNKNOWN,
                     f"claimed {claim.node}; Slurm resume pending: {exc}",
                     retry_after,
                 )
             except SlurmUnavailable as exc:
                 return StepResult.wait(
                     C.REPLACEMENT_CLAIMED,
-                    "BridgeUnavailable",
+                    Reason.BRIDGE_UNAVAILABLE,
                     f"claimed {claim.node}; Slurm resume pending: {exc}",
                     retry_after,
                 )
@@ -873,7 +878,7 @@ async def replace(  # noqa: PLR0917 - the pool, its nodes and what Slurm said of
         )
     return StepResult.wait(
         C.REPLACEMENT_CLAIMED,
-        "NoSpareAvailable",
+        Reason.NO_SPARE_AVAILABLE,
         _no_spare(pool, pool_name, nodes, node, out_in_slurm, skipped),
         retry_after,
     )
@@ -1040,7 +1045,7 @@ async def repair(  # noqa: PLR0917, PLR0911 - one exit per verified outcome
             try:
                 bridge = ports.slurm_for(cluster, node)
             except UnknownCluster as exc:
-                return StepResult.wait(cond, "SlurmClusterUnknown", str(exc), retry)
+                return StepResult.wait(cond, Reason.SLURM_CLUSTER_UNKNOWN, str(exc), retry)
             asked = await _slurm_reboot(bridge, node, name, xid, rung)
             if isinstance(asked, StepResult):
                 return asked
@@ -1106,7 +1111,7 @@ async def _slurm_reboot(
             node, incident=incident, xid=xid, idempotency_key=f"{incident}-reboot-{rung}"
         )
     except SlurmUnavailable as exc:
-        return StepResult.wait(cond, "BridgeUnavailable", str(exc), exc.retry_after or 5.0)
+        return StepResult.wait(cond, Reason.BRIDGE_UNAVAILABLE, str(exc), exc.retry_after or 5.0)
     except SlurmNotFound:
         return StepResult.failed(cond, "NotASlurmNode", f"Slurm does not know {node}")
     except SlurmError as exc:
@@ -1371,7 +1376,7 @@ async def _tell_slurm(  # noqa: PLR0917
     try:
         slurm = slurm_for() if slurm_for is not None else None
     except UnknownCluster as exc:
-        return StepResult.wait(cond, "SlurmClusterUnknown", str(exc), _bridge_delay(attempt))
+        return StepResult.wait(cond, Reason.SLURM_CLUSTER_UNKNOWN, str(exc), _bridge_delay(attempt))
     told = await requeue_gpu_jobs(slurm, nrem.spec.node_name, nrem.metadata.name, record, opts)
     if isinstance(told, StepResult):
         # The rule is written whatever Slurm answers: on record, so that the next attempt asks
@@ -1428,7 +1433,7 @@ async def requeue_gpu_jobs(  # noqa: PLR0911, PLR0912 - one exit per outcome
         return told(f"not asked: Slurm does not know {node}")
     except SlurmUnavailable as exc:
         return StepResult.wait(
-            cond, "BridgeUnavailable", str(exc), _bridge_delay(0, exc.retry_after)
+            cond, Reason.BRIDGE_UNAVAILABLE, str(exc), _bridge_delay(0, exc.retry_after)
         )
     except SlurmError as exc:
         return StepResult.failed(cond, "BridgeError", str(exc))
@@ -1446,7 +1451,7 @@ async def requeue_gpu_jobs(  # noqa: PLR0911, PLR0912 - one exit per outcome
             continue
         except SlurmUnavailable as exc:
             delay = _bridge_delay(0, exc.retry_after)
-            return StepResult.wait(cond, "BridgeUnavailable", f"job {job_id}: {exc}", delay)
+            return StepResult.wait(cond, Reason.BRIDGE_UNAVAILABLE, f"job {job_id}: {exc}", delay)
         except SlurmError as exc:
             return StepResult.failed(cond, "BridgeError", f"job {job_id}: {exc}")
         if answer.outcome in (BridgeOutcome.REQUEUED, BridgeOutcome.REQUEUED_BY_JOB):
@@ -1535,13 +1540,13 @@ async def execute(  # noqa: PLR0911, PLR0912 - one branch per action
         try:
             slurm = ports.slurm_for(cluster, node)
         except UnknownCluster as exc:
-            return StepResult.wait(C.SLURM_DRAINED, "SlurmClusterUnknown", str(exc), retry)
+            return StepResult.wait(C.SLURM_DRAINED, Reason.SLURM_CLUSTER_UNKNOWN, str(exc), retry)
         return await _slurm_drain_step(ports, slurm, nrem, rec, step, xid=xid, attempt=attempt)
     if action is Action.CHECKPOINT:
         try:
             slurm = ports.slurm_for(cluster, node)
         except UnknownCluster as exc:
-            return StepResult.wait(C.CHECKPOINTED, "SlurmClusterUnknown", str(exc), retry)
+            return StepResult.wait(C.CHECKPOINTED, Reason.SLURM_CLUSTER_UNKNOWN, str(exc), retry)
         return await _checkpoint_step(ports, slurm, nrem, rec, step, attempt=attempt)
     if action is Action.QUARANTINE_DEVICE:
         return await quarantine_device(
@@ -1831,7 +1836,9 @@ def _bridge_to_return(
     try:
         bridge = ports.slurm_for(cluster, node)
     except UnknownCluster as exc:
-        return StepResult.wait(C.RETURNED, "SlurmClusterUnknown", _joined(messages, exc), retry)
+        return StepResult.wait(
+            C.RETURNED, Reason.SLURM_CLUSTER_UNKNOWN, _joined(messages, exc), retry
+        )
     if bridge is None:
         why = (
             f"gpuheal drained {node} in Slurm and no Slurm bridge is configured now to lift "
@@ -1853,7 +1860,7 @@ def _not_returned(exc: SlurmError, what: str, messages: list[str], retry: float)
         return StepResult.skipped(C.RETURNED, "NotASlurmNode", _joined(messages, why))
     if isinstance(exc, SlurmUnavailable):
         delay = exc.retry_after or retry
-        return StepResult.wait(C.RETURNED, "BridgeUnavailable", _joined(messages, exc), delay)
+        return StepResult.wait(C.RETURNED, Reason.BRIDGE_UNAVAILABLE, _joined(messages, exc), delay)
     why = f"Slurm {what.lower()} failed: {exc}"
     return StepResult.wait(C.RETURNED, f"Slurm{what}Failed", _joined(messages, why), retry)
 
