@@ -3,10 +3,11 @@ credentials, against a small local HTTP server (no TLS, no cluster)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import kopf
@@ -46,6 +47,15 @@ async def server() -> AsyncIterator[tuple[str, list[dict[str, Any]]]]:
             return resp
         return web.json_response({"metadata": {"name": "x", "resourceVersion": "7"}, "items": []})
 
+    async with serving(handle) as url:
+        yield url, seen
+
+
+@contextlib.asynccontextmanager
+async def serving(
+    handle: Callable[[web.Request], Awaitable[web.StreamResponse]],
+) -> AsyncIterator[str]:
+    """`handle` answering every path on a local port; yields its base URL."""
     app = web.Application()
     app.router.add_route("*", "/{tail:.*}", handle)
     runner = web.AppRunner(app)
@@ -53,8 +63,10 @@ async def server() -> AsyncIterator[tuple[str, list[dict[str, Any]]]]:
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
     port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    yield f"http://127.0.0.1:{port}", seen
-    await runner.cleanup()
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        await runner.cleanup()
 
 
 async def test_status_and_events_carry_no_url_past_its_host(

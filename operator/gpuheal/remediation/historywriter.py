@@ -30,7 +30,6 @@ from gpuheal.api.noderemediation import NodeRemediation
 from gpuheal.policy import faultrecord as fh
 from gpuheal.policy.types import Observation
 from gpuheal.remediation.state import Bookkeeping, ClusterView, Ports
-from gpuheal.xid.identity import GPU_MAP_ANNOTATION, parse_gpu_map
 
 log = logging.getLogger("gpuheal.history")
 
@@ -172,8 +171,12 @@ async def flush(
 ) -> FaultHistory:
     """Merge `entries` into the node's FaultHistory (creating it) and write its status."""
     kube = ports.require_kube()
-    for _ in range(5):
-        body = await kube.get_custom(HISTORY_PLURAL, node)
+    for attempt in range(5):
+        # A node with no FaultHistory we know of (listed at start, watched, written since:
+        # a first fault, every node of a rack storm) gets one created without a GET that
+        # would only say 404; one someone else made meanwhile answers 409 and is read.
+        known = attempt > 0 or node in cluster.fault_history
+        body = await kube.get_custom(HISTORY_PLURAL, node) if known else None
         if body is None:
             body = await kube.create_custom(HISTORY_PLURAL, _new(node)) or await kube.get_custom(
                 HISTORY_PLURAL, node
@@ -189,7 +192,7 @@ async def flush(
             previous=current.status,
             now=now,
             retention=keep,
-            pci_of=await _uuids(ports, node),
+            pci_of=_uuids(cluster, node),
         )
         status.observed_generation = current.metadata.generation
         try:
@@ -215,11 +218,11 @@ def _new(node: str) -> dict[str, Any]:
             "spec": {"nodeName": node}}  # fmt: skip
 
 
-async def _uuids(ports: Ports, node: str) -> dict[str, str]:
-    """UUID -> PCI address from the node's GPU map (the agent's annotation), if any."""
-    body = await ports.require_kube().get_node(node)
-    annotations = ((body or {}).get("metadata") or {}).get("annotations") or {}
-    return parse_gpu_map(annotations.get(GPU_MAP_ANNOTATION)).by_uuid
+def _uuids(cluster: ClusterView, node: str) -> dict[str, str]:
+    """UUID -> PCI address from the node's GPU map (the agent's annotation) as the node
+    watch last saw it, if any: the map the engine reads too, and no GET per write."""
+    view = cluster.nodes.get(node)
+    return view.gpus.by_uuid if view is not None else {}
 
 
 async def sweep(ports: Ports, cluster: ClusterView) -> None:
