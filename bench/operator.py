@@ -18,6 +18,7 @@ import shutil
 import signal
 import statistics
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -25,13 +26,14 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from bench.harness import Context, Result, benchmark
+from bench.harness import REPO, Context, Result, benchmark
 from bench.opkit import (
     Churn,
     KubeAccess,
     Measured,
     RssSampler,
     Watcher,
+    abba,
     apply_crds,
     baseline_process,
     bench_policy,
@@ -46,13 +48,14 @@ from bench.opkit import (
     metric_sum,
     node_uids,
     operator_process,
+    paired,
     post_xid_event,
     pstats,
     start_bridge,
     sustained_rate,
     wait_until,
 )
-from bench.plots import latency_plot, scale_plot, storm_plot
+from bench.plots import latency_plot, pairs_plot, scale_plot, storm_plot
 
 ISOLATED = "isolated (1 per 3 s)"
 PACED = "paced (2 per s)"
@@ -724,6 +727,101 @@ def _scale_verdicts(results: list[dict[str, Any]], models: dict[str, Any]) -> li
 
 
 # ---- 3. storm -------------------------------------------------------------------------------
+
+
+def _checkout(ctx: Context, ref: str) -> tuple[Path, str]:
+    """``ref`` checked out beside this tree (a detached git worktree in scratch), its
+    operator compiled to bytecode like ours (``make bytecode``); with its short hash."""
+    sha = subprocess.run(
+        ["git", "-C", str(REPO), "rev-parse", "--short", f"{ref}^{{commit}}"],
+        check=True, capture_output=True, text=True,
+    ).stdout.strip()  # fmt: skip
+    tree = ctx.tmpdir("base") / "tree"
+    subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", str(tree), sha],
+                   check=True, capture_output=True)  # fmt: skip
+    subprocess.run([sys.executable, "-m", "compileall", "-q", str(tree / "operator")],
+                   check=True, capture_output=True)  # fmt: skip
+    return tree, sha
+
+
+@benchmark(
+    "storm_pairs",
+    title="Rack storm in pairs: this tree's operator against another commit's, one sandbox",
+    budget_s=600,
+    plot=pairs_plot,
+    needs=("kube",),
+)
+def storm_pairs(ctx: Context) -> Result:
+    """The rack storm of operator_scale (72 XID 79 Events at once, cordon latency from each
+    POST to spec.unschedulable in our watch), run in pairs on one sandbox of
+    GPUHEAL_BENCH_STORM_NODES kwok nodes (default 5,000): the operator of
+    GPUHEAL_BENCH_STORM_BASE (a git ref, default HEAD: then both sides run the same code and
+    the differences are the noise) against this working tree's, in A B, B A, ... order,
+    each storm on a fresh rack with a fresh operator, the cluster reset between storms. A
+    single storm's p99 at 5,000 nodes moved by ~1 s between runs an hour apart on a 2-core
+    machine; pairs taken side by side are what can tell a change from that."""
+    nodes = int(os.environ.get("GPUHEAL_BENCH_STORM_NODES", "5000"))
+    ref = os.environ.get("GPUHEAL_BENCH_STORM_BASE", "HEAD")
+    pairs = ctx.runs(5)
+    tree, sha = _checkout(ctx, ref)
+    base, new = (sha if sha.startswith(ref) else f"{ref} ({sha})"), "this tree"
+    sources = {base: tree / "operator", new: REPO / "operator"}
+    sb = _sandbox(ctx, nodes, shared=False)
+    access = KubeAccess.from_kubeconfig(Path(sb.kubeconfig))
+    names = _names(nodes)
+    runs: list[dict[str, Any]] = []
+    try:
+        for k, variant in enumerate(abba(base, new, pairs)):
+            with access.client() as http:
+                create_policy(http, bench_policy("bench-pairs", [{"action": "cordon"}],
+                                                 max_unhealthy=max(nodes // 10, RACK)))  # fmt: skip
+            op = operator_process(Path(sb.kubeconfig), ctx.tmpdir("op") / "operator.log")
+            op.env["PYTHONPATH"] = f"{sources[variant]}:{REPO / 'slurm-bridge'}:{REPO}"
+            op.start()
+            try:
+                _wait_started(op)
+                wait_until(lambda: watched(op) >= nodes, "nodes_watched", 120, every=0.05)  # noqa: B023
+                time.sleep(3)  # settled after start-up, as operator_scale
+                api0 = _api_requests(op)
+                storm = _rack_storm(ctx, access, op, names[RACK * (k + 1) :])
+                storm["api_requests"] = _delta(_api_requests(op), api0)
+            finally:
+                op.stop()
+            runs.append({"variant": variant, "storm": k, **storm})
+            ctx.progress(f"{variant}: storm {k + 1}: cordon p99 {storm['cordon_p99_s']} s, "
+                         f"{sum(storm['api_requests'].values()):.0f} API requests")  # fmt: skip
+            _reset(ctx, sb)
+    finally:
+        sb.down()
+        subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(tree)],
+                       check=False, capture_output=True)  # fmt: skip
+    p99 = {v: [r["cordon_p99_s"] for r in runs if r["variant"] == v] for v in (base, new)}
+    p50 = {v: [r["cordon_p50_s"] for r in runs if r["variant"] == v] for v in (base, new)}
+    api = {v: [sum(r["api_requests"].values()) for r in runs if r["variant"] == v]
+           for v in (base, new)}  # fmt: skip
+    comparison = {"cordon_p99_s": paired(p99[base], p99[new]),
+                  "cordon_p50_s": paired(p50[base], p50[new]),
+                  "api_requests": paired(api[base], api[new])}  # fmt: skip
+    c = comparison["cordon_p99_s"]
+    return Result(
+        series={v: p99[v] for v in (base, new)},  # each storm's cordon p99
+        params={
+            "nodes": nodes,
+            "base": ref,
+            "base_commit": sha,
+            "pairs": pairs,
+            "comparison": comparison,
+        },
+        runs=runs,
+        notes=[
+            f"{c['pairs']} pairs at {nodes} nodes: cordon p99 median {c['median_a']} s "
+            f"({base}) against {c['median_b']} s (this tree); this tree lower in "
+            f"{c['b_lower']} of {c['pairs']} pairs, median difference {c['median_diff']} s.",
+            "Samples: each storm's cordon p99 (72 cordons). API requests: those the operator "
+            "sent from just before the storm to its last cordon seen (bench.api_count).",
+        ],
+        extra_series={"API requests in the storm's window": api},
+    )
 
 
 @benchmark(

@@ -14,6 +14,7 @@ import os
 import random
 import signal
 import ssl
+import statistics
 import subprocess
 import sys
 import threading
@@ -132,6 +133,29 @@ def pstats(values: Sequence[float]) -> dict[str, float | int | None]:
         "p50": round(percentile(values, 50), 4),
         "p99": round(percentile(values, 99), 4),
         "max": round(max(values), 4),
+    }
+
+
+def abba(a: str, b: str, pairs: int) -> list[str]:
+    """The order of a paired comparison: A B, B A, A B, ... (``pairs`` of each), so that
+    neither variant always runs first as the machine warms up or its load drifts."""
+    return [x for i in range(pairs) for x in ((a, b) if i % 2 == 0 else (b, a))]
+
+
+def paired(a: Sequence[float], b: Sequence[float]) -> dict[str, Any]:
+    """Pairs (a[i], b[i]) taken side by side: each pair's difference b - a, their median,
+    how many pairs b was lower in, and each side's median (None where a side is missing)."""
+    diffs = [y - x for x, y in zip(a, b, strict=True)]
+    if not diffs:
+        return {"pairs": 0, "diffs": [], "median_diff": None, "b_lower": 0,
+                "median_a": None, "median_b": None}  # fmt: skip
+    return {
+        "pairs": len(diffs),
+        "diffs": [round(d, 4) for d in diffs],
+        "median_diff": round(statistics.median(diffs), 4),
+        "b_lower": sum(d < 0 for d in diffs),
+        "median_a": round(statistics.median(a), 4),
+        "median_b": round(statistics.median(b), 4),
     }
 
 

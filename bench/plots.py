@@ -289,3 +289,31 @@ def storm_plot(doc: dict[str, Any], path: Path) -> None:
     _titles(fig, ax, doc)
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def pairs_plot(doc: dict[str, Any], path: Path) -> None:
+    """Paired runs (`storm_pairs`): each pair a line from the base's value to this tree's,
+    the cordon p99 on the left, the API requests in the storm's window on the right."""
+    names = list(doc["series"])
+    requests = next(iter(doc.get("extra_series", {}).values()), {})
+    fig, axes = plt.subplots(1, 2, figsize=(10, 5), layout="constrained")
+    panels = (
+        (axes[0], [doc["series"][n]["samples"] for n in names], "cordon p99 (s)"),
+        (axes[1], [s["samples"] for s in requests.values()], "API requests in the storm"),
+    )
+    for ax, (a, b), label in ((ax, cols, label) for ax, cols, label in panels if len(cols) == 2):
+        half = 0.08
+        for i, (x, y) in enumerate(zip(a, b, strict=False)):
+            shift = (i - (len(a) - 1) / 2) * (2 * half / max(len(a), 1))  # as `_strip` spreads
+            ax.plot([shift, 1 + shift], [x, y], color="#888888", alpha=0.6, zorder=2)
+        _strip(ax, 0, a, COLORS[0], None, half=half, text_left=True)
+        _strip(ax, 1, b, COLORS[1], None, half=half)
+        ax.set_xlim(-0.6, 1.6)
+        ax.set_xticks([0, 1], [n.split(":")[0] for n in names], fontsize=9)
+        ax.set_ylabel(label)
+        ax.grid(axis="y", alpha=0.3)
+    fig.suptitle(textwrap.fill(doc["title"], 90), fontsize=11, fontweight="bold", x=0.02,
+                 ha="left")  # fmt: skip
+    axes[0].set_title(_machine_line(doc), fontsize=7, loc="left")
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

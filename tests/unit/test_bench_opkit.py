@@ -6,11 +6,13 @@ import math
 
 import pytest
 from bench.opkit import (
+    abba,
     classify_request,
     collapsed_top,
     first_at_least,
     fit_line,
     metric_sum,
+    paired,
     parse_proc_stat_cpu,
     parse_proc_status,
     parse_prometheus,
@@ -131,3 +133,20 @@ def test_collapsed_top_counts_self_and_inclusive_gpuheal_frames() -> None:
         ("model_validate (pydantic/main.py:5)", 30),
     ]
     assert top["gpuheal_inclusive"] == [("signal (gpuheal/remediation/intake.py:9)", 50)]
+
+
+def test_abba_alternates_who_goes_first() -> None:
+    assert abba("base", "new", 3) == ["base", "new", "new", "base", "base", "new"]
+    assert abba("base", "new", 0) == []
+
+
+def test_paired_differences_count_the_pairs_the_second_won() -> None:
+    out = paired([1.5, 1.2, 2.0, 1.0], [1.0, 1.4, 1.5, 1.0])
+    assert out["pairs"] == 4
+    assert out["diffs"] == [-0.5, 0.2, -0.5, 0.0]
+    assert out["median_diff"] == -0.25
+    assert out["b_lower"] == 2
+    assert (out["median_a"], out["median_b"]) == (1.35, 1.2)
+    assert paired([], [])["median_diff"] is None
+    with pytest.raises(ValueError, match="shorter"):  # a pair without its other half
+        paired([1.0], [])
