@@ -744,34 +744,17 @@ def _checkout(ctx: Context, ref: str) -> tuple[Path, str]:
     return tree, sha
 
 
-@benchmark(
-    "storm_pairs",
-    title="Rack storm in pairs: this tree's operator against another commit's, one sandbox",
-    budget_s=600,
-    plot=pairs_plot,
-    needs=("kube",),
-)
-def storm_pairs(ctx: Context) -> Result:
-    """The rack storm of operator_scale (72 XID 79 Events at once, cordon latency from each
-    POST to spec.unschedulable in our watch), run in pairs on one sandbox of
-    GPUHEAL_BENCH_STORM_NODES kwok nodes (default 5,000): the operator of
-    GPUHEAL_BENCH_STORM_BASE (a git ref, default HEAD: then both sides run the same code and
-    the differences are the noise) against this working tree's, in A B, B A, ... order,
-    each storm on a fresh rack with a fresh operator, the cluster reset between storms. A
-    single storm's p99 at 5,000 nodes moved by ~1 s between runs an hour apart on a 2-core
-    machine; pairs taken side by side are what can tell a change from that."""
-    nodes = int(os.environ.get("GPUHEAL_BENCH_STORM_NODES", "5000"))
-    ref = os.environ.get("GPUHEAL_BENCH_STORM_BASE", "HEAD")
-    pairs = ctx.runs(5)
-    tree, sha = _checkout(ctx, ref)
-    base, new = (sha if sha.startswith(ref) else f"{ref} ({sha})"), "this tree"
-    sources = {base: tree / "operator", new: REPO / "operator"}
+def _storms_in_pairs(
+    ctx: Context, nodes: int, order: list[str], sources: dict[str, Path]
+) -> list[dict[str, Any]]:
+    """One rack storm per entry of ``order`` on one sandbox, each by a fresh operator from
+    that variant's source tree, on a fresh rack; the cluster reset between storms."""
     sb = _sandbox(ctx, nodes, shared=False)
     access = KubeAccess.from_kubeconfig(Path(sb.kubeconfig))
     names = _names(nodes)
     runs: list[dict[str, Any]] = []
     try:
-        for k, variant in enumerate(abba(base, new, pairs)):
+        for k, variant in enumerate(order):
             with access.client() as http:
                 create_policy(http, bench_policy("bench-pairs", [{"action": "cordon"}],
                                                  max_unhealthy=max(nodes // 10, RACK)))  # fmt: skip
@@ -793,6 +776,35 @@ def storm_pairs(ctx: Context) -> Result:
             _reset(ctx, sb)
     finally:
         sb.down()
+    return runs
+
+
+@benchmark(
+    "storm_pairs",
+    title="Rack storm in pairs: this tree's operator against another commit's, one sandbox",
+    budget_s=600,
+    plot=pairs_plot,
+    needs=("kube",),
+)
+def storm_pairs(ctx: Context) -> Result:
+    """The rack storm of operator_scale (72 XID 79 Events at once, cordon latency from each
+    POST to spec.unschedulable in our watch), run in pairs on one sandbox of
+    GPUHEAL_BENCH_STORM_NODES kwok nodes (default 5,000): the operator of
+    GPUHEAL_BENCH_STORM_BASE (a git ref, default HEAD: then both sides run the same code and
+    the differences are the noise) against this working tree's, in A B, B A, ... order,
+    each storm on a fresh rack with a fresh operator, the cluster reset between storms. A
+    single storm's p99 at 5,000 nodes moved by ~1 s between runs an hour apart on a 2-core
+    machine; pairs taken side by side are what can tell a change from that."""
+    nodes = int(os.environ.get("GPUHEAL_BENCH_STORM_NODES", "5000"))
+    ref = os.environ.get("GPUHEAL_BENCH_STORM_BASE", "HEAD")
+    pairs = ctx.runs(5)
+    tree, sha = _checkout(ctx, ref)
+    base, new = (sha if sha.startswith(ref) else f"{ref} ({sha})"), "this tree"
+    try:
+        runs = _storms_in_pairs(
+            ctx, nodes, abba(base, new, pairs), {base: tree / "operator", new: REPO / "operator"}
+        )
+    finally:  # the checkout goes whatever happened (a sandbox that did not come up too)
         subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(tree)],
                        check=False, capture_output=True)  # fmt: skip
     p99 = {v: [r["cordon_p99_s"] for r in runs if r["variant"] == v] for v in (base, new)}

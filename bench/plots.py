@@ -309,7 +309,7 @@ def pairs_plot(doc: dict[str, Any], path: Path) -> None:
         _strip(ax, 0, a, COLORS[0], None, half=half, text_left=True)
         _strip(ax, 1, b, COLORS[1], None, half=half)
         ax.set_xlim(-0.6, 1.6)
-        ax.set_xticks([0, 1], [n.split(":")[0] for n in names], fontsize=9)
+        ax.set_xticks([0, 1], names, fontsize=9)
         ax.set_ylabel(label)
         ax.grid(axis="y", alpha=0.3)
     fig.suptitle(textwrap.fill(doc["title"], 90), fontsize=11, fontweight="bold", x=0.02,

@@ -2,11 +2,12 @@
 of its own so that no signal or step waits for it.
 
 Callers queue entries (`signal`, `step`, `escalated`, `outcome`: no I/O, no await); the
-writer coalesces a burst for a moment, then for each node reads its FaultHistory (created
-on first use), merges the entries (trimmed to the retention of the node's policy, 30 days
-by default, and to the schema's cap), summarises it per GPU and writes the status under
-the resourceVersion it read (a 409 reads again). What it wrote is also what the operator
-reads back (`ClusterView.set_fault_history`), as does a restarted operator from the watch.
+writer coalesces a burst for a moment, then for each node reads its FaultHistory (or creates
+it, without asking first, for a node with none the operator knows of), merges the entries
+(trimmed to the retention of the node's policy, 30 days by default, and to the schema's cap),
+summarises it per GPU (the GPU map from the node view) and writes the status under the
+resourceVersion it read (a 409 reads again). What it wrote is also what the operator reads
+back (`ClusterView.set_fault_history`), as does a restarted operator from the watch.
 
 A write that fails keeps its entries queued and is tried again: a crash in between loses
 at most the entries of the last moment, and those are also on the NodeRemediation (signals)
